@@ -1,0 +1,24 @@
+//! The proxy's own view of Kubernetes Services, EndpointSlices and its Node.
+//!
+//! Everything downstream of the sources (trackers, desired state, rule generation) works on
+//! these small, validated types instead of the raw API objects. Converting once, at the edge,
+//! means a malformed object is rejected in exactly one place, with an error that names the
+//! object, the field and the reason, and never reaches rule generation.
+//!
+//! The conversion follows upstream kube-proxy's `newBaseServiceInfo` and EndpointSlice cache:
+//! one [`ServicePort`] per (service, port) for one IP family, and one [`Endpoint`] per
+//! ready-or-not address of a slice.
+
+mod endpoint;
+mod ident;
+mod node;
+mod rejection;
+mod service;
+
+pub use endpoint::{Endpoint, SERVICE_NAME_LABEL, SliceAddress, SlicePort, SliceView, slice_view};
+pub use ident::{IpFamily, NamespacedName, ObjectKind, Protocol, ServicePortName};
+pub use node::{NodeView, TO_BE_DELETED_TAINT, ZONE_LABEL, node_view};
+pub use rejection::{RejectReason, Rejection};
+pub use service::{
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS, ServicePort, ServiceType, ServiceView, SkipReason, service_view,
+};

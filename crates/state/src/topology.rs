@@ -1,0 +1,238 @@
+//! Which endpoints serve which traffic: upstream's `CategorizeEndpoints`, as a pure function.
+//!
+//! Rules, in order: ready endpoints are used; if there are none, serving-and-terminating ones
+//! (so connections drain instead of failing during a rollout); never non-serving ones.
+//! Cluster traffic may be narrowed by topology hints (same node, then same zone) when every
+//! ready endpoint carries hints and at least one hint names this node or zone. Local traffic
+//! uses only endpoints on this node, with the same ready-then-terminating fallback.
+
+use kpr_model::{Endpoint, NodeView, ServicePort};
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Categorized<'a> {
+    /// Endpoints for traffic policy Cluster.
+    pub cluster: Vec<&'a Endpoint>,
+    /// Endpoints for traffic policy Local (this node only).
+    pub local: Vec<&'a Endpoint>,
+    /// The union of the two: every endpoint some rule will send traffic to.
+    pub reachable: Vec<&'a Endpoint>,
+    /// Whether any usable endpoint exists anywhere in the cluster.
+    pub has_any: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Topology {
+    Everywhere,
+    SameNode,
+    SameZone,
+}
+
+pub fn categorize<'a>(port: &ServicePort, endpoints: &'a [Endpoint], node: &NodeView) -> Categorized<'a> {
+    let mut out = Categorized::default();
+    if port.uses_cluster_endpoints() {
+        let topology = topology(endpoints, &node.name, node.zone());
+        out.cluster = endpoints
+            .iter()
+            .filter(|ep| ep.ready && available_for(ep, topology, &node.name, node.zone()))
+            .collect();
+        // Falling back to terminating endpoints ignores topology: it is a last resort to
+        // keep connections working, not a routing preference.
+        if out.cluster.is_empty() {
+            out.cluster = endpoints
+                .iter()
+                .filter(|ep| ep.serving && ep.terminating)
+                .collect();
+        }
+        out.has_any = !out.cluster.is_empty();
+    }
+    if !port.uses_local_endpoints() {
+        out.reachable = out.cluster.clone();
+        return out;
+    }
+    let usable = |ep: &&Endpoint| ep.ready || (ep.serving && ep.terminating);
+    out.has_any |= endpoints.iter().any(|ep| usable(&ep));
+    let local_ready = endpoints.iter().any(|ep| ep.is_local && ep.ready);
+    out.local = if local_ready {
+        endpoints.iter().filter(|ep| ep.is_local && ep.ready).collect()
+    } else {
+        endpoints
+            .iter()
+            .filter(|ep| ep.is_local && ep.serving && ep.terminating)
+            .collect()
+    };
+    if !port.uses_cluster_endpoints() {
+        out.reachable = out.local.clone();
+        return out;
+    }
+    out.reachable = out.cluster.clone();
+    for ep in &out.local {
+        if !out.reachable.iter().any(|r| std::ptr::eq(*r, *ep)) {
+            out.reachable.push(ep);
+        }
+    }
+    out
+}
+
+/// Decides whether topology hints narrow cluster traffic on this node.
+fn topology(endpoints: &[Endpoint], node: &str, zone: Option<&str>) -> Topology {
+    let ready: Vec<_> = endpoints.iter().filter(|ep| ep.ready).collect();
+    if ready.is_empty() {
+        return Topology::Everywhere;
+    }
+    let all_node_hints = ready.iter().all(|ep| !ep.node_hints.is_empty());
+    if all_node_hints && ready.iter().any(|ep| ep.node_hints.iter().any(|n| &**n == node)) {
+        return Topology::SameNode;
+    }
+    let all_zone_hints = ready.iter().all(|ep| !ep.zone_hints.is_empty());
+    if let Some(zone) = zone
+        && all_zone_hints
+        && ready.iter().any(|ep| ep.zone_hints.iter().any(|z| &**z == zone))
+    {
+        return Topology::SameZone;
+    }
+    Topology::Everywhere
+}
+
+fn available_for(ep: &Endpoint, topology: Topology, node: &str, zone: Option<&str>) -> bool {
+    match topology {
+        Topology::Everywhere => true,
+        Topology::SameNode => ep.node_hints.iter().any(|n| &**n == node),
+        Topology::SameZone => ep.zone_hints.iter().any(|z| Some(&**z) == zone),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use kpr_model::{IpFamily, ServiceView, service_view};
+    use std::sync::Arc;
+
+    pub(crate) fn port(extra: serde_json::Value) -> ServicePort {
+        let mut spec = serde_json::json!({"clusterIP": "10.0.0.1", "ports": [{"name": "p", "port": 80, "nodePort": 30080}]});
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        let svc =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "s"}, "spec": spec})).unwrap();
+        match service_view(&svc, IpFamily::V4).unwrap() {
+            ServiceView::Proxied(mut p) => p.remove(0),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// `spec` like "10.0.0.1 ready local zone=z1 hint-zone=z1 hint-node=n1".
+    pub(crate) fn ep(spec: &str) -> Endpoint {
+        let mut words = spec.split_whitespace();
+        let ip = words.next().unwrap();
+        let mut e = Endpoint {
+            addr: format!("{ip}:80").parse().unwrap(),
+            is_local: false,
+            ready: false,
+            serving: false,
+            terminating: false,
+            zone_hints: Arc::from([]),
+            node_hints: Arc::from([]),
+        };
+        for w in words {
+            match w {
+                "ready" => {
+                    e.ready = true;
+                    e.serving = true
+                }
+                "serving" => e.serving = true,
+                "terminating" => e.terminating = true,
+                "local" => e.is_local = true,
+                w if w.starts_with("hint-zone=") => e.zone_hints = Arc::from([Arc::from(&w[10..])]),
+                w if w.starts_with("hint-node=") => e.node_hints = Arc::from([Arc::from(&w[10..])]),
+                other => panic!("unknown word {other}"),
+            }
+        }
+        e
+    }
+
+    pub(crate) fn node(zone: Option<&str>) -> NodeView {
+        let mut n = NodeView {
+            name: "n1".into(),
+            ..Default::default()
+        };
+        if let Some(z) = zone {
+            n.labels.insert(kpr_model::ZONE_LABEL.into(), z.into());
+        }
+        n
+    }
+
+    fn ips(eps: &[&Endpoint]) -> Vec<String> {
+        eps.iter().map(|e| e.addr.ip().to_string()).collect()
+    }
+
+    #[test]
+    fn ready_endpoints_only_when_any_are_ready() {
+        let eps = [
+            ep("10.0.0.1 ready"),
+            ep("10.0.0.2 serving terminating"),
+            ep("10.0.0.3"),
+        ];
+        let c = categorize(&port(serde_json::json!({})), &eps, &node(None));
+        assert_eq!(ips(&c.cluster), ["10.0.0.1"]);
+        assert!(c.has_any);
+        assert!(c.local.is_empty());
+    }
+
+    #[test]
+    fn falls_back_to_serving_terminating_never_to_non_serving() {
+        let eps = [ep("10.0.0.2 serving terminating"), ep("10.0.0.3 terminating")];
+        let c = categorize(&port(serde_json::json!({})), &eps, &node(None));
+        assert_eq!(ips(&c.cluster), ["10.0.0.2"]);
+        let none = [ep("10.0.0.3 terminating")];
+        let c = categorize(&port(serde_json::json!({})), &none, &node(None));
+        assert!(c.cluster.is_empty() && !c.has_any);
+    }
+
+    #[test]
+    fn zone_hints_narrow_cluster_endpoints() {
+        let eps = [
+            ep("10.0.0.1 ready hint-zone=z1"),
+            ep("10.0.0.2 ready hint-zone=z2"),
+        ];
+        let c = categorize(&port(serde_json::json!({})), &eps, &node(Some("z1")));
+        assert_eq!(ips(&c.cluster), ["10.0.0.1"]);
+        // No hint for our zone: use all.
+        let c = categorize(&port(serde_json::json!({})), &eps, &node(Some("z3")));
+        assert_eq!(c.cluster.len(), 2);
+        // One endpoint without hints: hints are ignored.
+        let partial = [ep("10.0.0.1 ready hint-zone=z1"), ep("10.0.0.2 ready")];
+        let c = categorize(&port(serde_json::json!({})), &partial, &node(Some("z1")));
+        assert_eq!(c.cluster.len(), 2);
+    }
+
+    #[test]
+    fn node_hints_win_over_zone_hints() {
+        let eps = [
+            ep("10.0.0.1 ready hint-node=n1 hint-zone=z1"),
+            ep("10.0.0.2 ready hint-node=n2 hint-zone=z1"),
+        ];
+        let c = categorize(&port(serde_json::json!({})), &eps, &node(Some("z1")));
+        assert_eq!(ips(&c.cluster), ["10.0.0.1"]);
+    }
+
+    #[test]
+    fn external_policy_local_uses_local_endpoints_and_keeps_cluster_for_internal() {
+        let p = port(serde_json::json!({"type": "NodePort", "externalTrafficPolicy": "Local"}));
+        let eps = [ep("10.0.0.1 ready local"), ep("10.0.0.2 ready")];
+        let c = categorize(&p, &eps, &node(None));
+        assert_eq!(ips(&c.cluster), ["10.0.0.1", "10.0.0.2"]);
+        assert_eq!(ips(&c.local), ["10.0.0.1"]);
+        assert_eq!(ips(&c.reachable), ["10.0.0.1", "10.0.0.2"]);
+    }
+
+    #[test]
+    fn internal_policy_local_only_uses_local() {
+        let p = port(serde_json::json!({"internalTrafficPolicy": "Local"}));
+        let eps = [ep("10.0.0.1 ready"), ep("10.0.0.2 serving terminating local")];
+        let c = categorize(&p, &eps, &node(None));
+        assert!(c.cluster.is_empty());
+        assert_eq!(ips(&c.local), ["10.0.0.2"]);
+        assert_eq!(ips(&c.reachable), ["10.0.0.2"]);
+        assert!(c.has_any);
+    }
+}

@@ -1,0 +1,302 @@
+//! EndpointSlices, joined per Service and split per service port.
+//!
+//! The tracker caches every converted slice. An update only marks the owning Service dirty;
+//! at `take()` each dirty Service's slices are merged again (duplicates across slices
+//! removed, the local copy preferred as upstream does) and compared with what the proxier
+//! last saw, so a slice update that changes nothing the rules depend on costs no sync work.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kpr_model::{
+    Endpoint, IpFamily, NamespacedName, Protocol, Rejection, ServicePortName, SliceView, slice_view,
+};
+
+use crate::Changes;
+
+/// Matches a slice port to a Service port: same name, same protocol.
+pub type PortKey = (Arc<str>, Protocol);
+
+/// The endpoints of one Service, per port, each list sorted by `ip:port` string as upstream
+/// sorts them (this order decides which KUBE-SEP chain gets which probability).
+pub type ServiceEndpoints = BTreeMap<PortKey, Arc<[Endpoint]>>;
+
+/// Every Service's endpoints, by Service `namespace/name`.
+pub type EndpointsMap = HashMap<NamespacedName, Arc<ServiceEndpoints>>;
+
+/// Endpoints of one Service port, or an empty slice.
+pub fn endpoints_for<'a>(map: &'a EndpointsMap, port: &ServicePortName) -> &'a [Endpoint] {
+    map.get(&port.service)
+        .and_then(|eps| eps.get(&(port.port.clone(), port.protocol)))
+        .map(|eps| &eps[..])
+        .unwrap_or_default()
+}
+
+/// One Service whose merged endpoints differ from what the proxier last saw.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EndpointsChange {
+    pub service: NamespacedName,
+    pub previous: Option<Arc<ServiceEndpoints>>,
+    pub current: Option<Arc<ServiceEndpoints>>,
+}
+
+#[derive(Debug)]
+pub struct EndpointsTracker {
+    family: IpFamily,
+    node_name: Arc<str>,
+    slices: HashMap<NamespacedName, Arc<SliceView>>,
+    /// Slice ids per Service, ordered so merging is deterministic.
+    slices_by_service: HashMap<NamespacedName, BTreeSet<NamespacedName>>,
+    dirty: HashSet<NamespacedName>,
+    applied: Arc<EndpointsMap>,
+}
+
+impl EndpointsTracker {
+    pub fn new(family: IpFamily, node_name: &str) -> Self {
+        Self {
+            family,
+            node_name: node_name.into(),
+            slices: HashMap::new(),
+            slices_by_service: HashMap::new(),
+            dirty: HashSet::new(),
+            applied: Arc::default(),
+        }
+    }
+
+    /// Records the newest state of a slice (`None`: deleted). A rejected slice is treated as
+    /// deleted; the rejection is returned for the caller to log and count.
+    pub fn update(&mut self, id: NamespacedName, slice: Option<&EndpointSlice>) -> Result<(), Rejection> {
+        let (view, result) = match slice.map(|s| slice_view(s, self.family)) {
+            None | Some(Ok(None)) => (None, Ok(())),
+            Some(Ok(Some(view))) => (Some(view), Ok(())),
+            Some(Err(rejection)) => (None, Err(rejection)),
+        };
+        if let Some(old) = self.slices.remove(&id) {
+            self.forget_slice(&old.service, &id);
+        }
+        if let Some(view) = view {
+            self.slices_by_service
+                .entry(view.service.clone())
+                .or_default()
+                .insert(id.clone());
+            self.dirty.insert(view.service.clone());
+            self.slices.insert(id, Arc::new(view));
+        }
+        result
+    }
+
+    fn forget_slice(&mut self, service: &NamespacedName, slice: &NamespacedName) {
+        if let Some(ids) = self.slices_by_service.get_mut(service) {
+            ids.remove(slice);
+            if ids.is_empty() {
+                self.slices_by_service.remove(service);
+            }
+        }
+        self.dirty.insert(service.clone());
+    }
+
+    /// Services whose slices changed since the last `take()` (some may turn out unchanged).
+    pub fn pending(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// The current map, without taking pending changes.
+    pub fn snapshot(&self) -> Arc<EndpointsMap> {
+        self.applied.clone()
+    }
+
+    /// Hands over the Services whose merged endpoints changed, and a snapshot including them.
+    pub fn take(&mut self) -> Changes<EndpointsChange, EndpointsMap> {
+        let mut changed = Vec::new();
+        let dirty: Vec<_> = self.dirty.drain().collect();
+        let merged: Vec<_> = dirty
+            .into_iter()
+            .map(|svc| {
+                let current = self.merge(&svc);
+                (svc, current)
+            })
+            .collect();
+        let applied = Arc::make_mut(&mut self.applied);
+        for (service, current) in merged {
+            if applied.get(&service) == current.as_ref() {
+                continue;
+            }
+            let previous = match &current {
+                Some(eps) => applied.insert(service.clone(), eps.clone()),
+                None => applied.remove(&service),
+            };
+            changed.push(EndpointsChange {
+                service,
+                previous,
+                current,
+            });
+        }
+        changed.sort_by(|a, b| a.service.cmp(&b.service));
+        Changes {
+            changed,
+            snapshot: self.applied.clone(),
+        }
+    }
+
+    fn merge(&self, service: &NamespacedName) -> Option<Arc<ServiceEndpoints>> {
+        let ids = self.slices_by_service.get(service)?;
+        let mut by_port: BTreeMap<PortKey, HashMap<SocketAddr, Endpoint>> = BTreeMap::new();
+        for slice in ids.iter().filter_map(|id| self.slices.get(id)) {
+            for port in &slice.ports {
+                let set = by_port.entry((port.name.clone(), port.protocol)).or_default();
+                for address in &slice.addresses {
+                    let endpoint = Endpoint::new(address, port.port, &self.node_name);
+                    // The same address in two slices (e.g. mid-migration): keep one, and
+                    // prefer the copy that says it is local, as upstream does.
+                    match set.get(&endpoint.addr) {
+                        Some(existing) if existing.is_local || !endpoint.is_local => {}
+                        _ => {
+                            set.insert(endpoint.addr, endpoint);
+                        }
+                    }
+                }
+            }
+        }
+        let merged: ServiceEndpoints = by_port
+            .into_iter()
+            .filter(|(_, set)| !set.is_empty())
+            .map(|(key, set)| {
+                let mut eps: Vec<_> = set.into_values().map(|e| (e.addr_string(), e)).collect();
+                eps.sort_by(|a, b| a.0.cmp(&b.0));
+                (key, eps.into_iter().map(|(_, e)| e).collect())
+            })
+            .collect();
+        (!merged.is_empty()).then(|| Arc::new(merged))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn slice(name: &str, service: &str, ips: &[&str], port: u16) -> EndpointSlice {
+        let endpoints: Vec<_> = ips
+            .iter()
+            .map(|ip| json!({"addresses": [ip], "nodeName": if ip.ends_with(".9") { "me" } else { "other" }}))
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": port}],
+            "endpoints": endpoints,
+        }))
+        .unwrap()
+    }
+
+    fn web() -> NamespacedName {
+        NamespacedName::new("default", "web")
+    }
+
+    fn port() -> ServicePortName {
+        ServicePortName::new("default", "web", "http", Protocol::Tcp)
+    }
+
+    fn addrs(map: &EndpointsMap) -> Vec<String> {
+        endpoints_for(map, &port())
+            .iter()
+            .map(Endpoint::addr_string)
+            .collect()
+    }
+
+    #[test]
+    fn slices_of_one_service_merge_sorted_and_deduplicated() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        t.update(
+            NamespacedName::new("default", "web-a"),
+            Some(&slice("web-a", "web", &["10.0.0.2", "10.0.0.10"], 80)),
+        )
+        .unwrap();
+        t.update(
+            NamespacedName::new("default", "web-b"),
+            Some(&slice("web-b", "web", &["10.0.0.10", "10.0.0.3"], 80)),
+        )
+        .unwrap();
+        let changes = t.take();
+        assert_eq!(changes.changed.len(), 1);
+        // Sorted as strings, like upstream: "10.0.0.10:80" < "10.0.0.2:80".
+        assert_eq!(
+            addrs(&changes.snapshot),
+            ["10.0.0.10:80", "10.0.0.2:80", "10.0.0.3:80"]
+        );
+    }
+
+    #[test]
+    fn duplicate_prefers_the_local_copy() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        let mut remote = slice("web-a", "web", &["10.0.0.9"], 80);
+        remote.endpoints[0].node_name = Some("other".into());
+        t.update(NamespacedName::new("default", "web-a"), Some(&remote))
+            .unwrap();
+        t.update(
+            NamespacedName::new("default", "web-b"),
+            Some(&slice("web-b", "web", &["10.0.0.9"], 80)),
+        )
+        .unwrap();
+        let snap = t.take().snapshot;
+        let eps = endpoints_for(&snap, &port());
+        assert_eq!(eps.len(), 1);
+        assert!(eps[0].is_local);
+    }
+
+    #[test]
+    fn unchanged_merge_is_not_reported() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        let id = NamespacedName::new("default", "web-a");
+        t.update(id.clone(), Some(&slice("web-a", "web", &["10.0.0.2"], 80)))
+            .unwrap();
+        t.take();
+        t.update(id.clone(), Some(&slice("web-a", "web", &["10.0.0.2"], 80)))
+            .unwrap();
+        assert!(t.take().changed.is_empty());
+        t.update(id, None).unwrap();
+        let changes = t.take();
+        assert_eq!(changes.changed[0].service, web());
+        assert!(changes.changed[0].current.is_none());
+        assert!(changes.snapshot.is_empty());
+    }
+
+    #[test]
+    fn relabelled_slice_moves_between_services() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        let id = NamespacedName::new("default", "s");
+        t.update(id.clone(), Some(&slice("s", "web", &["10.0.0.2"], 80)))
+            .unwrap();
+        t.take();
+        t.update(id, Some(&slice("s", "api", &["10.0.0.2"], 80))).unwrap();
+        let changes = t.take();
+        let names: Vec<_> = changes.changed.iter().map(|c| c.service.to_string()).collect();
+        assert_eq!(names, ["default/api", "default/web"]);
+    }
+
+    #[test]
+    fn rejected_slice_removes_its_endpoints_only() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        t.update(
+            NamespacedName::new("default", "a"),
+            Some(&slice("a", "web", &["10.0.0.2"], 80)),
+        )
+        .unwrap();
+        t.update(
+            NamespacedName::new("default", "b"),
+            Some(&slice("b", "web", &["10.0.0.3"], 80)),
+        )
+        .unwrap();
+        t.take();
+        let err = t
+            .update(
+                NamespacedName::new("default", "b"),
+                Some(&slice("b", "web", &["10.0.0.300"], 80)),
+            )
+            .unwrap_err();
+        assert_eq!(err.field, "endpoints[0].addresses[0]");
+        assert_eq!(addrs(&t.take().snapshot), ["10.0.0.2:80"]);
+    }
+}

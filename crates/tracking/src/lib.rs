@@ -1,0 +1,26 @@
+//! Change tracking between the sources and the sync loop.
+//!
+//! Sources report every add/update/delete as it happens; the proxy syncs at most every
+//! min-sync-period. In between, the trackers keep, per Service, the state last handed to the
+//! proxier and the newest state seen. At sync time they hand over only the Services whose
+//! state really changed (an update and its revert within one interval cancel out), together
+//! with an immutable snapshot of the whole map for rule generation.
+//!
+//! The snapshot is an `Arc`'d map: the proxier can read it for seconds while sources keep
+//! feeding the tracker, and the tracker copies the map only if a snapshot is still alive
+//! when it next applies changes.
+
+mod endpoints;
+mod services;
+
+pub use endpoints::{
+    EndpointsChange, EndpointsMap, EndpointsTracker, PortKey, ServiceEndpoints, endpoints_for,
+};
+pub use services::{ServiceChange, ServiceMap, ServiceTracker};
+
+/// What one `take()` hands to the proxier: the changed keys and a snapshot of everything.
+#[derive(Debug)]
+pub struct Changes<C, M> {
+    pub changed: Vec<C>,
+    pub snapshot: std::sync::Arc<M>,
+}

@@ -1,0 +1,159 @@
+//! Services, as lists of [`ServicePort`]s keyed by `namespace/name`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Service;
+use kpr_model::{IpFamily, NamespacedName, Rejection, ServicePort, ServiceView, service_view};
+
+use crate::Changes;
+
+/// Every proxied Service of one IP family, by `namespace/name`.
+pub type ServiceMap = HashMap<NamespacedName, Arc<[ServicePort]>>;
+
+/// One Service whose ports differ from what the proxier last saw.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceChange {
+    pub id: NamespacedName,
+    pub previous: Option<Arc<[ServicePort]>>,
+    pub current: Option<Arc<[ServicePort]>>,
+}
+
+#[derive(Debug)]
+pub struct ServiceTracker {
+    family: IpFamily,
+    applied: Arc<ServiceMap>,
+    /// Newest state per Service not yet handed over; `None` = deleted (or rejected, or skipped).
+    pending: HashMap<NamespacedName, Option<Arc<[ServicePort]>>>,
+}
+
+impl ServiceTracker {
+    pub fn new(family: IpFamily) -> Self {
+        Self {
+            family,
+            applied: Arc::default(),
+            pending: HashMap::new(),
+        }
+    }
+
+    /// Records the newest state of a Service (`None`: deleted). A rejected Service is treated
+    /// as deleted, so rules for an object that became invalid do not linger; the rejection
+    /// is returned for the caller to log and count.
+    pub fn update(&mut self, id: NamespacedName, service: Option<&Service>) -> Result<(), Rejection> {
+        let (ports, result) = match service.map(|s| service_view(s, self.family)) {
+            None | Some(Ok(ServiceView::Skipped(_))) => (None, Ok(())),
+            Some(Ok(ServiceView::Proxied(ports))) => (Some(Arc::from(ports)), Ok(())),
+            Some(Err(rejection)) => (None, Err(rejection)),
+        };
+        if self.applied.get(&id) == ports.as_ref() {
+            self.pending.remove(&id);
+        } else {
+            self.pending.insert(id, ports);
+        }
+        result
+    }
+
+    /// Services with changes not yet handed to the proxier.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The current map, without taking pending changes.
+    pub fn snapshot(&self) -> Arc<ServiceMap> {
+        self.applied.clone()
+    }
+
+    /// Hands over the pending changes and a snapshot that includes them.
+    pub fn take(&mut self) -> Changes<ServiceChange, ServiceMap> {
+        let applied = Arc::make_mut(&mut self.applied);
+        let mut changed = Vec::with_capacity(self.pending.len());
+        for (id, current) in self.pending.drain() {
+            let previous = match &current {
+                Some(ports) => applied.insert(id.clone(), ports.clone()),
+                None => applied.remove(&id),
+            };
+            changed.push(ServiceChange {
+                id,
+                previous,
+                current,
+            });
+        }
+        changed.sort_by(|a, b| a.id.cmp(&b.id));
+        Changes {
+            changed,
+            snapshot: self.applied.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn svc(ip: &str, port: u16) -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"clusterIP": ip, "ports": [{"name": "http", "port": port}]}
+        }))
+        .unwrap()
+    }
+
+    fn id() -> NamespacedName {
+        NamespacedName::new("default", "web")
+    }
+
+    #[test]
+    fn add_then_take_reports_once() {
+        let mut t = ServiceTracker::new(IpFamily::V4);
+        t.update(id(), Some(&svc("10.0.0.1", 80))).unwrap();
+        assert_eq!(t.pending(), 1);
+        let changes = t.take();
+        assert_eq!(changes.changed.len(), 1);
+        assert!(changes.changed[0].previous.is_none());
+        assert_eq!(changes.snapshot.len(), 1);
+        assert!(t.take().changed.is_empty());
+    }
+
+    #[test]
+    fn update_and_revert_cancel_out() {
+        let mut t = ServiceTracker::new(IpFamily::V4);
+        t.update(id(), Some(&svc("10.0.0.1", 80))).unwrap();
+        t.take();
+        t.update(id(), Some(&svc("10.0.0.1", 81))).unwrap();
+        t.update(id(), Some(&svc("10.0.0.1", 80))).unwrap();
+        assert_eq!(t.pending(), 0);
+        assert!(t.take().changed.is_empty());
+    }
+
+    #[test]
+    fn add_then_delete_before_sync_is_a_no_op() {
+        let mut t = ServiceTracker::new(IpFamily::V4);
+        t.update(id(), Some(&svc("10.0.0.1", 80))).unwrap();
+        t.update(id(), None).unwrap();
+        assert_eq!(t.pending(), 0);
+    }
+
+    #[test]
+    fn rejected_update_removes_the_service_and_reports_why() {
+        let mut t = ServiceTracker::new(IpFamily::V4);
+        t.update(id(), Some(&svc("10.0.0.1", 80))).unwrap();
+        t.take();
+        let err = t.update(id(), Some(&svc("10.0.0.999", 80))).unwrap_err();
+        assert_eq!(err.field, "spec.clusterIP");
+        let changes = t.take();
+        assert!(changes.changed[0].current.is_none());
+        assert!(changes.snapshot.is_empty());
+    }
+
+    #[test]
+    fn snapshot_held_by_proxier_is_not_mutated() {
+        let mut t = ServiceTracker::new(IpFamily::V4);
+        t.update(id(), Some(&svc("10.0.0.1", 80))).unwrap();
+        let first = t.take().snapshot;
+        t.update(id(), None).unwrap();
+        let second = t.take().snapshot;
+        assert_eq!(first.len(), 1);
+        assert!(second.is_empty());
+    }
+}

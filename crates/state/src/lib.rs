@@ -6,6 +6,7 @@
 //! service with no usable endpoint must REJECT or DROP, and which chains it needs. Computing
 //! them once here keeps iptables, nftables and ipvs from drifting apart on semantics.
 
+mod backend;
 mod plan;
 mod topology;
 
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use kpr_model::{Endpoint, NodeView, ServicePort};
 use kpr_tracking::{EndpointsMap, ServiceMap, endpoints_for};
 
+pub use backend::{Backend, BackendError, SyncReport, SyncRequest, TableCount};
 pub use plan::{PortPlan, Unreachable};
 pub use topology::{Categorized, categorize};
 

@@ -1,0 +1,251 @@
+//! The metric families, named as upstream names them.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+use kpr_model::Rejection;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyLabels {
+    pub ip_family: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabels {
+    pub ip_family: &'static str,
+    pub table: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectedLabels {
+    pub kind: &'static str,
+    pub reason: &'static str,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+fn sync_duration_histogram() -> Histogram {
+    // Upstream: 1 ms, doubling, 15 buckets (up to ~16 s).
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+fn programming_latency_histogram() -> Histogram {
+    // Upstream: 0.25 s and 0.5 s, then every second to 59 s, every 5 s to 115 s, every 30 s to 300 s.
+    let buckets = [0.25, 0.5]
+        .into_iter()
+        .chain((1..60).map(f64::from))
+        .chain((0..12).map(|i| 60.0 + 5.0 * f64::from(i)))
+        .chain((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    Histogram::new(buckets)
+}
+
+/// Every metric the proxy exports. Cheap to clone: all handles share their values.
+#[derive(Clone)]
+pub struct Metrics {
+    pub sync_proxy_rules_duration_seconds: Family<FamilyLabels, Histogram>,
+    pub sync_full_proxy_rules_duration_seconds: Family<FamilyLabels, Histogram>,
+    pub sync_partial_proxy_rules_duration_seconds: Family<FamilyLabels, Histogram>,
+    pub sync_proxy_rules_last_timestamp_seconds: Family<FamilyLabels, FloatGauge>,
+    pub sync_proxy_rules_last_queued_timestamp_seconds: Family<FamilyLabels, FloatGauge>,
+    pub network_programming_duration_seconds: Family<FamilyLabels, Histogram>,
+    pub sync_proxy_rules_endpoint_changes_pending: Family<FamilyLabels, Gauge>,
+    pub sync_proxy_rules_endpoint_changes_total: Family<FamilyLabels, Counter>,
+    pub sync_proxy_rules_service_changes_pending: Family<FamilyLabels, Gauge>,
+    pub sync_proxy_rules_service_changes_total: Family<FamilyLabels, Counter>,
+    pub sync_proxy_rules_no_local_endpoints_total: Family<TrafficLabels, Gauge>,
+    pub sync_proxy_rules_iptables_total: Family<TableLabels, Gauge>,
+    pub sync_proxy_rules_iptables_last: Family<TableLabels, Gauge>,
+    pub sync_proxy_rules_iptables_restore_failures_total: Family<FamilyLabels, Counter>,
+    pub sync_proxy_rules_iptables_partial_restore_failures_total: Family<FamilyLabels, Counter>,
+    pub proxy_healthz_total: Family<CodeLabels, Counter>,
+    pub proxy_livez_total: Family<CodeLabels, Counter>,
+    /// Not upstream: objects refused as malformed, by kind and reason.
+    pub rejected_objects_total: Family<RejectedLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrafficLabels {
+    pub ip_family: &'static str,
+    /// "internal" or "external".
+    pub traffic_policy: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    pub code: &'static str,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry` under the `kubeproxy` prefix.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Self {
+            sync_proxy_rules_duration_seconds: Family::new_with_constructor(sync_duration_histogram),
+            sync_full_proxy_rules_duration_seconds: Family::new_with_constructor(sync_duration_histogram),
+            sync_partial_proxy_rules_duration_seconds: Family::new_with_constructor(sync_duration_histogram),
+            sync_proxy_rules_last_timestamp_seconds: Family::default(),
+            sync_proxy_rules_last_queued_timestamp_seconds: Family::default(),
+            network_programming_duration_seconds: Family::new_with_constructor(programming_latency_histogram),
+            sync_proxy_rules_endpoint_changes_pending: Family::default(),
+            sync_proxy_rules_endpoint_changes_total: Family::default(),
+            sync_proxy_rules_service_changes_pending: Family::default(),
+            sync_proxy_rules_service_changes_total: Family::default(),
+            sync_proxy_rules_no_local_endpoints_total: Family::default(),
+            sync_proxy_rules_iptables_total: Family::default(),
+            sync_proxy_rules_iptables_last: Family::default(),
+            sync_proxy_rules_iptables_restore_failures_total: Family::default(),
+            sync_proxy_rules_iptables_partial_restore_failures_total: Family::default(),
+            proxy_healthz_total: Family::default(),
+            proxy_livez_total: Family::default(),
+            rejected_objects_total: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("kubeproxy");
+        r.register(
+            "sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds",
+            m.sync_proxy_rules_duration_seconds.clone(),
+        );
+        r.register(
+            "sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            m.sync_full_proxy_rules_duration_seconds.clone(),
+        );
+        r.register(
+            "sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            m.sync_partial_proxy_rules_duration_seconds.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            m.sync_proxy_rules_last_timestamp_seconds.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            m.sync_proxy_rules_last_queued_timestamp_seconds.clone(),
+        );
+        r.register(
+            "network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            m.network_programming_duration_seconds.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_endpoint_changes_pending",
+            "Pending proxy rules Endpoint changes",
+            m.sync_proxy_rules_endpoint_changes_pending.clone(),
+        );
+        // prometheus-client appends `_total` to counters.
+        r.register(
+            "sync_proxy_rules_endpoint_changes",
+            "Cumulative proxy rules Endpoint changes",
+            m.sync_proxy_rules_endpoint_changes_total.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_service_changes_pending",
+            "Pending proxy rules Service changes",
+            m.sync_proxy_rules_service_changes_pending.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_service_changes",
+            "Cumulative proxy rules Service changes",
+            m.sync_proxy_rules_service_changes_total.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            m.sync_proxy_rules_no_local_endpoints_total.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_iptables_total",
+            "Total number of iptables rules owned by kube-proxy",
+            m.sync_proxy_rules_iptables_total.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_iptables_last",
+            "Number of iptables rules written by kube-proxy in last sync",
+            m.sync_proxy_rules_iptables_last.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_iptables_restore_failures",
+            "Cumulative proxy iptables restore failures",
+            m.sync_proxy_rules_iptables_restore_failures_total.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_iptables_partial_restore_failures",
+            "Cumulative proxy iptables partial restore failures",
+            m.sync_proxy_rules_iptables_partial_restore_failures_total.clone(),
+        );
+        r.register(
+            "proxy_healthz",
+            "Cumulative proxy healthz HTTP status",
+            m.proxy_healthz_total.clone(),
+        );
+        r.register(
+            "proxy_livez",
+            "Cumulative proxy livez HTTP status",
+            m.proxy_livez_total.clone(),
+        );
+        r.register(
+            "rejected_objects",
+            "Objects refused as malformed, by kind and reason (kube-proxy-rs)",
+            m.rejected_objects_total.clone(),
+        );
+        m
+    }
+
+    /// Counts a refused object. Logging it is the caller's job (it knows the context).
+    pub fn count_rejection(&self, rejection: &Rejection) {
+        self.rejected_objects_total
+            .get_or_create(&RejectedLabels {
+                kind: rejection.kind.as_str(),
+                reason: rejection.reason.as_str(),
+            })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kpr_model::{ObjectKind, RejectReason};
+    use prometheus_client::encoding::text::encode;
+
+    #[test]
+    fn exports_upstream_names() {
+        let mut registry = Registry::default();
+        let m = Metrics::new(&mut registry);
+        let v4 = FamilyLabels { ip_family: "IPv4" };
+        m.sync_proxy_rules_duration_seconds
+            .get_or_create(&v4)
+            .observe(0.01);
+        m.sync_proxy_rules_service_changes_total.get_or_create(&v4).inc();
+        m.sync_proxy_rules_iptables_total
+            .get_or_create(&TableLabels {
+                ip_family: "IPv4",
+                table: "nat",
+            })
+            .set(12);
+        m.count_rejection(&Rejection::new(
+            ObjectKind::Service,
+            "a/b",
+            "spec",
+            RejectReason::MissingField,
+            "x",
+        ));
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        for name in [
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\",ip_family=\"IPv4\"}",
+            "kubeproxy_sync_proxy_rules_service_changes_total{ip_family=\"IPv4\"} 1",
+            "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"} 12",
+            "kubeproxy_rejected_objects_total{kind=\"Service\",reason=\"missing_field\"} 1",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+}

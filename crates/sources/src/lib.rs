@@ -1,0 +1,45 @@
+//! Sources: where Services, EndpointSlices and this node's Node object come from.
+//!
+//! Every source turns its input into a stream of [`Event`]s: the newest state of one object
+//! (or its deletion), and once, [`Event::Synced`] when its initial state is complete. The
+//! sync loop does not write rules before every source has said `Synced`, so a proxy that
+//! restarts never briefly programs a half-loaded world.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kpr_model::{NamespacedName, Rejection};
+
+/// One change reported by a source.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// The newest state of a Service; `None` when it was deleted.
+    Service {
+        id: NamespacedName,
+        object: Option<Arc<Service>>,
+    },
+    /// The newest state of an EndpointSlice (`id` is the slice's own name); `None` when deleted.
+    EndpointSlice {
+        id: NamespacedName,
+        object: Option<Arc<EndpointSlice>>,
+    },
+    /// The newest state of this proxy's own Node; `None` when deleted.
+    Node { object: Option<Arc<Node>> },
+    /// The source has delivered its complete initial state.
+    Synced { source: &'static str },
+    /// Input that could not become an object at all (e.g. a file that is not YAML).
+    /// Objects that parse but are invalid are rejected later, by the trackers.
+    Rejected(Rejection),
+}
+
+/// Where events go. Bounded, so a source that outruns the proxy waits instead of growing memory.
+pub type EventSender = tokio::sync::mpsc::Sender<Event>;
+pub type EventReceiver = tokio::sync::mpsc::Receiver<Event>;
+
+/// Capacity of the event channel between the sources and the sync loop.
+pub const EVENT_CHANNEL_CAPACITY: usize = 4096;
+
+pub fn event_channel() -> (EventSender, EventReceiver) {
+    tokio::sync::mpsc::channel(EVENT_CHANNEL_CAPACITY)
+}

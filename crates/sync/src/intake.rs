@@ -1,0 +1,161 @@
+//! Intake: source events into the trackers.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use kpr_model::{Rejection, node_view};
+use kpr_runner::Trigger;
+use kpr_sources::{Event, EventReceiver};
+use tokio::sync::watch;
+
+use crate::{Shared, missing_sources};
+
+pub struct Intake {
+    shared: Arc<Shared>,
+    expected: BTreeSet<&'static str>,
+    synced: BTreeSet<&'static str>,
+    trigger: Trigger,
+    ready: watch::Sender<bool>,
+}
+
+impl Intake {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        expected: BTreeSet<&'static str>,
+        trigger: Trigger,
+        ready: watch::Sender<bool>,
+    ) -> Self {
+        let intake = Self {
+            shared,
+            expected,
+            synced: BTreeSet::new(),
+            trigger,
+            ready,
+        };
+        intake.announce_if_ready();
+        intake
+    }
+
+    pub async fn run(mut self, mut events: EventReceiver) {
+        while let Some(event) = events.recv().await {
+            self.apply(event);
+        }
+    }
+
+    pub(crate) fn apply(&mut self, event: Event) {
+        match event {
+            Event::Service { id, object } => {
+                self.shared
+                    .metrics
+                    .sync_proxy_rules_service_changes_total
+                    .get_or_create(&self.shared.labels)
+                    .inc();
+                let result = self.shared.trackers().services.update(id, object.as_deref());
+                self.changed(result);
+            }
+            Event::EndpointSlice { id, object } => {
+                self.shared
+                    .metrics
+                    .sync_proxy_rules_endpoint_changes_total
+                    .get_or_create(&self.shared.labels)
+                    .inc();
+                let result = self.shared.trackers().endpoints.update(id, object.as_deref());
+                self.changed(result);
+            }
+            Event::Node { object } => self.node_changed(object.as_deref()),
+            Event::Synced { source } => {
+                tracing::info!(source, "source delivered its initial state");
+                self.synced.insert(source);
+                self.announce_if_ready();
+            }
+            Event::Rejected(rejection) => self.reject(&rejection),
+        }
+    }
+
+    fn node_changed(&mut self, node: Option<&k8s_openapi::api::core::v1::Node>) {
+        let view = match node.map(node_view) {
+            Some(Ok(view)) => view,
+            Some(Err(rejection)) => return self.reject(&rejection),
+            // Our Node was deleted: keep its name, forget everything else about it.
+            None => kpr_model::NodeView {
+                name: self.shared.trackers().node.name.clone(),
+                ..Default::default()
+            },
+        };
+        self.shared.health.set_node_going_away(view.going_away);
+        let mut trackers = self.shared.trackers();
+        if trackers.node.labels != view.labels {
+            // Topology hints depend on the zone label: every service may route differently.
+            trackers.force_full = true;
+            drop(trackers);
+            self.changed(Ok(()));
+            trackers = self.shared.trackers();
+        }
+        trackers.node = Arc::new(view);
+    }
+
+    fn changed(&mut self, result: Result<(), Rejection>) {
+        if let Err(rejection) = result {
+            self.reject(&rejection);
+        }
+        self.update_pending_gauges();
+        if self.is_ready() {
+            self.shared.health.queued_update();
+            self.shared
+                .metrics
+                .sync_proxy_rules_last_queued_timestamp_seconds
+                .get_or_create(&self.shared.labels)
+                .set(unix_now());
+            self.trigger.fire();
+        }
+    }
+
+    fn reject(&self, rejection: &Rejection) {
+        tracing::warn!(
+            kind = %rejection.kind,
+            object = %rejection.object,
+            field = %rejection.field,
+            reason = rejection.reason.as_str(),
+            "{rejection}"
+        );
+        self.shared.metrics.count_rejection(rejection);
+    }
+
+    fn update_pending_gauges(&self) {
+        let (services, endpoints) = {
+            let t = self.shared.trackers();
+            (t.services.pending(), t.endpoints.pending())
+        };
+        let m = &self.shared.metrics;
+        m.sync_proxy_rules_service_changes_pending
+            .get_or_create(&self.shared.labels)
+            .set(services as i64);
+        m.sync_proxy_rules_endpoint_changes_pending
+            .get_or_create(&self.shared.labels)
+            .set(endpoints as i64);
+    }
+
+    fn is_ready(&self) -> bool {
+        missing_sources(&self.expected, &self.synced).next().is_none()
+    }
+
+    fn announce_if_ready(&self) {
+        if self.is_ready() && !*self.ready.borrow() {
+            self.ready.send_replace(true);
+            self.trigger.fire();
+        } else if !self.is_ready() {
+            let missing: Vec<_> = missing_sources(&self.expected, &self.synced).collect();
+            self.shared
+                .health
+                .set_problem(Some(format!("waiting for the initial state of: {missing:?}")));
+        }
+    }
+}
+
+pub(crate) fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}

@@ -1,0 +1,118 @@
+//! One sync: take the changes, hand the desired state to the backend, record the outcome.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use kpr_metrics::{TableLabels, TrafficLabels};
+use kpr_state::{Backend, BackendError, DesiredState, SyncReport, SyncRequest};
+
+use crate::Shared;
+use crate::intake::unix_now;
+
+pub(crate) fn sync_once(shared: &Shared, backend: &mut dyn Backend) -> Result<(), BackendError> {
+    let started = Instant::now();
+    let (services, endpoints, node, force_full) = {
+        let mut t = shared.trackers();
+        let force_full = std::mem::take(&mut t.force_full);
+        (t.services.take(), t.endpoints.take(), t.node.clone(), force_full)
+    };
+    set_pending_gauges_to_zero(shared);
+    let changed: BTreeSet<_> = services
+        .changed
+        .iter()
+        .map(|c| c.id.clone())
+        .chain(endpoints.changed.iter().map(|c| c.service.clone()))
+        .collect();
+    let state = DesiredState {
+        services: services.snapshot,
+        endpoints: endpoints.snapshot,
+        node,
+    };
+    let request = SyncRequest {
+        state: &state,
+        changed: &changed,
+        service_changes: &services.changed,
+        endpoint_changes: &endpoints.changed,
+        force_full,
+    };
+    match backend.sync(&request) {
+        Ok(report) => {
+            record_success(shared, &report, started);
+            tracing::debug!(
+                full = report.full,
+                changed = changed.len(),
+                elapsed = ?started.elapsed(),
+                "synced rules"
+            );
+            Ok(())
+        }
+        Err(error) => {
+            if backend.mode() == "iptables" {
+                shared
+                    .metrics
+                    .sync_proxy_rules_iptables_restore_failures_total
+                    .get_or_create(&shared.labels)
+                    .inc();
+            }
+            shared
+                .health
+                .set_problem(Some(format!("last sync failed: {error}")));
+            Err(error)
+        }
+    }
+}
+
+fn set_pending_gauges_to_zero(shared: &Shared) {
+    let m = &shared.metrics;
+    m.sync_proxy_rules_service_changes_pending
+        .get_or_create(&shared.labels)
+        .set(0);
+    m.sync_proxy_rules_endpoint_changes_pending
+        .get_or_create(&shared.labels)
+        .set(0);
+}
+
+fn record_success(shared: &Shared, report: &SyncReport, started: Instant) {
+    let m = &shared.metrics;
+    let labels = &shared.labels;
+    let elapsed = started.elapsed().as_secs_f64();
+    m.sync_proxy_rules_duration_seconds
+        .get_or_create(labels)
+        .observe(elapsed);
+    let by_kind = if report.full {
+        &m.sync_full_proxy_rules_duration_seconds
+    } else {
+        &m.sync_partial_proxy_rules_duration_seconds
+    };
+    by_kind.get_or_create(labels).observe(elapsed);
+    m.sync_proxy_rules_last_timestamp_seconds
+        .get_or_create(labels)
+        .set(unix_now());
+    for table in &report.tables {
+        let t = TableLabels {
+            ip_family: labels.ip_family,
+            table: table.table,
+        };
+        m.sync_proxy_rules_iptables_total
+            .get_or_create(&t)
+            .set(table.total as i64);
+        m.sync_proxy_rules_iptables_last
+            .get_or_create(&t)
+            .set(table.written as i64);
+    }
+    for (policy, count) in [
+        ("internal", report.no_local_internal),
+        ("external", report.no_local_external),
+    ] {
+        m.sync_proxy_rules_no_local_endpoints_total
+            .get_or_create(&TrafficLabels {
+                ip_family: labels.ip_family,
+                traffic_policy: policy,
+            })
+            .set(count as i64);
+    }
+    shared.health.updated();
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,189 @@
+//! The sync loop against a recording backend: ordering and bookkeeping, not the kernel.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kpr_metrics::{Metrics, ProxyHealth};
+use kpr_model::{IpFamily, NamespacedName};
+use kpr_runner::RunnerConfig;
+use kpr_sources::{Event, EventSender, event_channel};
+use kpr_state::{Backend, BackendError, SyncReport, SyncRequest};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+
+use crate::{ProxySettings, run};
+
+#[derive(Debug, Default)]
+struct Seen {
+    /// Per sync: (number of service ports, changed services, forced full).
+    syncs: Vec<(usize, Vec<String>, bool)>,
+    fail_next: usize,
+}
+
+struct Recording(Arc<Mutex<Seen>>);
+
+impl Backend for Recording {
+    fn mode(&self) -> &'static str {
+        "iptables"
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let mut seen = self.0.lock().unwrap();
+        let changed = request.changed.iter().map(ToString::to_string).collect();
+        seen.syncs
+            .push((request.state.ports().len(), changed, request.force_full));
+        if seen.fail_next > 0 {
+            seen.fail_next -= 1;
+            return Err("kernel said no".into());
+        }
+        Ok(SyncReport::default())
+    }
+}
+
+fn service(name: &str, ip: &str) -> Event {
+    let object: Service = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"clusterIP": ip, "ports": [{"port": 80}]}
+    }))
+    .unwrap();
+    Event::Service {
+        id: NamespacedName::new("default", name),
+        object: Some(Arc::new(object)),
+    }
+}
+
+fn slice(name: &str, service: &str, ip: &str) -> Event {
+    let object: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4", "ports": [{"port": 8080}], "endpoints": [{"addresses": [ip]}]
+    }))
+    .unwrap();
+    Event::EndpointSlice {
+        id: NamespacedName::new("default", name),
+        object: Some(Arc::new(object)),
+    }
+}
+
+struct Harness {
+    seen: Arc<Mutex<Seen>>,
+    events: EventSender,
+    health: Arc<ProxyHealth>,
+    registry: Registry,
+}
+
+fn start(sources: Vec<&'static str>, fail_first: usize) -> Harness {
+    let seen = Arc::new(Mutex::new(Seen {
+        fail_next: fail_first,
+        ..Default::default()
+    }));
+    let (events, rx) = event_channel();
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
+    let settings = ProxySettings {
+        family: IpFamily::V4,
+        node_name: "node1".into(),
+        runner: RunnerConfig {
+            min_interval: Duration::from_millis(20),
+            max_interval: Duration::from_secs(3600),
+        },
+        sources,
+    };
+    tokio::spawn(run(
+        settings,
+        Box::new(Recording(seen.clone())),
+        rx,
+        metrics,
+        health.clone(),
+    ));
+    Harness {
+        seen,
+        events,
+        health,
+        registry,
+    }
+}
+
+impl Harness {
+    async fn send(&self, event: Event) {
+        self.events.send(event).await.unwrap();
+    }
+
+    async fn wait_for_syncs(&self, n: usize) {
+        for _ in 0..500 {
+            if self.seen.lock().unwrap().syncs.len() >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("expected {n} syncs, saw {:?}", self.seen.lock().unwrap().syncs);
+    }
+
+    fn metrics_text(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        text
+    }
+}
+
+#[tokio::test]
+async fn no_sync_until_every_source_is_synced() {
+    let h = start(vec!["manifests", "api"], 0);
+    h.send(service("a", "10.0.0.1")).await;
+    h.send(Event::Synced { source: "manifests" }).await;
+    h.send(service("b", "10.0.0.2")).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        h.seen.lock().unwrap().syncs.is_empty(),
+        "synced before the api source was in"
+    );
+    h.send(Event::Synced { source: "api" }).await;
+    h.wait_for_syncs(1).await;
+    let first = h.seen.lock().unwrap().syncs[0].clone();
+    assert_eq!(first.0, 2, "first sync sees the whole initial state");
+    assert_eq!(first.1, ["default/a", "default/b"]);
+}
+
+#[tokio::test]
+async fn later_changes_are_incremental() {
+    let h = start(vec!["manifests"], 0);
+    h.send(service("a", "10.0.0.1")).await;
+    h.send(Event::Synced { source: "manifests" }).await;
+    h.wait_for_syncs(1).await;
+    h.send(slice("a-1", "a", "10.244.1.10")).await;
+    h.wait_for_syncs(2).await;
+    assert_eq!(h.seen.lock().unwrap().syncs[1].1, ["default/a"]);
+}
+
+#[tokio::test]
+async fn rejected_object_is_counted_and_others_still_sync() {
+    let h = start(vec!["manifests"], 0);
+    h.send(service("bad", "10.0.0.999")).await;
+    h.send(service("good", "10.0.0.2")).await;
+    h.send(Event::Synced { source: "manifests" }).await;
+    h.wait_for_syncs(1).await;
+    assert_eq!(h.seen.lock().unwrap().syncs[0].0, 1);
+    let text = h.metrics_text();
+    assert!(
+        text.contains("kubeproxy_rejected_objects_total{kind=\"Service\",reason=\"invalid_ip\"} 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn failed_sync_is_retried_and_reported() {
+    let h = start(vec!["manifests"], 1);
+    h.send(service("a", "10.0.0.1")).await;
+    h.send(Event::Synced { source: "manifests" }).await;
+    h.wait_for_syncs(1).await;
+    assert!(h.health.last_updated().is_none());
+    // Backoff starts at 1 s (the floor for tiny min intervals).
+    h.wait_for_syncs(2).await;
+    assert!(h.health.last_updated().is_some(), "retry succeeded");
+    let text = h.metrics_text();
+    assert!(
+        text.contains("kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"} 1")
+    );
+}

@@ -1,0 +1,138 @@
+//! The metrics server: `/metrics`, `/proxyMode`, `/configz` and a plain `/healthz`.
+//!
+//! Upstream serves these on 127.0.0.1:10249 by default; scrapers and `curl .../proxyMode`
+//! scripts rely on the paths and on `/healthz` here answering a bare "ok".
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+
+use crate::handle::{ServeError, ServerHandle};
+use crate::listen::{bind, spawn};
+
+/// The key `/configz` puts the configuration under, as upstream does.
+pub const CONFIGZ_GROUP: &str = "kubeproxy.config.k8s.io";
+
+/// What Prometheus expects for the text exposition prometheus-client writes.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone)]
+struct MetricsState {
+    registry: Arc<Registry>,
+    proxy_mode: Arc<str>,
+    configz: Arc<str>,
+}
+
+/// Binds `address` (e.g. "127.0.0.1:10249"; blank disables it) and serves on a task.
+/// `config` is the effective KubeProxyConfiguration, shown by `/configz`.
+pub async fn bind_metrics(
+    address: &str,
+    registry: Arc<Registry>,
+    proxy_mode: &str,
+    config: serde_json::Value,
+) -> Result<Option<ServerHandle>, ServeError> {
+    let Some(listener) = bind("metrics", address).await? else {
+        return Ok(None);
+    };
+    let configz = serde_json::json!({ CONFIGZ_GROUP: config }).to_string();
+    let state = MetricsState {
+        registry,
+        proxy_mode: proxy_mode.into(),
+        configz: configz.into(),
+    };
+    let router = Router::new()
+        .route("/metrics", get(metrics))
+        .route(
+            "/proxyMode",
+            get(|State(s): State<MetricsState>| async move { s.proxy_mode.to_string() }),
+        )
+        .route("/configz", get(configz_handler))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state);
+    spawn("metrics", listener, router).map(Some)
+}
+
+async fn metrics(State(s): State<MetricsState>) -> Response {
+    let mut text = String::new();
+    if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &s.registry) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {err}"),
+        )
+            .into_response();
+    }
+    with_content_type(text.into_response(), OPENMETRICS_CONTENT_TYPE)
+}
+
+async fn configz_handler(State(s): State<MetricsState>) -> Response {
+    with_content_type(s.configz.to_string().into_response(), "application/json")
+}
+
+fn with_content_type(mut response: Response, content_type: &'static str) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use kpr_metrics::Metrics;
+
+    use super::*;
+    use crate::test_client::get;
+
+    #[tokio::test]
+    async fn serves_metrics_mode_configz_and_healthz() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        metrics
+            .sync_proxy_rules_service_changes_total
+            .get_or_create(&kpr_metrics::FamilyLabels { ip_family: "IPv4" })
+            .inc();
+        let config = serde_json::json!({"mode": "iptables"});
+        let server = bind_metrics("127.0.0.1:0", Arc::new(registry), "iptables", config)
+            .await
+            .unwrap()
+            .unwrap();
+        let addr = server.local_addr();
+
+        let reply = get(addr, "/metrics").await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.header("content-type"), Some(OPENMETRICS_CONTENT_TYPE));
+        assert!(
+            reply
+                .body
+                .contains("kubeproxy_sync_proxy_rules_service_changes_total"),
+            "{}",
+            reply.body
+        );
+
+        assert_eq!(get(addr, "/proxyMode").await.body, "iptables");
+        assert_eq!(get(addr, "/healthz").await.body, "ok");
+        let configz: serde_json::Value = serde_json::from_str(&get(addr, "/configz").await.body).unwrap();
+        assert_eq!(configz[CONFIGZ_GROUP]["mode"], "iptables");
+        assert_eq!(get(addr, "/nope").await.status, 404);
+    }
+
+    #[tokio::test]
+    async fn port_in_use_is_a_bind_error_naming_the_address() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = taken.local_addr().unwrap().to_string();
+        let err = bind_metrics(
+            &address,
+            Arc::new(Registry::default()),
+            "iptables",
+            serde_json::Value::Null,
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, ServeError::Bind { .. }), "{err}");
+        assert!(err.to_string().contains(&address), "{err}");
+    }
+}

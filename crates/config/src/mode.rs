@@ -1,0 +1,140 @@
+//! The proxy mode and the local-traffic detection mode, as enums.
+//!
+//! The file and flags carry them as strings (upstream's `ProxyMode` and `LocalMode` are
+//! strings too); the rest of the program should match on enums, never on text.
+
+use std::fmt;
+
+/// How Services are programmed into the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProxyMode {
+    Iptables,
+    Nftables,
+    Ipvs,
+    /// Removed upstream in 1.26; this project keeps it.
+    Userspace,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ModeError {
+    #[error("proxy mode \"kernelspace\" is Windows only; on Linux use iptables, nftables, ipvs or userspace")]
+    WindowsOnly,
+    #[error("unknown proxy mode {0:?}: must be iptables, nftables, ipvs, userspace or blank (iptables)")]
+    UnknownProxyMode(String),
+    #[error(
+        "unknown detect-local mode {0:?}: must be ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix or blank (ClusterCIDR)"
+    )]
+    UnknownLocalMode(String),
+}
+
+impl ProxyMode {
+    /// Parses upstream's mode string; blank means iptables, as on upstream's Linux build.
+    pub fn parse(text: &str) -> Result<Self, ModeError> {
+        match text {
+            "" | "iptables" => Ok(Self::Iptables),
+            "nftables" => Ok(Self::Nftables),
+            "ipvs" => Ok(Self::Ipvs),
+            "userspace" => Ok(Self::Userspace),
+            "kernelspace" => Err(ModeError::WindowsOnly),
+            other => Err(ModeError::UnknownProxyMode(other.to_string())),
+        }
+    }
+
+    /// Upstream's name, as `/proxyMode` reports it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+            Self::Ipvs => "ipvs",
+            Self::Userspace => "userspace",
+        }
+    }
+}
+
+impl fmt::Display for ProxyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How traffic from local pods is recognised (upstream's `LocalMode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LocalMode {
+    ClusterCidr,
+    NodeCidr,
+    BridgeInterface,
+    InterfaceNamePrefix,
+}
+
+impl LocalMode {
+    /// Parses upstream's name; blank means ClusterCIDR, as on upstream's Linux build.
+    pub fn parse(text: &str) -> Result<Self, ModeError> {
+        match text {
+            "" | "ClusterCIDR" => Ok(Self::ClusterCidr),
+            "NodeCIDR" => Ok(Self::NodeCidr),
+            "BridgeInterface" => Ok(Self::BridgeInterface),
+            "InterfaceNamePrefix" => Ok(Self::InterfaceNamePrefix),
+            other => Err(ModeError::UnknownLocalMode(other.to_string())),
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ClusterCidr => "ClusterCIDR",
+            Self::NodeCidr => "NodeCIDR",
+            Self::BridgeInterface => "BridgeInterface",
+            Self::InterfaceNamePrefix => "InterfaceNamePrefix",
+        }
+    }
+}
+
+impl fmt::Display for LocalMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blank_mode_is_iptables() {
+        assert_eq!(ProxyMode::parse("").unwrap(), ProxyMode::Iptables);
+        for mode in [
+            ProxyMode::Iptables,
+            ProxyMode::Nftables,
+            ProxyMode::Ipvs,
+            ProxyMode::Userspace,
+        ] {
+            assert_eq!(ProxyMode::parse(mode.as_str()).unwrap(), mode);
+        }
+    }
+
+    #[test]
+    fn kernelspace_is_windows_only() {
+        let err = ProxyMode::parse("kernelspace").unwrap_err();
+        assert_eq!(err, ModeError::WindowsOnly);
+        assert!(err.to_string().contains("Windows only"));
+    }
+
+    #[test]
+    fn unknown_mode_is_named() {
+        let err = ProxyMode::parse("IPTables").unwrap_err();
+        assert!(err.to_string().contains("\"IPTables\""), "{err}");
+    }
+
+    #[test]
+    fn local_modes_use_upstream_names() {
+        assert_eq!(LocalMode::parse("").unwrap(), LocalMode::ClusterCidr);
+        for mode in [
+            LocalMode::ClusterCidr,
+            LocalMode::NodeCidr,
+            LocalMode::BridgeInterface,
+            LocalMode::InterfaceNamePrefix,
+        ] {
+            assert_eq!(LocalMode::parse(mode.as_str()).unwrap(), mode);
+        }
+        assert!(LocalMode::parse("clustercidr").is_err());
+    }
+}

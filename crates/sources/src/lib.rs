@@ -11,6 +11,10 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_model::{NamespacedName, Rejection};
 
+pub mod manifests;
+
+pub use manifests::{MANIFESTS_SOURCE, ManifestError, ManifestSource};
+
 /// One change reported by a source.
 #[derive(Clone, Debug)]
 pub enum Event {

@@ -1,0 +1,336 @@
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use kpr_model::{ObjectKind, RejectReason};
+
+use super::{EMPTY_FILE_GRACE, FileRead, ManifestCatalog, Snapshot};
+use crate::Event;
+
+fn service(name: &str, cluster_ip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{clusterIP: {cluster_ip}}}\n---\n"
+    )
+}
+
+fn slice(name: &str, addresses: &[&str]) -> String {
+    let endpoints: Vec<String> = addresses
+        .iter()
+        .map(|a| format!("{{addresses: [{a}]}}"))
+        .collect();
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nendpoints: [{}]\n---\n",
+        endpoints.join(", ")
+    )
+}
+
+fn snapshot_at(files: &[(&str, &str)], taken_at: Instant) -> Snapshot {
+    let mut snapshot = Snapshot::new(taken_at);
+    for (path, text) in files {
+        snapshot
+            .files
+            .insert(PathBuf::from(path), FileRead::Bytes(text.as_bytes().to_vec()));
+    }
+    snapshot
+}
+
+fn snapshot(files: &[(&str, &str)]) -> Snapshot {
+    snapshot_at(files, Instant::now())
+}
+
+/// A compact, comparable form of events: `+Service default/web 10.0.0.1`, `-Service default/web`.
+fn summary(events: &[Event]) -> Vec<String> {
+    events.iter().map(describe).collect()
+}
+
+fn describe(event: &Event) -> String {
+    match event {
+        Event::Service { id, object: Some(s) } => {
+            let ip = s
+                .spec
+                .as_ref()
+                .and_then(|s| s.cluster_ip.clone())
+                .unwrap_or_default();
+            format!("+Service {id} {ip}")
+        }
+        Event::Service { id, object: None } => format!("-Service {id}"),
+        Event::EndpointSlice { id, object: Some(s) } => {
+            let addresses: Vec<_> = s.endpoints.iter().flat_map(|e| e.addresses.clone()).collect();
+            format!("+EndpointSlice {id} {}", addresses.join(","))
+        }
+        Event::EndpointSlice { id, object: None } => format!("-EndpointSlice {id}"),
+        Event::Node { object: Some(n) } => format!("+Node {}", n.metadata.name.as_deref().unwrap_or("")),
+        Event::Node { object: None } => "-Node".to_owned(),
+        Event::Synced { source } => format!("Synced {source}"),
+        Event::Rejected(r) => format!("!{} {} {} {}", r.kind, r.object, r.field, r.reason.as_str()),
+    }
+}
+
+#[test]
+fn initial_load_reports_every_object_then_nothing_for_the_same_files() {
+    let mut catalog = ManifestCatalog::new(None);
+    let files = [
+        (
+            "/m/a.yaml",
+            format!("{}{}", service("web", "10.0.0.1"), slice("web-1", &["10.1.0.1"])),
+        ),
+        ("/m/b.yaml", service("db", "10.0.0.2")),
+    ];
+    let files: Vec<(&str, &str)> = files.iter().map(|(p, t)| (*p, t.as_str())).collect();
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&files))),
+        [
+            "+Service default/db 10.0.0.2",
+            "+Service default/web 10.0.0.1",
+            "+EndpointSlice default/web-1 10.1.0.1"
+        ]
+    );
+    assert!(catalog.apply(snapshot(&files)).is_empty());
+}
+
+#[test]
+fn edits_report_only_what_changed() {
+    let mut catalog = ManifestCatalog::new(None);
+    let before = format!(
+        "{}{}{}",
+        service("web", "10.0.0.1"),
+        service("db", "10.0.0.2"),
+        slice("web-1", &["10.1.0.1"])
+    );
+    catalog.apply(snapshot(&[("/m/a.yaml", &before)]));
+
+    let three = format!(
+        "{}{}{}",
+        service("web", "10.0.0.1"),
+        service("db", "10.0.0.2"),
+        slice("web-1", &["10.1.0.1", "10.1.0.2", "10.1.0.3"])
+    );
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &three)]))),
+        ["+EndpointSlice default/web-1 10.1.0.1,10.1.0.2,10.1.0.3"]
+    );
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &before)]))),
+        ["+EndpointSlice default/web-1 10.1.0.1"]
+    );
+    let without_db = format!("{}{}", service("web", "10.0.0.1"), slice("web-1", &["10.1.0.1"]));
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &without_db)]))),
+        ["-Service default/db"]
+    );
+}
+
+#[test]
+fn reformatting_a_file_without_changing_objects_reports_nothing() {
+    let mut catalog = ManifestCatalog::new(None);
+    catalog.apply(snapshot(&[("/m/a.yaml", &service("web", "10.0.0.1"))]));
+    let reformatted = format!("# edited by hand\n{}", service("web", "10.0.0.1"));
+    assert!(catalog.apply(snapshot(&[("/m/a.yaml", &reformatted)])).is_empty());
+}
+
+#[test]
+fn removing_a_file_deletes_its_objects() {
+    let mut catalog = ManifestCatalog::new(None);
+    let a = format!("{}{}", service("web", "10.0.0.1"), slice("web-1", &["10.1.0.1"]));
+    let b = service("db", "10.0.0.2");
+    catalog.apply(snapshot(&[("/m/a.yaml", &a), ("/m/b.yaml", &b)]));
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/b.yaml", &b)]))),
+        ["-Service default/web", "-EndpointSlice default/web-1"]
+    );
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &a), ("/m/b.yaml", &b)]))),
+        [
+            "+Service default/web 10.0.0.1",
+            "+EndpointSlice default/web-1 10.1.0.1"
+        ]
+    );
+}
+
+#[test]
+fn a_malformed_file_keeps_what_it_defined_until_fixed_or_removed() {
+    let mut catalog = ManifestCatalog::new(None);
+    let good = service("web", "10.0.0.1");
+    catalog.apply(snapshot(&[("/m/a.yaml", &good)]));
+
+    let broken = "apiVersion: v1\nkind: Service\nmetadata: {name: web\n";
+    let events = catalog.apply(snapshot(&[("/m/a.yaml", broken)]));
+    assert_eq!(summary(&events).len(), 1);
+    match &events[0] {
+        Event::Rejected(r) => {
+            assert_eq!(r.kind, ObjectKind::Manifest);
+            assert_eq!(r.object, "/m/a.yaml");
+            assert_eq!(r.reason, RejectReason::Malformed);
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    // Rescanning the same broken bytes neither repeats the rejection nor deletes anything.
+    assert!(catalog.apply(snapshot(&[("/m/a.yaml", broken)])).is_empty());
+
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &service("web", "10.0.0.9"))]))),
+        ["+Service default/web 10.0.0.9"]
+    );
+    catalog.apply(snapshot(&[("/m/a.yaml", broken)]));
+    assert_eq!(summary(&catalog.apply(snapshot(&[]))), ["-Service default/web"]);
+}
+
+#[test]
+fn a_garbage_file_next_to_good_ones_rejects_only_itself() {
+    let mut catalog = ManifestCatalog::new(None);
+    let events = catalog.apply(snapshot(&[
+        ("/m/a.yaml", &service("a", "10.0.0.1")),
+        ("/m/b.yaml", "\u{1}\u{2} not: [yaml"),
+        ("/m/c.yaml", &service("c", "10.0.0.3")),
+    ]));
+    assert_eq!(
+        summary(&events),
+        [
+            "!Manifest /m/b.yaml document 1 (line 1, column 1) malformed",
+            "+Service default/a 10.0.0.1",
+            "+Service default/c 10.0.0.3"
+        ]
+    );
+}
+
+#[test]
+fn a_rejected_document_keeps_the_last_good_version_of_its_object() {
+    let mut catalog = ManifestCatalog::new(None);
+    let good = format!("{}{}", service("web", "10.0.0.1"), service("db", "10.0.0.2"));
+    catalog.apply(snapshot(&[("/m/a.yaml", &good)]));
+
+    let web_broken = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec: {{ports: [{{port: abc}}]}}\n---\n{}",
+        service("db", "10.0.0.22")
+    );
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &web_broken)]))),
+        [
+            "!Service default/web spec.ports[0].port malformed",
+            "+Service default/db 10.0.0.22"
+        ]
+    );
+    // Removing the broken document altogether deletes the object.
+    let db_only = service("db", "10.0.0.22");
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &db_only)]))),
+        ["-Service default/web"]
+    );
+}
+
+#[test]
+fn a_rejected_new_object_is_simply_absent() {
+    let mut catalog = ManifestCatalog::new(None);
+    let text = "apiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\nmetadata: {name: s}\naddressType: IPv4\nendpoints: []\n";
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", text)]))),
+        ["!EndpointSlice default/s apiVersion invalid_value"]
+    );
+}
+
+#[test]
+fn the_same_object_in_two_files_comes_from_the_path_that_sorts_last() {
+    let mut catalog = ManifestCatalog::new(None);
+    let first = service("web", "10.0.0.1");
+    let last = service("web", "10.0.0.2");
+    let events = catalog.apply(snapshot(&[("/m/b.yaml", &last), ("/m/a.yaml", &first)]));
+    assert_eq!(summary(&events), ["+Service default/web 10.0.0.2"]);
+    // The winner's file goes away: the other definition takes over, nothing is deleted.
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &first)]))),
+        ["+Service default/web 10.0.0.1"]
+    );
+}
+
+#[test]
+fn unreadable_files_and_directories_keep_what_they_defined() {
+    let mut catalog = ManifestCatalog::new(None);
+    catalog.apply(snapshot(&[
+        ("/m/a.yaml", &service("a", "10.0.0.1")),
+        ("/d/b.yaml", &service("b", "10.0.0.2")),
+    ]));
+    let mut next = Snapshot::new(Instant::now());
+    next.files.insert(
+        "/m/a.yaml".into(),
+        FileRead::Unreadable("permission denied".into()),
+    );
+    next.unreadable_dirs.push("/d".into());
+    assert!(catalog.apply(next).is_empty());
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[]))),
+        ["-Service default/a", "-Service default/b"]
+    );
+}
+
+#[test]
+fn this_nodes_node_is_reported_changed_and_deleted() {
+    let mut catalog = ManifestCatalog::new(Some("worker-1".into()));
+    let node = |zone: &str| {
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: worker-1, labels: {{topology.kubernetes.io/zone: {zone}}}}}\n---\napiVersion: v1\nkind: Node\nmetadata: {{name: worker-2}}\n"
+        )
+    };
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/n.yaml", &node("a"))]))),
+        ["+Node worker-1"]
+    );
+    assert!(catalog.apply(snapshot(&[("/m/n.yaml", &node("a"))])).is_empty());
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/n.yaml", &node("b"))]))),
+        ["+Node worker-1"]
+    );
+    assert_eq!(summary(&catalog.apply(snapshot(&[]))), ["-Node"]);
+}
+
+#[test]
+fn an_emptied_file_is_believed_only_after_the_grace() {
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let mut catalog = ManifestCatalog::new(None);
+    let web = service("web", "10.0.0.1");
+    catalog.apply(snapshot_at(&[("/m/a.yaml", &web)], t0));
+
+    // `kubectl get -o yaml > a.yaml`: truncated first, written a moment later.
+    assert!(
+        catalog
+            .apply(snapshot_at(&[("/m/a.yaml", "")], t0 + ms(1)))
+            .is_empty()
+    );
+    assert_eq!(catalog.next_recheck(), Some(t0 + ms(1) + EMPTY_FILE_GRACE));
+    assert!(
+        catalog
+            .apply(snapshot_at(&[("/m/a.yaml", &web)], t0 + ms(500)))
+            .is_empty()
+    );
+    assert_eq!(catalog.next_recheck(), None);
+
+    // Emptied for good: believed once the grace has passed, not before.
+    let emptied = t0 + ms(1000);
+    assert!(
+        catalog
+            .apply(snapshot_at(&[("/m/a.yaml", "")], emptied))
+            .is_empty()
+    );
+    let almost = emptied + EMPTY_FILE_GRACE - ms(1);
+    assert!(
+        catalog
+            .apply(snapshot_at(&[("/m/a.yaml", "")], almost))
+            .is_empty()
+    );
+    assert_eq!(
+        summary(&catalog.apply(snapshot_at(&[("/m/a.yaml", "")], emptied + EMPTY_FILE_GRACE))),
+        ["-Service default/web"]
+    );
+    assert_eq!(catalog.next_recheck(), None);
+}
+
+#[test]
+fn a_file_that_is_empty_from_the_start_or_removed_needs_no_grace() {
+    let mut catalog = ManifestCatalog::new(None);
+    assert!(catalog.apply(snapshot(&[("/m/a.yaml", "")])).is_empty());
+    assert_eq!(catalog.next_recheck(), None);
+    catalog.apply(snapshot(&[("/m/b.yaml", &service("b", "10.0.0.2"))]));
+    catalog.apply(snapshot(&[("/m/b.yaml", "")]));
+    assert!(catalog.next_recheck().is_some());
+    assert_eq!(summary(&catalog.apply(snapshot(&[]))), ["-Service default/b"]);
+    assert_eq!(catalog.next_recheck(), None);
+}

@@ -1,0 +1,361 @@
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kpr_model::{ObjectKind, RejectReason, Rejection};
+
+use super::{FileObjects, ParsedFile, parse_manifest};
+use crate::manifests::object::{ManifestObject, ObjectKey};
+
+const FIXTURE: &str = include_str!("../../../tests/fixtures/web-service.yaml");
+
+fn parse_at(path: &str, text: &str) -> FileObjects {
+    match parse_manifest(Path::new(path), text.as_bytes(), Some("worker-1")) {
+        ParsedFile::Documents(file) => file,
+        ParsedFile::Malformed(rejection) => panic!("unexpectedly malformed: {rejection}"),
+    }
+}
+
+fn parse(text: &str) -> FileObjects {
+    parse_at("/m/a.yaml", text)
+}
+
+fn malformed(path: &str, text: &str) -> Rejection {
+    match parse_manifest(Path::new(path), text.as_bytes(), None) {
+        ParsedFile::Malformed(rejection) => rejection,
+        ParsedFile::Documents(file) => panic!("parsed: {file:?}"),
+    }
+}
+
+fn keys(file: &FileObjects) -> Vec<String> {
+    file.objects.keys().map(ToString::to_string).collect()
+}
+
+fn service<'a>(file: &'a FileObjects, namespace: &str, name: &str) -> &'a Service {
+    match file
+        .objects
+        .get(&ObjectKey::new(ObjectKind::Service, namespace, name))
+    {
+        Some(ManifestObject::Service(service)) => service,
+        other => panic!("no Service {namespace}/{name}: {other:?}"),
+    }
+}
+
+fn slice<'a>(file: &'a FileObjects, namespace: &str, name: &str) -> &'a EndpointSlice {
+    match file
+        .objects
+        .get(&ObjectKey::new(ObjectKind::EndpointSlice, namespace, name))
+    {
+        Some(ManifestObject::EndpointSlice(slice)) => slice,
+        other => panic!("no EndpointSlice {namespace}/{name}: {other:?}"),
+    }
+}
+
+fn only_rejection(file: &FileObjects) -> &Rejection {
+    assert_eq!(file.rejections.len(), 1, "{:?}", file.rejections);
+    &file.rejections[0]
+}
+
+// === Accepted input ===
+
+#[test]
+fn kubectl_list_fixture_loads_service_and_slice() {
+    let file = parse(FIXTURE);
+    assert!(file.rejections.is_empty(), "{:?}", file.rejections);
+    assert_eq!(keys(&file), ["Service shop/web", "EndpointSlice shop/web-8xk2p"]);
+    let web = service(&file, "shop", "web");
+    let spec = web.spec.as_ref().unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.41.7"));
+    assert_eq!(spec.ports.as_ref().unwrap()[1].port, 9090);
+    let slice = slice(&file, "shop", "web-8xk2p");
+    assert_eq!(slice.endpoints.len(), 2);
+    assert_eq!(slice.endpoints[1].addresses, ["10.244.2.31"]);
+    assert_eq!(
+        slice.metadata.labels.as_ref().unwrap()["kubernetes.io/service-name"],
+        "web"
+    );
+}
+
+#[test]
+fn multi_document_yaml_skips_empty_documents_and_other_kinds() {
+    let file = parse(
+        "---\n\
+         apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec: {replicas: 3}\n\
+         ---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ports: [{port: 80}]}\n\
+         ---\n\
+         ---\n\
+         apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cfg}\ndata: {a: b}\n\
+         ---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1}\naddressType: IPv4\nendpoints: []\n\
+         ---\n",
+    );
+    assert!(file.rejections.is_empty(), "{:?}", file.rejections);
+    assert_eq!(
+        keys(&file),
+        ["Service default/web", "EndpointSlice default/web-1"]
+    );
+}
+
+#[test]
+fn missing_namespace_means_default_also_inside_the_object() {
+    let file = parse("apiVersion: v1\nkind: Service\nmetadata: {name: web}\n");
+    assert_eq!(
+        service(&file, "default", "web").metadata.namespace.as_deref(),
+        Some("default")
+    );
+    let file = parse("apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: \"\"}\n");
+    assert_eq!(keys(&file), ["Service default/web"]);
+}
+
+#[test]
+fn json_files_hold_one_object_or_a_stream() {
+    let one = r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a", "namespace": "x"}}"#;
+    assert_eq!(keys(&parse_at("/m/a.json", one)), ["Service x/a"]);
+    let stream = format!(
+        "{one}\n{}",
+        r#"{"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "a-1", "namespace": "x"}, "addressType": "IPv6", "endpoints": []}"#
+    );
+    assert_eq!(
+        keys(&parse_at("/m/a.json", &stream)),
+        ["Service x/a", "EndpointSlice x/a-1"]
+    );
+}
+
+#[test]
+fn json_list_as_kubectl_writes_it() {
+    let list = r#"{
+        "apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
+        "items": [
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a", "namespace": "x"}},
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "x"}}
+        ]
+    }"#;
+    let file = parse_at("/m/list.json", list);
+    assert!(file.rejections.is_empty(), "{:?}", file.rejections);
+    assert_eq!(keys(&file), ["Service x/a"]);
+}
+
+#[test]
+fn typed_lists_lend_kind_and_api_version_to_their_items() {
+    let file = parse(
+        "apiVersion: v1\nkind: ServiceList\nitems:\n\
+         - metadata: {name: a}\n\
+         - metadata: {name: b, namespace: x}\n\
+         ---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSliceList\nitems:\n\
+         - metadata: {name: a-1}\n  addressType: IPv4\n  endpoints: []\n\
+         ---\n\
+         apiVersion: v1\nkind: NodeList\nitems:\n- metadata: {name: worker-1}\n- metadata: {name: worker-2}\n",
+    );
+    assert!(file.rejections.is_empty(), "{:?}", file.rejections);
+    assert_eq!(
+        keys(&file),
+        [
+            "Service default/a",
+            "Service x/b",
+            "EndpointSlice default/a-1",
+            "Node worker-1"
+        ]
+    );
+}
+
+#[test]
+fn empty_list_and_empty_file_define_nothing() {
+    assert!(
+        parse("apiVersion: v1\nkind: List\nitems: []\n")
+            .objects
+            .is_empty()
+    );
+    assert!(parse("apiVersion: v1\nkind: List\n").objects.is_empty());
+    let empty = parse("");
+    assert!(empty.objects.is_empty() && empty.rejections.is_empty());
+    let comments = parse("# nothing here yet\n");
+    assert!(comments.objects.is_empty() && comments.rejections.is_empty());
+}
+
+#[test]
+fn only_this_nodes_node_is_kept() {
+    let nodes = "apiVersion: v1\nkind: Node\nmetadata: {name: worker-1, labels: {topology.kubernetes.io/zone: a}}\n\
+                 ---\n\
+                 apiVersion: v1\nkind: Node\nmetadata: {name: worker-2}\nspec: oops\n";
+    let file = parse(nodes);
+    // worker-2 is not ours: neither kept nor even decoded, so its bad spec is no concern.
+    assert!(file.rejections.is_empty(), "{:?}", file.rejections);
+    assert_eq!(keys(&file), ["Node worker-1"]);
+    match parse_manifest(Path::new("/m/n.yaml"), nodes.as_bytes(), None) {
+        ParsedFile::Documents(file) => assert!(file.objects.is_empty()),
+        ParsedFile::Malformed(r) => panic!("{r}"),
+    }
+}
+
+#[test]
+fn same_object_twice_in_one_file_keeps_the_later_document() {
+    let file = parse(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.0.0.1}\n\
+         ---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.0.0.2}\n",
+    );
+    let spec = service(&file, "default", "web").spec.as_ref().unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("10.0.0.2"));
+}
+
+// === Rejected input ===
+
+#[test]
+fn invalid_yaml_makes_the_whole_file_malformed_with_position() {
+    let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\nkind: [unclosed\n";
+    let rejection = malformed("/m/broken.yaml", text);
+    assert_eq!(rejection.kind, ObjectKind::Manifest);
+    assert_eq!(rejection.object, "/m/broken.yaml");
+    assert_eq!(rejection.reason, RejectReason::Malformed);
+    assert!(
+        rejection.field.starts_with("document 2 (line "),
+        "{}",
+        rejection.field
+    );
+}
+
+#[test]
+fn invalid_json_names_line_and_column() {
+    let rejection = malformed("/m/a.json", "{\"kind\": \"Service\",\n  \"metadata\": }");
+    assert_eq!(rejection.field, "document 1 (line 2, column 15)");
+    assert_eq!(rejection.reason, RejectReason::Malformed);
+}
+
+#[test]
+fn a_wrongly_typed_field_rejects_only_its_document_with_the_field_path() {
+    let file = parse(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\n\
+         spec: {ports: [{port: 80}, {port: \"abc\"}]}\n\
+         ---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: ok}\n",
+    );
+    assert_eq!(keys(&file), ["Service default/ok"]);
+    let rejection = only_rejection(&file);
+    assert_eq!(rejection.kind, ObjectKind::Service);
+    assert_eq!(rejection.object, "shop/web");
+    assert_eq!(rejection.field, "spec.ports[1].port");
+    assert_eq!(rejection.reason, RejectReason::Malformed);
+    assert!(
+        rejection.detail.contains("/m/a.yaml, document 1"),
+        "{}",
+        rejection.detail
+    );
+    assert!(
+        file.failed
+            .contains(&ObjectKey::new(ObjectKind::Service, "shop", "web"))
+    );
+}
+
+#[test]
+fn a_spec_that_is_not_an_object_is_named() {
+    let file = parse("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: just-a-string\n");
+    assert!(file.objects.is_empty());
+    assert_eq!(only_rejection(&file).field, "spec");
+}
+
+#[test]
+fn slice_errors_name_the_nested_field() {
+    let file = parse(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s}\naddressType: IPv4\n\
+         endpoints: [{addresses: [10.0.0.1]}, {addresses: 10.0.0.2}]\n",
+    );
+    let rejection = only_rejection(&file);
+    assert_eq!(rejection.field, "endpoints[1].addresses");
+    assert_eq!(rejection.object, "default/s");
+}
+
+#[test]
+fn documents_without_identity_are_rejected_as_manifest_documents() {
+    let cases = [
+        ("apiVersion: v1\nmetadata: {name: a}\n", "document 1: kind"),
+        ("kind: Service\nmetadata: {name: a}\n", "document 1: apiVersion"),
+        (
+            "apiVersion: v1\nkind: Service\nspec: {}\n",
+            "document 1: metadata.name",
+        ),
+        (
+            "apiVersion: v1\nkind: Service\nmetadata: {name: 7}\n",
+            "document 1: metadata.name",
+        ),
+        (
+            "apiVersion: v1\nkind: List\nitems:\n- kind: Service\n  metadata: {name: a}\n",
+            "document 1, items[0]: apiVersion",
+        ),
+    ];
+    for (text, field) in cases {
+        let file = parse(text);
+        assert!(file.objects.is_empty(), "{text}");
+        let rejection = only_rejection(&file);
+        assert_eq!(rejection.kind, ObjectKind::Manifest, "{text}");
+        assert_eq!(rejection.object, "/m/a.yaml", "{text}");
+        assert_eq!(rejection.field, field, "{text}");
+        assert_eq!(rejection.reason, RejectReason::MissingField, "{text}");
+    }
+}
+
+#[test]
+fn documents_that_are_not_objects_are_rejected() {
+    let file = parse("just a string\n---\n- a\n- list\n---\napiVersion: v1\nkind: List\nitems: {}\n");
+    let fields: Vec<_> = file.rejections.iter().map(|r| r.field.as_str()).collect();
+    assert_eq!(fields, ["document 1", "document 2", "document 3: items"]);
+    assert!(
+        file.rejections
+            .iter()
+            .all(|r| r.reason == RejectReason::Malformed)
+    );
+}
+
+#[test]
+fn an_unsupported_api_version_is_refused_clearly() {
+    let file = parse(
+        "apiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\nmetadata: {name: s, namespace: x}\naddressType: IPv4\nendpoints: []\n",
+    );
+    assert!(file.objects.is_empty());
+    let rejection = only_rejection(&file);
+    assert_eq!(rejection.kind, ObjectKind::EndpointSlice);
+    assert_eq!(rejection.object, "x/s");
+    assert_eq!(rejection.field, "apiVersion");
+    assert_eq!(rejection.reason, RejectReason::InvalidValue);
+    assert!(
+        rejection
+            .detail
+            .contains("\"discovery.k8s.io/v1beta1\" is not supported, use \"discovery.k8s.io/v1\""),
+        "{}",
+        rejection.detail
+    );
+    assert!(
+        file.failed
+            .contains(&ObjectKey::new(ObjectKind::EndpointSlice, "x", "s"))
+    );
+}
+
+#[test]
+fn a_bad_list_item_does_not_hide_the_others() {
+    let file = parse(
+        "apiVersion: v1\nkind: List\nitems:\n\
+         - {apiVersion: v1, kind: Service, metadata: {name: a}, spec: {ports: [{port: x}]}}\n\
+         - {apiVersion: v1, kind: Service, metadata: {name: b}}\n",
+    );
+    assert_eq!(keys(&file), ["Service default/b"]);
+    let rejection = only_rejection(&file);
+    assert_eq!(rejection.field, "spec.ports[0].port");
+    assert!(
+        rejection.detail.contains("document 1, items[0]"),
+        "{}",
+        rejection.detail
+    );
+}
+
+#[test]
+fn a_later_good_document_settles_an_earlier_failure() {
+    let file = parse(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: 1\n\
+         ---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: web}\n",
+    );
+    assert_eq!(keys(&file), ["Service default/web"]);
+    assert!(file.failed.is_empty());
+    assert_eq!(file.rejections.len(), 1);
+}

@@ -1,1 +1,34 @@
-//! (being written)
+//! Test support for end-to-end tests on the real kernel: a one-node "cluster" made of
+//! network namespaces ([`Lab`]), real TCP/UDP backends in pod namespaces, clients that
+//! send real traffic from any namespace, and the kube-proxy-rs binary run inside the node.
+//!
+//! Nothing is created in the root namespace and everything is deleted on drop, also when
+//! a test panics; namespaces of test processes that were killed are swept by the next
+//! [`Lab::new`]. Needs root, iproute2 and the `br_netfilter` module.
+
+mod addressing;
+mod backend;
+mod client;
+mod error;
+mod eventually;
+mod http;
+mod lab;
+mod naming;
+mod netns;
+mod process;
+mod shell;
+mod sweep;
+
+pub use addressing::{
+    BRIDGE, CLIENT_IFACE, CLIENT_IP, CLUSTER_CIDR, FIRST_POD_HOST, MAX_PODS, NODE_IFACE, NODE_IP,
+    NODE_LINK_PREFIX_LEN, NODE_LINK_SUBNET, POD_GATEWAY, POD_IFACE, POD_PREFIX_LEN, POD_SUBNET, pod_ip,
+};
+pub use backend::Backend;
+pub use client::{SPREAD_TIMEOUT, spread, spread_udp};
+pub use error::{Error, Result};
+pub use eventually::eventually;
+pub use lab::Lab;
+pub use naming::NAME_PREFIX;
+pub use netns::Netns;
+pub use process::{ProcessGuard, STOP_GRACE};
+pub use sweep::sweep_stale_namespaces;

@@ -1,1 +1,52 @@
-//! (being written)
+//! iptables proxy mode, shaped like upstream kube-proxy's (1.28+).
+//!
+//! # Design
+//!
+//! - **Pure render.** [`build`] turns a [`kpr_state::DesiredState`] and [`IptablesOptions`]
+//!   into a [`Ruleset`] (tables -> ordered chains -> rules) with upstream's chain names
+//!   (from kpr-naming) and rule shapes, so `iptables-save` output matches upstream's and
+//!   either proxy can take over a node from the other. Per-service decisions (which
+//!   endpoints, REJECT vs DROP, which chains) come from kpr-state's `PortPlan`.
+//!   [`render_dry_run`] prints what a full sync would apply.
+//! - **One atomic write per sync.** Each sync is one `iptables-restore --noflush` covering
+//!   filter and nat; chains that are not ours are never named, so never touched. Jump rules
+//!   from built-in chains are ensured one by one (`-C`, then `-I`) on full syncs only.
+//! - **Partial syncs via chain hashes.** [`IptablesBackend`] remembers a hash of every
+//!   per-service chain it wrote. A partial sync rewrites the fixed chains, the chains of
+//!   services reported changed whose hash differs, and deletes chains that disappeared.
+//! - **Full syncs** on the first sync, after a failure, when forced, hourly, when the
+//!   large-cluster mode flips, and when the `KUBE-PROXY-CANARY` chain (created by full
+//!   syncs in nat and filter) is gone: someone flushed the tables. Full syncs also delete
+//!   stale service chains found with `iptables-save`.
+//! - **I/O behind a trait.** [`Iptables`] is all the proxier and [`cleanup()`] need;
+//!   [`IptablesCli`] runs the legacy, nft or auto-detected binaries, optionally behind a
+//!   command prefix such as `ip netns exec NAME`.
+//! - **IPv6** is a parameter (`IptablesOptions::family`, `ip6tables` binaries, `::1/128`
+//!   NodePort exclusion, no localnet firewall), not a separate code path.
+
+mod cleanup;
+mod exec;
+mod host;
+mod jumps;
+mod names;
+mod options;
+mod proxier;
+mod rules;
+mod ruleset;
+mod saved;
+
+pub use cleanup::{CLEANUP_TABLES, CleanupError, CleanupReport, TableCleanup, cleanup, plan_table};
+pub use exec::{ExecError, Iptables, IptablesCli, Variant, restore_error_line};
+pub use host::{HostError, ProcSysctl, ROUTE_LOCALNET, Sysctl, prepare_host};
+pub use jumps::{JumpRule, jump_rules};
+pub use names::NameCache;
+pub use options::{
+    DEFAULT_LARGE_CLUSTER_ENDPOINTS_THRESHOLD, DEFAULT_MASQUERADE_BIT, IptablesOptions, LocalDetector,
+    NodePortAddresses, NodePortTargets, OptionsError,
+};
+pub use proxier::{FULL_SYNC_PERIOD, FullSyncReason, IptablesBackend, SyncError};
+pub use rules::{build, build_with_cache, render_dry_run};
+pub use ruleset::{
+    Chain, ChainKind, Payload, PayloadBuilder, Rule, Ruleset, Table, TableRules, WrittenCount,
+};
+pub use saved::{SavedChain, SavedRule, SavedTable};

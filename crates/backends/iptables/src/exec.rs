@@ -1,0 +1,393 @@
+//! The only place that runs iptables binaries.
+//!
+//! Everything above talks to the small [`Iptables`] trait, so sync decisions are tested with
+//! a recording fake and no kernel. [`IptablesCli`] is the real thing: it picks the legacy
+//! or nf_tables flavour of the binaries (or detects which one already holds kube-proxy
+//! rules, like upstream's iptables-wrapper) and can prefix every command, e.g. with
+//! `ip netns exec NAME`, so tests program a namespace they created.
+
+use std::io::Write as _;
+use std::process::{Command, Output, Stdio};
+
+use kpr_model::IpFamily;
+
+use crate::ruleset::Table;
+
+/// Seconds to wait for the xtables lock before giving up (legacy backend only).
+const WAIT_SECONDS: &str = "5";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("could not run `{command}`: {source}")]
+    Spawn {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Failed {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("`{command}` rejected its input{}: {stderr}", describe_line(*.line, .input_line.as_deref()))]
+    Restore {
+        command: String,
+        /// The 1-based input line iptables-restore reported, if it said.
+        line: Option<usize>,
+        /// That line of the input.
+        input_line: Option<String>,
+        stderr: String,
+    },
+}
+
+fn describe_line(line: Option<usize>, text: Option<&str>) -> String {
+    match (line, text) {
+        (Some(n), Some(t)) => format!(" at line {n} ({t:?})"),
+        (Some(n), None) => format!(" at line {n}"),
+        _ => String::new(),
+    }
+}
+
+/// What proxy code needs from iptables.
+pub trait Iptables: Send {
+    /// `iptables-restore --noflush --counters` with `payload` on stdin (one or more tables).
+    fn restore(&self, payload: &[u8]) -> Result<(), ExecError>;
+    /// `iptables-save -t <table>`.
+    fn save(&self, table: Table) -> Result<String, ExecError>;
+    fn chain_exists(&self, table: Table, chain: &str) -> Result<bool, ExecError>;
+    /// `iptables -C`: whether this exact rule is in `chain`.
+    fn rule_exists(&self, table: Table, chain: &str, args: &[String]) -> Result<bool, ExecError>;
+    /// `iptables -I`: inserts the rule at the top of `chain`.
+    fn insert_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError>;
+    /// `iptables -D`: deletes one copy of the rule.
+    fn delete_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError>;
+
+    /// Inserts the rule unless it is there; returns whether it was already there.
+    fn ensure_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<bool, ExecError> {
+        if self.rule_exists(table, chain, args)? {
+            return Ok(true);
+        }
+        self.insert_rule(table, chain, args)?;
+        Ok(false)
+    }
+}
+
+/// Which iptables binaries to run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Variant {
+    /// The flavour that already holds more kube rules (upstream's iptables-wrapper rule),
+    /// or the plain names (whatever the host's alternatives say) if neither holds any.
+    #[default]
+    Auto,
+    /// The plain `iptables` / `iptables-save` / `iptables-restore` names.
+    Plain,
+    Legacy,
+    Nft,
+}
+
+impl Variant {
+    fn infix(self) -> &'static str {
+        match self {
+            Self::Auto | Self::Plain => "",
+            Self::Legacy => "-legacy",
+            Self::Nft => "-nft",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tool {
+    Main,
+    Save,
+    Restore,
+}
+
+/// Runs the real iptables binaries of one family and variant.
+#[derive(Clone, Debug)]
+pub struct IptablesCli {
+    family: IpFamily,
+    variant: Variant,
+    prefix: Vec<String>,
+}
+
+impl IptablesCli {
+    /// Binaries of `family`; `Variant::Auto` is resolved now (it runs both save binaries).
+    pub fn new(family: IpFamily, variant: Variant) -> Self {
+        Self::with_command_prefix(family, variant, Vec::new())
+    }
+
+    /// Like [`IptablesCli::new`], running every command as `prefix... <binary> <args>`.
+    pub fn with_command_prefix(family: IpFamily, variant: Variant, prefix: Vec<String>) -> Self {
+        let mut cli = Self {
+            family,
+            variant,
+            prefix,
+        };
+        if variant == Variant::Auto {
+            cli.variant = cli.detect_variant();
+        }
+        cli
+    }
+
+    /// Runs every command inside the network namespace `name` (`ip netns exec name ...`).
+    pub fn in_netns(family: IpFamily, variant: Variant, name: &str) -> Self {
+        let prefix = ["ip", "netns", "exec", name].map(String::from).to_vec();
+        Self::with_command_prefix(family, variant, prefix)
+    }
+
+    /// The variant in use (never `Auto`).
+    pub fn variant(&self) -> Variant {
+        self.variant
+    }
+
+    fn binary(&self, variant: Variant, tool: Tool) -> String {
+        let base = match self.family {
+            IpFamily::V4 => "iptables",
+            IpFamily::V6 => "ip6tables",
+        };
+        let suffix = match tool {
+            Tool::Main => "",
+            Tool::Save => "-save",
+            Tool::Restore => "-restore",
+        };
+        format!("{base}{}{suffix}", variant.infix())
+    }
+
+    /// Upstream's iptables-wrapper rule: use the variant that holds more kube rules.
+    fn detect_variant(&self) -> Variant {
+        let count = |variant| {
+            self.run(&self.binary(variant, Tool::Save), &[], None)
+                .ok()
+                .filter(|out| out.status.success())
+                .map_or(0, |out| count_kube_lines(&String::from_utf8_lossy(&out.stdout)))
+        };
+        let legacy = count(Variant::Legacy);
+        let nft = count(Variant::Nft);
+        let chosen = match (legacy, nft) {
+            (0, 0) => Variant::Plain,
+            (l, n) if l > n => Variant::Legacy,
+            _ => Variant::Nft,
+        };
+        tracing::info!(legacy, nft, ?chosen, "picked the iptables variant");
+        chosen
+    }
+
+    fn command_line(&self, program: &str, args: &[String]) -> String {
+        let mut parts: Vec<&str> = self.prefix.iter().map(String::as_str).collect();
+        parts.push(program);
+        parts.extend(args.iter().map(String::as_str));
+        parts.join(" ")
+    }
+
+    fn run(&self, program: &str, args: &[String], stdin: Option<&[u8]>) -> Result<Output, ExecError> {
+        let mut cmd = match self.prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(program);
+                c
+            }
+            None => Command::new(program),
+        };
+        cmd.args(args)
+            .env("LC_ALL", "C")
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let spawn_error = |source| ExecError::Spawn {
+            command: self.command_line(program, args),
+            source,
+        };
+        let mut child = cmd.spawn().map_err(spawn_error)?;
+        let input = child.stdin.take();
+        // Feed stdin from another thread: a child blocked writing stderr while we block
+        // writing its stdin would deadlock on large payloads.
+        std::thread::scope(|s| {
+            if let (Some(mut pipe), Some(data)) = (input, stdin) {
+                // A write error means the child exited early; its status tells why.
+                s.spawn(move || pipe.write_all(data));
+            }
+            child.wait_with_output()
+        })
+        .map_err(spawn_error)
+    }
+
+    fn failed(&self, program: &str, args: &[String], out: &Output) -> ExecError {
+        ExecError::Failed {
+            command: self.command_line(program, args),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        }
+    }
+
+    fn table_args(table: Table, op: &str, chain: &str, rule: &[String]) -> Vec<String> {
+        let mut args = vec![
+            "-w".to_string(),
+            WAIT_SECONDS.to_string(),
+            "-t".to_string(),
+            table.as_str().to_string(),
+            op.to_string(),
+            chain.to_string(),
+        ];
+        args.extend(rule.iter().cloned());
+        args
+    }
+
+    /// Runs `iptables <args>`; exit status 1 ("no such rule/chain") is `Ok(false)`.
+    fn check(&self, args: Vec<String>) -> Result<bool, ExecError> {
+        let program = self.binary(self.variant, Tool::Main);
+        let out = self.run(&program, &args, None)?;
+        match out.status.code() {
+            Some(0) => Ok(true),
+            Some(1) => Ok(false),
+            _ => Err(self.failed(&program, &args, &out)),
+        }
+    }
+
+    fn change(&self, args: Vec<String>) -> Result<(), ExecError> {
+        let program = self.binary(self.variant, Tool::Main);
+        let out = self.run(&program, &args, None)?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(self.failed(&program, &args, &out))
+        }
+    }
+}
+
+impl Iptables for IptablesCli {
+    fn restore(&self, payload: &[u8]) -> Result<(), ExecError> {
+        let program = self.binary(self.variant, Tool::Restore);
+        let args = ["-w", WAIT_SECONDS, "--noflush", "--counters"].map(String::from);
+        let out = self.run(&program, &args, Some(payload))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        let line = restore_error_line(&stderr);
+        let input_line = line.and_then(|n| {
+            String::from_utf8_lossy(payload)
+                .lines()
+                .nth(n.checked_sub(1)?)
+                .map(str::to_string)
+        });
+        Err(ExecError::Restore {
+            command: self.command_line(&program, &args),
+            line,
+            input_line,
+            stderr,
+        })
+    }
+
+    fn save(&self, table: Table) -> Result<String, ExecError> {
+        let program = self.binary(self.variant, Tool::Save);
+        let args = ["-t".to_string(), table.as_str().to_string()];
+        let out = self.run(&program, &args, None)?;
+        if !out.status.success() {
+            return Err(self.failed(&program, &args, &out));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn chain_exists(&self, table: Table, chain: &str) -> Result<bool, ExecError> {
+        self.check(Self::table_args(table, "-S", chain, &[]))
+    }
+
+    fn rule_exists(&self, table: Table, chain: &str, args: &[String]) -> Result<bool, ExecError> {
+        self.check(Self::table_args(table, "-C", chain, args))
+    }
+
+    fn insert_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError> {
+        self.change(Self::table_args(table, "-I", chain, args))
+    }
+
+    fn delete_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError> {
+        self.change(Self::table_args(table, "-D", chain, args))
+    }
+}
+
+/// Lines of `iptables-save` output that mention a kube chain.
+fn count_kube_lines(saved: &str) -> usize {
+    saved
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains("KUBE-"))
+        .count()
+}
+
+/// The input line an `iptables-restore` error names. Both flavours say `line N` somewhere:
+/// "iptables-restore: line 3 failed", "line 3: CHAIN_DEL failed", "Error occurred at line: 5".
+pub fn restore_error_line(stderr: &str) -> Option<usize> {
+    let mut rest = stderr;
+    while let Some(at) = rest.find("line") {
+        let after = rest[at + 4..].trim_start_matches([':', ' ']);
+        let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+        if let Ok(n) = digits.parse() {
+            return Some(n);
+        }
+        rest = &rest[at + 4..];
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_failed_line_in_both_flavours_messages() {
+        assert_eq!(restore_error_line("iptables-restore: line 3 failed"), Some(3));
+        assert_eq!(
+            restore_error_line(
+                "iptables-nft-restore v1.8.9 (nf_tables): \nline 12: CHAIN_DEL failed (Device or resource busy): chain KUBE-A"
+            ),
+            Some(12)
+        );
+        assert_eq!(
+            restore_error_line(
+                "iptables-restore v1.8.9 (legacy): Couldn't load target `NOPE'\n\nError occurred at line: 5\nTry"
+            ),
+            Some(5)
+        );
+        assert_eq!(
+            restore_error_line("Another app is currently holding the xtables lock"),
+            None
+        );
+    }
+
+    #[test]
+    fn binary_names_follow_family_and_variant() {
+        let cli = IptablesCli::with_command_prefix(IpFamily::V6, Variant::Legacy, vec![]);
+        assert_eq!(
+            cli.binary(Variant::Legacy, Tool::Restore),
+            "ip6tables-legacy-restore"
+        );
+        let cli = IptablesCli::with_command_prefix(IpFamily::V4, Variant::Plain, vec![]);
+        assert_eq!(cli.binary(Variant::Plain, Tool::Main), "iptables");
+        assert_eq!(cli.binary(Variant::Nft, Tool::Save), "iptables-nft-save");
+    }
+
+    #[test]
+    fn spawn_errors_name_the_command() {
+        let cli = IptablesCli::with_command_prefix(
+            IpFamily::V4,
+            Variant::Plain,
+            vec!["/nonexistent/wrapper".to_string()],
+        );
+        let err = cli.save(Table::Nat).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("could not run `/nonexistent/wrapper iptables-save -t nat`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn counts_only_kube_lines() {
+        let saved = "# Generated by iptables-save\n*nat\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\n-A PREROUTING -j OTHER\n# KUBE- comment\nCOMMIT\n";
+        assert_eq!(count_kube_lines(saved), 2);
+    }
+}

@@ -1,0 +1,114 @@
+//! The rules in built-in chains (INPUT, PREROUTING, ...) that send packets into ours.
+//!
+//! They cannot go through `iptables-restore --noflush` without rewriting those shared
+//! chains, so they are checked (`-C`) and inserted (`-I`) one by one, on full syncs only:
+//! they exist from the first sync on, and only a flush removes them, which makes the
+//! next sync full.
+
+use kpr_naming::chain;
+
+use crate::options::IptablesOptions;
+use crate::ruleset::Table;
+
+/// One rule in a built-in chain jumping to one of our chains.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JumpRule {
+    pub table: Table,
+    /// The built-in chain holding the rule.
+    pub chain: &'static str,
+    /// Our chain it jumps to.
+    pub target: &'static str,
+    /// The rule's arguments, as passed to `iptables -C/-I` (no quoting).
+    pub args: Vec<String>,
+}
+
+const NEW: [&str; 4] = ["-m", "conntrack", "--ctstate", "NEW"];
+
+fn jump(table: Table, chain: &'static str, target: &'static str, comment: &str, new_only: bool) -> JumpRule {
+    let mut args: Vec<String> = Vec::new();
+    if new_only {
+        args.extend(NEW.iter().map(|s| s.to_string()));
+    }
+    if !comment.is_empty() {
+        args.extend(["-m", "comment", "--comment", comment].map(String::from));
+    }
+    args.extend(["-j", target].map(String::from));
+    JumpRule {
+        table,
+        chain,
+        target,
+        args,
+    }
+}
+
+/// The jump rules in upstream's order. Each is inserted at the top of its chain, so the
+/// last one listed ends up first, as upstream's do.
+pub fn jump_rules(opts: &IptablesOptions) -> Vec<JumpRule> {
+    use Table::{Filter, Nat};
+    const EXTERNAL: &str = "kubernetes externally-visible service portals";
+    const PORTALS: &str = "kubernetes service portals";
+    const LB_FIREWALL: &str = "kubernetes load balancer firewall";
+    let mut rules = vec![
+        jump(Filter, "INPUT", chain::EXTERNAL_SERVICES, EXTERNAL, true),
+        jump(Filter, "FORWARD", chain::EXTERNAL_SERVICES, EXTERNAL, true),
+        jump(
+            Filter,
+            "INPUT",
+            chain::NODEPORTS,
+            "kubernetes health check service ports",
+            false,
+        ),
+        jump(Filter, "FORWARD", chain::SERVICES, PORTALS, true),
+        jump(Filter, "OUTPUT", chain::SERVICES, PORTALS, true),
+        jump(
+            Filter,
+            "FORWARD",
+            chain::FORWARD,
+            "kubernetes forwarding rules",
+            false,
+        ),
+        jump(Filter, "INPUT", chain::PROXY_FIREWALL, LB_FIREWALL, true),
+        jump(Filter, "OUTPUT", chain::PROXY_FIREWALL, LB_FIREWALL, true),
+        jump(Filter, "FORWARD", chain::PROXY_FIREWALL, LB_FIREWALL, true),
+        jump(Nat, "OUTPUT", chain::SERVICES, PORTALS, false),
+        jump(Nat, "PREROUTING", chain::SERVICES, PORTALS, false),
+        jump(
+            Nat,
+            "POSTROUTING",
+            chain::POSTROUTING,
+            "kubernetes postrouting rules",
+            false,
+        ),
+    ];
+    // Kubelet's own jumps to KUBE-FIREWALL, needed when we write that chain ourselves.
+    if opts.localhost_nodeports_enabled() {
+        rules.push(jump(Filter, "INPUT", chain::FIREWALL, "", false));
+        rules.push(jump(Filter, "OUTPUT", chain::FIREWALL, "", false));
+    }
+    rules
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jump_rules_match_upstream_shapes() {
+        let rules = jump_rules(&IptablesOptions::default());
+        assert_eq!(rules.len(), 14);
+        assert_eq!(
+            rules[6].args.join(" "),
+            "-m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL"
+        );
+        assert_eq!(rules[13].args, ["-j", "KUBE-FIREWALL"]);
+        let no_localhost = IptablesOptions {
+            localhost_nodeports: false,
+            ..Default::default()
+        };
+        assert!(
+            jump_rules(&no_localhost)
+                .iter()
+                .all(|j| j.target != "KUBE-FIREWALL")
+        );
+    }
+}

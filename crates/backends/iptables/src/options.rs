@@ -1,0 +1,256 @@
+//! The knobs of iptables mode, with upstream's defaults.
+//!
+//! Everything rule generation needs beyond the desired state lives here, so rendering stays a
+//! pure function of (state, options): the same inputs always give the same bytes.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+use kpr_model::IpFamily;
+
+/// Upstream's `--iptables-masquerade-bit` default: mark 0x4000.
+pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
+/// Upstream's `largeClusterEndpointsThreshold`: above this many endpoints, rule comments on
+/// endpoint-level rules are dropped to keep the ruleset small.
+pub const DEFAULT_LARGE_CLUSTER_ENDPOINTS_THRESHOLD: usize = 1000;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OptionsError {
+    #[error("iptables option masqueradeBit: {0} is outside 0-31")]
+    MasqueradeBit(u8),
+}
+
+/// How to tell traffic from this cluster's pods apart from everything else (upstream's
+/// `--detect-local-mode`). Node-CIDR mode is `ClusterCidr` with the node's pod CIDRs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum LocalDetector {
+    /// No detection: cluster-IP traffic is only masqueraded with `masquerade_all`.
+    #[default]
+    None,
+    /// Pod traffic comes from these CIDRs; the first one of the proxier's family is used,
+    /// as upstream uses one CIDR per family.
+    ClusterCidr(Vec<IpNet>),
+    /// Pod traffic enters through this bridge.
+    BridgeInterface(String),
+    /// Pod traffic enters through interfaces whose names start with this prefix.
+    InterfaceNamePrefix(String),
+}
+
+impl LocalDetector {
+    /// Match arguments for "comes from a local pod", or `None` when detection is off.
+    pub fn if_local(&self, family: IpFamily) -> Option<Vec<String>> {
+        self.args(family, false)
+    }
+
+    /// Match arguments for "does not come from a local pod", or `None` when detection is off.
+    pub fn if_not_local(&self, family: IpFamily) -> Option<Vec<String>> {
+        self.args(family, true)
+    }
+
+    fn args(&self, family: IpFamily, negate: bool) -> Option<Vec<String>> {
+        let (flag, value) = match self {
+            Self::None => return None,
+            Self::ClusterCidr(cidrs) => (
+                "-s",
+                cidrs.iter().find(|c| family.matches(&c.addr()))?.to_string(),
+            ),
+            Self::BridgeInterface(bridge) => ("-i", bridge.clone()),
+            Self::InterfaceNamePrefix(prefix) => ("-i", format!("{prefix}+")),
+        };
+        let mut out = Vec::with_capacity(3);
+        if negate {
+            out.push("!".to_string());
+        }
+        out.push(flag.to_string());
+        out.push(value);
+        Some(out)
+    }
+}
+
+/// Upstream's `--nodeport-addresses`: which local addresses accept NodePort traffic.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// Every local address (upstream's default, or a list containing 0.0.0.0/0 / ::/0).
+    #[default]
+    All,
+    /// Only the node addresses inside these CIDRs (CIDRs of the other family are ignored).
+    Cidrs(Vec<IpNet>),
+}
+
+/// Where the final KUBE-SERVICES -> KUBE-NODEPORTS jump applies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodePortTargets {
+    /// Any local destination address.
+    AllLocal,
+    /// Only these node addresses.
+    Ips(Vec<IpAddr>),
+}
+
+impl NodePortAddresses {
+    /// The CIDRs of `family`, or `None` when every address is meant.
+    fn cidrs(&self, family: IpFamily) -> Option<Vec<&IpNet>> {
+        let Self::Cidrs(all) = self else {
+            return None;
+        };
+        let mine: Vec<_> = all.iter().filter(|c| family.matches(&c.addr())).collect();
+        // Like upstream: no CIDR of this family, or a catch-all one, means "all".
+        if mine.is_empty() || mine.iter().any(|c| c.prefix_len() == 0) {
+            return None;
+        }
+        Some(mine)
+    }
+
+    fn contains_loopback(&self, family: IpFamily) -> bool {
+        let loopback = match family {
+            IpFamily::V4 => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpFamily::V6 => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        };
+        self.cidrs(family)
+            .is_none_or(|cidrs| cidrs.iter().any(|c| c.contains(&loopback)))
+    }
+
+    /// The node addresses that accept NodePorts, given this node's addresses.
+    pub fn targets(&self, family: IpFamily, node_ips: &[IpAddr]) -> NodePortTargets {
+        match self.cidrs(family) {
+            None => NodePortTargets::AllLocal,
+            Some(cidrs) => NodePortTargets::Ips(
+                node_ips
+                    .iter()
+                    .filter(|ip| cidrs.iter().any(|c| c.contains(*ip)))
+                    .copied()
+                    .collect(),
+            ),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IptablesOptions {
+    /// The address family this proxier serves (decides `iptables` vs `ip6tables` details).
+    pub family: IpFamily,
+    /// Bit of the packet mark that flags traffic needing SNAT (mark = 1 << bit).
+    pub masquerade_bit: u8,
+    /// SNAT all traffic sent to cluster IPs (upstream's `--masquerade-all`).
+    pub masquerade_all: bool,
+    /// Append `--random-fully` to MASQUERADE (iptables >= 1.6.2, which every supported
+    /// distribution has).
+    pub masquerade_random_fully: bool,
+    pub local_detector: LocalDetector,
+    /// Accept NodePort traffic on 127.0.0.0/8 (IPv4 only; needs route_localnet=1).
+    pub localhost_nodeports: bool,
+    pub nodeport_addresses: NodePortAddresses,
+    /// This node's addresses: the candidates for `--nodeport-addresses`, and the sources a
+    /// load balancer's source ranges must allow for the node itself to reach its VIP.
+    pub node_ips: Vec<IpAddr>,
+    pub large_cluster_endpoints_threshold: usize,
+}
+
+impl Default for IptablesOptions {
+    fn default() -> Self {
+        Self {
+            family: IpFamily::V4,
+            masquerade_bit: DEFAULT_MASQUERADE_BIT,
+            masquerade_all: false,
+            masquerade_random_fully: true,
+            local_detector: LocalDetector::None,
+            localhost_nodeports: true,
+            nodeport_addresses: NodePortAddresses::All,
+            node_ips: Vec::new(),
+            large_cluster_endpoints_threshold: DEFAULT_LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
+        }
+    }
+}
+
+impl IptablesOptions {
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        if self.masquerade_bit > 31 {
+            return Err(OptionsError::MasqueradeBit(self.masquerade_bit));
+        }
+        Ok(())
+    }
+
+    /// The mark as upstream spells it in restore input (`0x00004000` for bit 14); the
+    /// kernel stores the number, so `iptables-save` shows `0x4000`.
+    pub fn masquerade_mark(&self) -> String {
+        let value = 1u64 << self.masquerade_bit.min(31);
+        format!("{value:#010x}")
+    }
+
+    /// Whether NodePorts answer on 127.0.0.0/8: asked for, IPv4, and not excluded by
+    /// `nodeport_addresses` (upstream turns the option off in that case).
+    pub fn localhost_nodeports_enabled(&self) -> bool {
+        self.localhost_nodeports
+            && self.family == IpFamily::V4
+            && self.nodeport_addresses.contains_loopback(self.family)
+    }
+
+    /// The loopback range never reachable as a NodePort destination.
+    pub fn loopback_cidr(&self) -> &'static str {
+        match self.family {
+            IpFamily::V4 => "127.0.0.0/8",
+            IpFamily::V6 => "::1/128",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn mark_is_spelled_like_upstream() {
+        let mut o = IptablesOptions::default();
+        assert_eq!(o.masquerade_mark(), "0x00004000");
+        o.masquerade_bit = 0;
+        assert_eq!(o.masquerade_mark(), "0x00000001");
+        o.masquerade_bit = 31;
+        assert_eq!(o.masquerade_mark(), "0x80000000");
+        o.masquerade_bit = 32;
+        assert_eq!(o.validate(), Err(OptionsError::MasqueradeBit(32)));
+    }
+
+    #[test]
+    fn cluster_cidr_detector_uses_first_cidr_of_family() {
+        let d = LocalDetector::ClusterCidr(vec![net("fd00::/48"), net("10.244.0.0/16"), net("10.9.0.0/16")]);
+        assert_eq!(d.if_local(IpFamily::V4).unwrap(), ["-s", "10.244.0.0/16"]);
+        assert_eq!(d.if_not_local(IpFamily::V6).unwrap(), ["!", "-s", "fd00::/48"]);
+        let only_v6 = LocalDetector::ClusterCidr(vec![net("fd00::/48")]);
+        assert_eq!(only_v6.if_local(IpFamily::V4), None);
+        let prefix = LocalDetector::InterfaceNamePrefix("veth".into());
+        assert_eq!(prefix.if_not_local(IpFamily::V4).unwrap(), ["!", "-i", "veth+"]);
+    }
+
+    #[test]
+    fn nodeport_addresses_select_node_ips_and_decide_localhost() {
+        let ips: Vec<IpAddr> = ["10.0.0.5", "192.168.1.5", "127.0.0.1"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let cidrs = NodePortAddresses::Cidrs(vec![net("10.0.0.0/8"), net("fd00::/8")]);
+        assert_eq!(
+            cidrs.targets(IpFamily::V4, &ips),
+            NodePortTargets::Ips(vec![ips[0]])
+        );
+        let catch_all = NodePortAddresses::Cidrs(vec![net("0.0.0.0/0")]);
+        assert_eq!(catch_all.targets(IpFamily::V4, &ips), NodePortTargets::AllLocal);
+        let other_family = NodePortAddresses::Cidrs(vec![net("fd00::/8")]);
+        assert_eq!(
+            other_family.targets(IpFamily::V4, &ips),
+            NodePortTargets::AllLocal
+        );
+
+        let mut o = IptablesOptions {
+            nodeport_addresses: cidrs,
+            ..Default::default()
+        };
+        assert!(!o.localhost_nodeports_enabled(), "10.0.0.0/8 excludes loopback");
+        o.nodeport_addresses = NodePortAddresses::Cidrs(vec![net("127.0.0.0/8")]);
+        assert!(o.localhost_nodeports_enabled());
+        o.family = IpFamily::V6;
+        assert!(!o.localhost_nodeports_enabled(), "never on IPv6");
+    }
+}

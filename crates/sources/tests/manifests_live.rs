@@ -228,7 +228,10 @@ async fn a_file_turned_to_garbage_keeps_its_objects_until_fixed() {
 
     write_atomically(&file, "apiVersion: v1\nkind: Service\nmetadata: {name: web\n");
     let rejected = format!("!Manifest {} malformed", file.display());
-    assert_eq!(until(&mut running, &rejected).await, std::slice::from_ref(&rejected));
+    assert_eq!(
+        until(&mut running, &rejected).await,
+        std::slice::from_ref(&rejected)
+    );
 
     let fixed = format!("{}{}", service("web", "10.96.0.10"), slice(&["10.244.0.5"]));
     write_atomically(&file, &fixed);

@@ -1,1 +1,72 @@
-fn main() {}
+//! kube-proxy-rs: a drop-in replacement for Kubernetes' kube-proxy.
+//!
+//! This binary only wires the pipeline together (see ARCHITECTURE.md): flags and config file
+//! (kpr-config) -> sources (kpr-sources) -> sync loop (kpr-sync) -> one backend per mode
+//! (kpr-iptables) -> kernel, with health and metrics served by kpr-servers. Everything that
+//! decides what the rules are lives in the library crates.
+
+mod fatal;
+mod iptables_mode;
+mod logging;
+mod node;
+mod proxy;
+
+use std::process::ExitCode;
+
+use kpr_config::{ConfigError, ProxyMode, Settings};
+
+use crate::fatal::Fatal;
+
+fn main() -> ExitCode {
+    let settings = match kpr_config::load(std::env::args_os()) {
+        Ok(settings) => settings,
+        Err(error) => return config_error(&error),
+    };
+    logging::init(settings.verbosity);
+    for warning in &settings.warnings {
+        tracing::warn!("{warning}");
+    }
+    match run(settings) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(fatal) => {
+            tracing::error!("{}", fatal.message);
+            ExitCode::from(fatal.code)
+        }
+    }
+}
+
+/// Prints a flag or config-file error the way operators expect: clap's own rendering for
+/// flags (and `--help`), one line naming the file, flag or field otherwise.
+fn config_error(error: &ConfigError) -> ExitCode {
+    match error {
+        ConfigError::Cli(clap_error) => {
+            // Best effort: if stdout/stderr are gone there is no one to tell.
+            let _ = clap_error.print();
+        }
+        other => eprintln!("kube-proxy-rs: {other}"),
+    }
+    ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(1))
+}
+
+/// Upstream's order: `--write-config-to` and `--cleanup` exit before anything else starts.
+fn run(settings: Settings) -> Result<(), Fatal> {
+    if let Some(path) = &settings.write_config_to {
+        kpr_config::write_config_file(&settings.config, path).map_err(Fatal::from_config)?;
+        tracing::info!(path = %path.display(), "wrote the effective configuration");
+        return Ok(());
+    }
+    if settings.cleanup {
+        return iptables_mode::cleanup_everything();
+    }
+    if settings.mode != ProxyMode::Iptables {
+        return Err(Fatal::usage(format!(
+            "proxy mode {} is not available in this version of kube-proxy-rs yet; use --proxy-mode=iptables",
+            settings.mode
+        )));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Fatal::runtime(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(proxy::run(settings))
+}

@@ -1,0 +1,157 @@
+//! Running the proxy: sources, sync loop, backend and HTTP servers, until SIGTERM.
+//!
+//! Rules stay in the kernel when the process exits, as upstream leaves them: a restart (or a
+//! rolling update of the DaemonSet) must not interrupt traffic. `--cleanup` removes them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kpr_config::Settings;
+use kpr_metrics::{Metrics, ProxyHealth};
+use kpr_model::IpFamily;
+use kpr_runner::RunnerConfig;
+use kpr_servers::{ServeError, ServerHandle, bind_healthz, bind_metrics};
+use kpr_sources::{MANIFESTS_SOURCE, ManifestSource, event_channel};
+use kpr_sync::ProxySettings;
+use prometheus_client::registry::Registry;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::fatal::Fatal;
+use crate::iptables_mode;
+use crate::node::node_name;
+
+/// Upstream's oom_score_adj write, best effort: a proxy killed under memory pressure takes
+/// every service on the node down with it.
+fn adjust_oom_score(value: i32) {
+    if let Err(error) = std::fs::write("/proc/self/oom_score_adj", value.to_string()) {
+        tracing::warn!(%error, value, "cannot set oom_score_adj");
+    }
+}
+
+fn duration(value: kpr_config::GoDuration, what: &str) -> Result<Duration, Fatal> {
+    value
+        .to_std()
+        .ok_or_else(|| Fatal::usage(format!("{what} must not be negative (got {value})")))
+}
+
+pub async fn run(settings: Settings) -> Result<(), Fatal> {
+    let config = &settings.config;
+    let node_name = node_name(&config.hostname_override).map_err(Fatal::runtime)?;
+    let sync_period = duration(config.sync_period(), "syncPeriod")?;
+    let min_sync_period = duration(config.min_sync_period(), "minSyncPeriod")?;
+    let rescan = duration(config.config_sync_period, "configSyncPeriod")?;
+    let proxy_settings = ProxySettings {
+        family: IpFamily::V4,
+        node_name: node_name.clone(),
+        runner: RunnerConfig {
+            min_interval: min_sync_period,
+            max_interval: sync_period,
+        },
+        sources: vec![MANIFESTS_SOURCE],
+    };
+    let source = manifest_source(&settings, &node_name, rescan)?;
+    let options = iptables_mode::options(&settings)?;
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    // Upstream's healthTimeout: two sync periods without applying a queued change.
+    let health = Arc::new(ProxyHealth::new(sync_period * 2));
+    let (events_tx, events_rx) = event_channel();
+    tokio::spawn(source.run(events_tx));
+
+    if settings.dry_run {
+        let state = kpr_sync::initial_state(&proxy_settings, events_rx, metrics, health).await;
+        print!("{}", kpr_iptables::render_dry_run(&state, &options));
+        return Ok(());
+    }
+
+    adjust_oom_score(config.oom_score_adj());
+    let backend = iptables_mode::backend(options)?;
+    if let Err(error) = backend.init(&kpr_iptables::ProcSysctl::default()) {
+        tracing::error!(%error, "host setting for localhost NodePorts failed; they may not answer");
+    }
+    let config_json = config.to_json_value();
+    let hard_fail = config.bind_address_hard_fail;
+    let healthz = keep_or_fail(
+        bind_healthz(&config.healthz_bind_address, health.clone(), metrics.clone()).await,
+        hard_fail,
+    )?;
+    let metrics_server = keep_or_fail(
+        bind_metrics(
+            &config.metrics_bind_address,
+            Arc::new(registry),
+            settings.mode.as_str(),
+            config_json,
+        )
+        .await,
+        hard_fail,
+    )?;
+    tracing::info!(node = %node_name, mode = %settings.mode, "kube-proxy-rs starting");
+    if settings.init_only {
+        tracing::info!("--init-only: host prepared, exiting");
+        return Ok(());
+    }
+
+    let proxy = kpr_sync::run(proxy_settings, Box::new(backend), events_rx, metrics, health);
+    tokio::select! {
+        () = proxy => Err(Fatal::runtime("the sync loop stopped: its event sources ended")),
+        result = shutdown_signal() => result,
+        error = server_failure(healthz, metrics_server) => Err(Fatal::runtime(error.to_string())),
+    }
+}
+
+fn manifest_source(settings: &Settings, node_name: &str, rescan: Duration) -> Result<ManifestSource, Fatal> {
+    if settings.manifests.is_empty() {
+        return Err(Fatal::usage(
+            "no source of Services: give --manifests PATH (files or directories of Service, \
+             EndpointSlice and Node manifests); the Kubernetes API source is not in this version yet",
+        ));
+    }
+    ManifestSource::new(settings.manifests.clone(), Some(node_name.to_string()), rescan)
+        .map_err(|e| Fatal::usage(e.to_string()))
+}
+
+/// Upstream's `--bind-address-hard-fail`: a server that cannot bind is fatal only when asked.
+fn keep_or_fail(
+    bound: Result<Option<ServerHandle>, ServeError>,
+    hard_fail: bool,
+) -> Result<Option<ServerHandle>, Fatal> {
+    match bound {
+        Ok(handle) => Ok(handle),
+        Err(error) if hard_fail => Err(Fatal::runtime(error.to_string())),
+        Err(error) => {
+            tracing::error!(%error, "serving without it (set --bind-address-hard-fail to make this fatal)");
+            Ok(None)
+        }
+    }
+}
+
+/// SIGTERM (kubelet stopping the pod) or SIGINT ends the process cleanly, rules in place.
+async fn shutdown_signal() -> Result<(), Fatal> {
+    let mut term =
+        signal(SignalKind::terminate()).map_err(|e| Fatal::runtime(format!("SIGTERM handler: {e}")))?;
+    let mut int =
+        signal(SignalKind::interrupt()).map_err(|e| Fatal::runtime(format!("SIGINT handler: {e}")))?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: exiting, rules stay in place"),
+        _ = int.recv() => tracing::info!("SIGINT: exiting, rules stay in place"),
+    }
+    Ok(())
+}
+
+/// Resolves only if a running server stops with an error.
+async fn server_failure(healthz: Option<ServerHandle>, metrics: Option<ServerHandle>) -> ServeError {
+    let wait = |handle: Option<ServerHandle>| async move {
+        match handle {
+            Some(mut handle) => match handle.wait().await {
+                Err(error) => error,
+                Ok(()) => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        error = wait(healthz) => error,
+        error = wait(metrics) => error,
+    }
+}

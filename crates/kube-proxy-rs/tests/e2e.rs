@@ -1,0 +1,315 @@
+//! kube-proxy-rs end to end on the real kernel: a node, pods and an outside client in network
+//! namespaces this test creates, the real binary in the node, manifests it watches, and real
+//! TCP/UDP through the Service VIPs. Deadlines are ceilings against hangs, not speed checks.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::io::ErrorKind;
+use std::time::{Duration, Instant};
+
+use kpr_netns::{CLIENT_IP, NODE_IP, POD_GATEWAY, eventually, spread_udp};
+use support::*;
+
+const WEB_VIP: &str = "10.96.0.10:80";
+
+fn web_cluster(pods: &[usize], total_pods: usize, node_port: Option<u16>) -> Cluster {
+    let mut cluster = Cluster::new(total_pods);
+    cluster.tcp_backends(pods, 8080);
+    let yaml = service("web", "10.96.0.10", 80, 8080, "TCP", node_port) + &slice("web", pods, 8080, "TCP");
+    cluster.write("web.yaml", &yaml);
+    cluster
+}
+
+#[test]
+fn cluster_ip_spreads_fairly_from_a_pod_and_from_the_node() {
+    // Pod 3 is a client only; pods 0-2 serve.
+    let mut cluster = web_cluster(&[0, 1, 2], 4, None);
+    cluster.start_proxy(&[]);
+    let all = ["pod0", "pod1", "pod2"];
+    let from_pod = wait_spread(cluster.lab.pod(3), sock(WEB_VIP), 300, &all);
+    assert_fair(&from_pod);
+    let from_node = wait_spread(cluster.node(), sock(WEB_VIP), 300, &all);
+    assert_fair(&from_node);
+}
+
+#[test]
+fn a_pod_reaches_itself_through_its_service_masqueraded() {
+    let mut cluster = web_cluster(&[0], 1, None);
+    cluster.start_proxy(&[]);
+    // Hairpin: without SNAT the reply would go pod -> pod directly and the client would
+    // drop it, so the request would time out instead of being answered.
+    wait_spread(cluster.lab.pod(0), sock(WEB_VIP), 20, &["pod0"]);
+    let sources: std::collections::BTreeSet<_> = cluster.backend_peers().iter().map(|p| p.ip()).collect();
+    assert_eq!(
+        sources,
+        [std::net::IpAddr::from(POD_GATEWAY)].into(),
+        "hairpin traffic not masqueraded"
+    );
+}
+
+#[test]
+fn node_port_spreads_from_the_outside_client() {
+    let mut cluster = web_cluster(&[0, 1, 2], 3, Some(30080));
+    cluster.start_proxy(&[]);
+    let node_port = std::net::SocketAddr::new(NODE_IP.into(), 30080);
+    let counts = wait_spread(cluster.lab.client(), node_port, 300, &["pod0", "pod1", "pod2"]);
+    assert_fair(&counts);
+    // Masqueraded (externalTrafficPolicy Cluster): the pods see the node's bridge address,
+    // not the client, so replies return through the node.
+    let sources: std::collections::BTreeSet<_> = cluster.backend_peers().iter().map(|p| p.ip()).collect();
+    assert!(
+        !sources.contains(&std::net::IpAddr::from(CLIENT_IP)),
+        "{sources:?}"
+    );
+    assert!(
+        sources.contains(&std::net::IpAddr::from(POD_GATEWAY)),
+        "{sources:?}"
+    );
+}
+
+#[test]
+fn udp_cluster_ip_spreads_over_its_pods() {
+    let mut cluster = Cluster::new(3);
+    cluster.udp_backends(&[0, 1], 5353);
+    let yaml = service("dns", "10.96.0.53", 53, 5353, "UDP", None) + &slice("dns", &[0, 1], 5353, "UDP");
+    cluster.write("dns.yaml", &yaml);
+    cluster.start_proxy(&[]);
+    let counts = eventually(CONVERGE, POLL, || {
+        let counts = spread_udp(cluster.lab.pod(2), sock("10.96.0.53:53"), 200);
+        let keys: Vec<&str> = counts.keys().map(String::as_str).collect();
+        (keys == ["pod0", "pod1"])
+            .then_some(counts.clone())
+            .ok_or(format!("{counts:?}"))
+    });
+    assert_fair(&counts);
+}
+
+#[test]
+fn a_service_whose_endpoints_all_go_away_is_refused_at_once() {
+    let mut cluster = web_cluster(&[0], 2, None);
+    cluster.start_proxy(&[]);
+    wait_spread(cluster.lab.pod(1), sock(WEB_VIP), 10, &["pod0"]);
+
+    let yaml = service("web", "10.96.0.10", 80, 8080, "TCP", None) + &slice("web", &[], 8080, "TCP");
+    cluster.write("web.yaml", &yaml);
+    let pod = cluster.lab.pod(1);
+    eventually(CONVERGE, POLL, || {
+        let started = Instant::now();
+        match pod.tcp_request(sock(WEB_VIP), Duration::from_secs(5)) {
+            // REJECT answers at once; a timeout would take the full 5 s.
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => Ok(started.elapsed()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let rules = cluster.iptables_save();
+    assert!(rules.contains("default/web:p has no endpoints"), "{rules}");
+}
+
+#[test]
+fn editing_a_manifest_moves_traffic_without_a_restart() {
+    let mut cluster = web_cluster(&[0], 4, None);
+    cluster.tcp_backends(&[1, 2], 8080);
+    cluster.start_proxy(&[]);
+    let client = cluster.lab.pod(3);
+    wait_spread(client, sock(WEB_VIP), 30, &["pod0"]);
+    let pid = cluster.proxy.as_ref().unwrap().pid();
+
+    let three = service("web", "10.96.0.10", 80, 8080, "TCP", None) + &slice("web", &[0, 1, 2], 8080, "TCP");
+    cluster.write("web.yaml", &three);
+    let counts = wait_spread(client, sock(WEB_VIP), 300, &["pod0", "pod1", "pod2"]);
+    assert_fair(&counts);
+
+    let one = service("web", "10.96.0.10", 80, 8080, "TCP", None) + &slice("web", &[2], 8080, "TCP");
+    cluster.write("web.yaml", &one);
+    wait_spread(client, sock(WEB_VIP), 30, &["pod2"]);
+    assert_eq!(
+        cluster.proxy.as_ref().unwrap().pid(),
+        pid,
+        "same process throughout"
+    );
+}
+
+#[test]
+fn an_invalid_manifest_next_to_valid_ones_leaves_them_working() {
+    let mut cluster = web_cluster(&[0, 1], 3, None);
+    // A Service with an impossible cluster IP, and a file that is not YAML at all.
+    cluster.write(
+        "bad-ip.yaml",
+        &service("broken", "10.96.0.999", 80, 8080, "TCP", None),
+    );
+    cluster.write(
+        "garbage.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: [unclosed\n",
+    );
+    cluster.start_proxy(&[]);
+    wait_spread(cluster.lab.pod(2), sock(WEB_VIP), 50, &["pod0", "pod1"]);
+
+    let rejected = eventually(CONVERGE, POLL, || {
+        let (_, body) = cluster.get(METRICS, "/metrics").map_err(|e| e.to_string())?;
+        let lines: Vec<String> = body
+            .lines()
+            .filter(|l| l.starts_with("kubeproxy_rejected_objects_total{"))
+            .map(str::to_string)
+            .collect();
+        if lines.len() >= 2 { Ok(lines) } else { Err(body) }
+    });
+    assert!(
+        rejected
+            .iter()
+            .any(|l| l.contains("kind=\"Service\"") && l.contains("invalid_ip")),
+        "{rejected:?}"
+    );
+    assert!(
+        rejected.iter().any(|l| l.contains("kind=\"Manifest\"")),
+        "{rejected:?}"
+    );
+    let logs = cluster.proxy_logs();
+    assert!(
+        logs.contains("default/broken") && logs.contains("clusterIP"),
+        "{logs}"
+    );
+
+    // A later valid service still gets programmed while the bad files stay.
+    cluster.tcp_backends(&[2], 9090);
+    let api = service("api", "10.96.0.20", 90, 9090, "TCP", None) + &slice("api", &[2], 9090, "TCP");
+    cluster.write("api.yaml", &api);
+    wait_spread(cluster.lab.pod(0), sock("10.96.0.20:90"), 10, &["pod2"]);
+}
+
+#[test]
+fn cleanup_removes_every_kube_chain_and_rule() {
+    let mut cluster = web_cluster(&[0], 1, Some(30080));
+    cluster
+        .node()
+        .sh("iptables -t filter -N USER-CHAIN && iptables -A USER-CHAIN -j ACCEPT")
+        .unwrap();
+    cluster.start_proxy(&[]);
+    wait_spread(cluster.node(), sock(WEB_VIP), 5, &["pod0"]);
+    assert!(cluster.iptables_save().contains("KUBE-SVC-"));
+    cluster.proxy.take().unwrap().stop().unwrap();
+
+    let status = cluster
+        .node()
+        .command(proxy_binary())
+        .arg("--cleanup")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let after = cluster.iptables_save() + &cluster.node().sh("iptables-legacy-save").unwrap();
+    assert!(!after.contains("KUBE-"), "left behind:\n{after}");
+    assert!(
+        after.contains("-A USER-CHAIN -j ACCEPT"),
+        "cleanup touched a foreign chain:\n{after}"
+    );
+}
+
+#[test]
+fn health_turns_503_while_syncs_fail_and_recovers() {
+    let mut cluster = web_cluster(&[0], 2, None);
+    cluster.start_proxy(&["--iptables-sync-period=2s"]);
+    wait_spread(cluster.lab.pod(1), sock(WEB_VIP), 5, &["pod0"]);
+    let svc_chain = cluster
+        .iptables_save()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(":KUBE-SVC-")
+                .map(|rest| format!("KUBE-SVC-{}", &rest[..16]))
+        })
+        .unwrap();
+
+    // Someone else's rule jumps to our chain, so deleting the service cannot delete it.
+    cluster
+        .node()
+        .sh(&format!(
+            "iptables -t nat -N HOLDER && iptables -t nat -A HOLDER -j {svc_chain}"
+        ))
+        .unwrap();
+    cluster.remove("web.yaml");
+    let body = cluster.wait_healthz(503);
+    assert!(body.contains("lastUpdated"), "{body}");
+    let failures =
+        cluster.metric("kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}");
+    assert!(failures.unwrap_or(0.0) >= 1.0, "restore failures: {failures:?}");
+
+    cluster
+        .node()
+        .sh("iptables -t nat -F HOLDER && iptables -t nat -X HOLDER")
+        .unwrap();
+    cluster.wait_healthz(200);
+    let rules = cluster.iptables_save();
+    assert!(!rules.contains(&svc_chain), "{svc_chain} still there:\n{rules}");
+}
+
+#[test]
+fn metrics_and_proxy_mode_answer_on_the_metrics_port() {
+    let mut cluster = web_cluster(&[0], 1, None);
+    cluster.start_proxy(&[]);
+    let (status, mode) = cluster.get(METRICS, "/proxyMode").unwrap();
+    assert_eq!((status, mode.as_str()), (200, "iptables"));
+    let (_, body) = cluster.get(METRICS, "/metrics").unwrap();
+    for name in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "kubeproxy_sync_proxy_rules_iptables_total",
+        "kubeproxy_sync_proxy_rules_service_changes_total",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+    ] {
+        assert!(body.contains(name), "{name} missing:\n{body}");
+    }
+    let (status, livez) = cluster.get(HEALTHZ, "/livez").unwrap();
+    assert_eq!(status, 200, "{livez}");
+}
+
+#[test]
+fn bad_flags_exit_2_with_a_clear_message() {
+    let out = std::process::Command::new(proxy_binary())
+        .args(["--proxy-mode=bogus", "--manifests=/nonexistent"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bogus"), "{stderr}");
+
+    let out = std::process::Command::new(proxy_binary())
+        .args(["--iptables-masquerade-bit=40", "--manifests=/nonexistent"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("masquerade"));
+}
+
+#[test]
+fn dry_run_prints_the_ruleset_and_programs_nothing() {
+    let cluster = web_cluster(&[0, 1, 2], 3, Some(30080));
+    let out = cluster
+        .node()
+        .command(proxy_binary())
+        .args(["--dry-run", "--hostname-override=node1"])
+        .arg(format!("--manifests={}", cluster.manifest_path().display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("*filter\n"), "{text}");
+    assert!(text.contains("--probability 0.3333333333"), "{text}");
+    assert!(text.contains("-A KUBE-NODEPORTS"), "{text}");
+    assert!(text.trim_end().ends_with("COMMIT"), "{text}");
+    let rules = cluster.iptables_save();
+    assert!(
+        !rules.contains("KUBE-"),
+        "dry run programmed the kernel:\n{rules}"
+    );
+}
+
+#[test]
+fn sigterm_exits_0_and_leaves_the_rules_serving() {
+    let mut cluster = web_cluster(&[0], 2, None);
+    cluster.start_proxy(&[]);
+    wait_spread(cluster.lab.pod(1), sock(WEB_VIP), 5, &["pod0"]);
+    let status = cluster.proxy.take().unwrap().stop().unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    // Upstream leaves the rules on exit so a restart does not interrupt traffic.
+    wait_spread(cluster.lab.pod(1), sock(WEB_VIP), 5, &["pod0"]);
+}

@@ -1,0 +1,204 @@
+//! A running kube-proxy-rs on a one-node namespace lab, fed by a manifest directory the test
+//! edits, with real backends in the pods.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test support: a panic fails the test
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use kpr_netns::{Backend, Lab, Netns, ProcessGuard, eventually, pod_ip};
+
+pub const NODE_NAME: &str = "node1";
+pub const HEALTHZ: &str = "127.0.0.1:10256";
+pub const METRICS: &str = "127.0.0.1:10249";
+/// Long enough for a loaded 2-core CI machine; a ceiling against hangs, not a speed check.
+pub const CONVERGE: Duration = Duration::from_secs(30);
+pub const POLL: Duration = Duration::from_millis(100);
+
+pub fn proxy_binary() -> &'static str {
+    env!("CARGO_BIN_EXE_kube-proxy-rs")
+}
+
+/// A lab, its manifest directory, and the proxy (once started).
+pub struct Cluster {
+    pub lab: Lab,
+    pub manifests: tempfile::TempDir,
+    pub proxy: Option<ProcessGuard>,
+    backends: Vec<Backend>,
+}
+
+impl Cluster {
+    pub fn new(pods: usize) -> Self {
+        Self {
+            lab: Lab::new(pods).expect("lab"),
+            manifests: tempfile::tempdir().expect("manifest dir"),
+            proxy: None,
+            backends: Vec::new(),
+        }
+    }
+
+    pub fn node(&self) -> &Netns {
+        self.lab.node()
+    }
+
+    /// Writes (or replaces, atomically) one manifest file.
+    pub fn write(&self, file: &str, yaml: &str) {
+        let path = self.manifests.path().join(file);
+        let temp = self.manifests.path().join(format!(".{file}.tmp"));
+        std::fs::write(&temp, yaml).unwrap();
+        std::fs::rename(&temp, &path).unwrap();
+    }
+
+    pub fn remove(&self, file: &str) {
+        std::fs::remove_file(self.manifests.path().join(file)).unwrap();
+    }
+
+    pub fn manifest_path(&self) -> PathBuf {
+        self.manifests.path().to_path_buf()
+    }
+
+    /// TCP backends answering with "pod<i>" on `port` in the given pods.
+    pub fn tcp_backends(&mut self, pods: &[usize], port: u16) {
+        for &i in pods {
+            let addr = SocketAddr::new(IpAddr::V4(pod_ip(i)), port);
+            let backend = self.lab.pod(i).tcp_backend(addr, &format!("pod{i}")).unwrap();
+            self.backends.push(backend);
+        }
+    }
+
+    /// Source addresses of every connection any backend answered.
+    pub fn backend_peers(&self) -> Vec<SocketAddr> {
+        self.backends.iter().flat_map(Backend::peers).collect()
+    }
+
+    pub fn udp_backends(&mut self, pods: &[usize], port: u16) {
+        for &i in pods {
+            let addr = SocketAddr::new(IpAddr::V4(pod_ip(i)), port);
+            let backend = self.lab.pod(i).udp_backend(addr, &format!("pod{i}")).unwrap();
+            self.backends.push(backend);
+        }
+    }
+
+    /// Starts the proxy in the node namespace and waits until `/healthz` says it synced.
+    pub fn start_proxy(&mut self, extra: &[&str]) {
+        let mut command = Command::new(proxy_binary());
+        command
+            .arg(format!("--hostname-override={NODE_NAME}"))
+            .arg(format!("--manifests={}", self.manifests.path().display()))
+            .arg(format!("--healthz-bind-address={HEALTHZ}"))
+            .arg(format!("--metrics-bind-address={METRICS}"))
+            .arg("--cluster-cidr=10.244.0.0/16")
+            .arg("--iptables-min-sync-period=200ms")
+            .args(extra)
+            .env("RUST_LOG", "debug");
+        self.proxy = Some(self.lab.spawn(self.lab.node(), command).unwrap());
+        self.wait_healthz(200);
+    }
+
+    pub fn proxy_logs(&self) -> String {
+        self.proxy.as_ref().map(ProcessGuard::logs).unwrap_or_default()
+    }
+
+    /// `GET path` on the node's healthz or metrics port: (status, body).
+    pub fn get(&self, address: &str, path: &str) -> io::Result<(u16, String)> {
+        self.node()
+            .http_get(address.parse().unwrap(), path, Duration::from_secs(2))
+    }
+
+    pub fn wait_healthz(&self, status: u16) -> String {
+        eventually(CONVERGE, POLL, || match self.get(HEALTHZ, "/healthz") {
+            Ok((got, body)) if got == status => Ok(body),
+            Ok((got, body)) => Err(format!("healthz {got}: {body}\n{}", self.proxy_logs())),
+            Err(e) => Err(format!("healthz: {e}\n{}", self.proxy_logs())),
+        })
+    }
+
+    /// The value of one metric sample line (`name{labels}` exactly as exposed).
+    pub fn metric(&self, sample: &str) -> Option<f64> {
+        let (_, body) = self.get(METRICS, "/metrics").ok()?;
+        body.lines()
+            .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    /// `iptables-save` inside the node, with the binaries the proxy picks by default.
+    pub fn iptables_save(&self) -> String {
+        self.node().sh("iptables-save").unwrap()
+    }
+}
+
+/// Waits until `n` TCP requests from `ns` to `addr` are all answered by exactly `expected`,
+/// and returns the counts.
+pub fn wait_spread(ns: &Netns, addr: SocketAddr, n: usize, expected: &[&str]) -> BTreeMap<String, usize> {
+    eventually(CONVERGE, POLL, || {
+        let counts = kpr_netns::spread(ns, addr, n);
+        let keys: Vec<&str> = counts.keys().map(String::as_str).collect();
+        if keys == expected {
+            Ok(counts)
+        } else {
+            Err(format!("replies from {addr}: {counts:?}, want only {expected:?}"))
+        }
+    })
+}
+
+/// Each of `counts`' backends got at least a third of its fair share: with a few hundred
+/// connections spread uniformly, anything less means the probabilities are wrong.
+pub fn assert_fair(counts: &BTreeMap<String, usize>) {
+    let total: usize = counts.values().sum();
+    let fair = total / counts.len();
+    for (backend, n) in counts {
+        assert!(
+            *n * 3 >= fair,
+            "{backend} got {n} of {total} (fair share {fair}): {counts:?}"
+        );
+    }
+}
+
+pub fn service(
+    name: &str,
+    cluster_ip: &str,
+    port: u16,
+    target: u16,
+    protocol: &str,
+    node_port: Option<u16>,
+) -> String {
+    let (kind, node_port) = match node_port {
+        Some(p) => ("NodePort", format!("\n    nodePort: {p}")),
+        None => ("ClusterIP", String::new()),
+    };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  type: {kind}\n  \
+         clusterIP: {cluster_ip}\n  clusterIPs: [{cluster_ip}]\n  ports:\n  - name: p\n    port: {port}\n    \
+         targetPort: {target}\n    protocol: {protocol}{node_port}\n"
+    )
+}
+
+/// An EndpointSlice for service `name` with ready endpoints on the given pods.
+pub fn slice(name: &str, pods: &[usize], port: u16, protocol: &str) -> String {
+    let endpoints: String = pods
+        .iter()
+        .map(|&i| {
+            format!(
+                "- addresses: [\"{}\"]\n  conditions: {{ready: true, serving: true, terminating: false}}\n  nodeName: {NODE_NAME}\n",
+                pod_ip(i)
+            )
+        })
+        .collect();
+    let endpoints = if endpoints.is_empty() {
+        "[]\n".to_string()
+    } else {
+        format!("\n{endpoints}")
+    };
+    format!(
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-abc\n  namespace: default\n  \
+         labels:\n    kubernetes.io/service-name: {name}\naddressType: IPv4\nports:\n- name: p\n  port: {port}\n  \
+         protocol: {protocol}\nendpoints: {endpoints}"
+    )
+}
+
+pub fn sock(addr: &str) -> SocketAddr {
+    addr.parse().unwrap()
+}

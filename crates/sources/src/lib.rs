@@ -11,8 +11,10 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_model::{NamespacedName, Rejection};
 
+pub mod api;
 pub mod manifests;
 
+pub use api::{API_SOURCE, ApiSource, ClientError, ClientOptions, build_client};
 pub use manifests::{MANIFESTS_SOURCE, ManifestError, ManifestSource};
 
 /// One change reported by a source.
@@ -35,6 +37,12 @@ pub enum Event {
     /// Input that could not become an object at all (e.g. a file that is not YAML).
     /// Objects that parse but are invalid are rejected later, by the trackers.
     Rejected(Rejection),
+    /// The source cannot currently deliver changes (e.g. the API server is unreachable), or,
+    /// with `None`, it can again. Shown by `/healthz` when syncs fall behind.
+    SourceTrouble {
+        source: &'static str,
+        problem: Option<String>,
+    },
 }
 
 /// Where events go. Bounded, so a source that outruns the proxy waits instead of growing memory.

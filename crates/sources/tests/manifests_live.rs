@@ -76,6 +76,7 @@ fn describe(event: &Event) -> String {
         Event::Node { object: None } => "-Node".into(),
         Event::Synced { source } => format!("Synced {source}"),
         Event::Rejected(r) => format!("!{} {} {}", r.kind, r.object, r.reason.as_str()),
+        Event::SourceTrouble { source, problem } => format!("?{source} {problem:?}"),
     }
 }
 

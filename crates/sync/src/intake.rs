@@ -70,6 +70,7 @@ impl Intake {
                 self.announce_if_ready();
             }
             Event::Rejected(rejection) => self.reject(&rejection),
+            Event::SourceTrouble { source, problem } => self.source_trouble(source, problem),
         }
     }
 
@@ -109,6 +110,16 @@ impl Intake {
                 .set(unix_now());
             self.trigger.fire();
         }
+    }
+
+    fn source_trouble(&self, source: &'static str, problem: Option<String>) {
+        match &problem {
+            Some(problem) => tracing::warn!(source, "{problem}"),
+            None => tracing::info!(source, "source recovered"),
+        }
+        self.shared
+            .health
+            .set_problem(problem.map(|p| format!("source {source}: {p}")));
     }
 
     fn reject(&self, rejection: &Rejection) {

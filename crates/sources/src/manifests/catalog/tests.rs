@@ -62,6 +62,7 @@ fn describe(event: &Event) -> String {
         Event::Node { object: None } => "-Node".to_owned(),
         Event::Synced { source } => format!("Synced {source}"),
         Event::Rejected(r) => format!("!{} {} {} {}", r.kind, r.object, r.field, r.reason.as_str()),
+        Event::SourceTrouble { source, problem } => format!("?{source} {problem:?}"),
     }
 }
 

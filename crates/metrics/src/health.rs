@@ -80,6 +80,11 @@ impl ProxyHealth {
         self.state().node_going_away = going_away;
     }
 
+    /// What is currently known to be wrong, whether or not it has made the proxy late.
+    pub fn problem(&self) -> Option<String> {
+        self.state().problem.clone()
+    }
+
     /// Timestamp of the last successful sync, if any.
     pub fn last_updated(&self) -> Option<SystemTime> {
         self.state().last_updated

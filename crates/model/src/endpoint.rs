@@ -16,6 +16,22 @@ use crate::service::object_id;
 /// The label that ties a slice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
+/// When the change that produced this slice version happened (set by the endpoint-slice
+/// controller); the start of upstream's network-programming-latency measurement.
+pub const LAST_CHANGE_TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// The slice's last-change trigger time, if it carries a valid one. A malformed value only
+/// costs one latency sample, so it is ignored rather than rejecting the slice.
+pub fn last_change_trigger_time(slice: &EndpointSlice) -> Option<std::time::SystemTime> {
+    let text = slice
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(LAST_CHANGE_TRIGGER_TIME_ANNOTATION)?;
+    let timestamp: jiff::Timestamp = text.parse().ok()?;
+    Some(timestamp.into())
+}
+
 /// One backend of one service port, as rule generation sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
@@ -216,6 +232,23 @@ fn slice_addresses(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trigger_time_is_read_from_the_annotation_and_bad_values_ignored() {
+        let mut slice = EndpointSlice::default();
+        assert_eq!(last_change_trigger_time(&slice), None);
+        let annotations = slice.metadata.annotations.get_or_insert_default();
+        annotations.insert(
+            LAST_CHANGE_TRIGGER_TIME_ANNOTATION.into(),
+            "2026-11-23T10:00:00Z".into(),
+        );
+        let t = last_change_trigger_time(&slice).unwrap();
+        let secs = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        assert_eq!(secs, 1_795_428_000);
+        let annotations = slice.metadata.annotations.get_or_insert_default();
+        annotations.insert(LAST_CHANGE_TRIGGER_TIME_ANNOTATION.into(), "yesterday".into());
+        assert_eq!(last_change_trigger_time(&slice), None);
+    }
     use serde_json::json;
 
     fn slice(value: serde_json::Value) -> EndpointSlice {

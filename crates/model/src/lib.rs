@@ -15,7 +15,10 @@ mod node;
 mod rejection;
 mod service;
 
-pub use endpoint::{Endpoint, SERVICE_NAME_LABEL, SliceAddress, SlicePort, SliceView, slice_view};
+pub use endpoint::{
+    Endpoint, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, SERVICE_NAME_LABEL, SliceAddress, SlicePort, SliceView,
+    last_change_trigger_time, slice_view,
+};
 pub use ident::{IpFamily, NamespacedName, ObjectKind, Protocol, ServicePortName};
 pub use node::{NodeView, TO_BE_DELETED_TAINT, ZONE_LABEL, node_view};
 pub use rejection::{RejectReason, Rejection};

@@ -1,7 +1,7 @@
 //! One sync: take the changes, hand the desired state to the backend, record the outcome.
 
 use std::collections::BTreeSet;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use kpr_metrics::{TableLabels, TrafficLabels};
 use kpr_state::{Backend, BackendError, DesiredState, SyncReport, SyncRequest};
@@ -11,10 +11,17 @@ use crate::intake::unix_now;
 
 pub(crate) fn sync_once(shared: &Shared, backend: &mut dyn Backend) -> Result<(), BackendError> {
     let started = Instant::now();
-    let (services, endpoints, node, force_full) = {
+    let (services, endpoints, node, force_full, trigger_times) = {
         let mut t = shared.trackers();
         let force_full = std::mem::take(&mut t.force_full);
-        (t.services.take(), t.endpoints.take(), t.node.clone(), force_full)
+        let trigger_times = t.endpoints.take_trigger_times();
+        (
+            t.services.take(),
+            t.endpoints.take(),
+            t.node.clone(),
+            force_full,
+            trigger_times,
+        )
     };
     set_pending_gauges_to_zero(shared);
     let changed: BTreeSet<_> = services
@@ -38,6 +45,7 @@ pub(crate) fn sync_once(shared: &Shared, backend: &mut dyn Backend) -> Result<()
     match backend.sync(&request) {
         Ok(report) => {
             record_success(shared, &report, started);
+            record_programming_latency(shared, &trigger_times);
             tracing::debug!(
                 full = report.full,
                 changed = changed.len(),
@@ -58,6 +66,22 @@ pub(crate) fn sync_once(shared: &Shared, backend: &mut dyn Backend) -> Result<()
                 .health
                 .set_problem(Some(format!("last sync failed: {error}")));
             Err(error)
+        }
+    }
+}
+
+/// Upstream's network programming latency: from the change that triggered an endpoint
+/// update (the slice's annotation) to the end of the sync that programmed it.
+fn record_programming_latency(shared: &Shared, trigger_times: &[SystemTime]) {
+    let now = SystemTime::now();
+    let histogram = shared
+        .metrics
+        .network_programming_duration_seconds
+        .get_or_create(&shared.labels);
+    for t in trigger_times {
+        // A trigger time in the future (clock skew) says nothing; skip it as upstream does.
+        if let Ok(latency) = now.duration_since(*t) {
+            histogram.observe(latency.as_secs_f64());
         }
     }
 }

@@ -8,10 +8,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_model::{
-    Endpoint, IpFamily, NamespacedName, Protocol, Rejection, ServicePortName, SliceView, slice_view,
+    Endpoint, IpFamily, NamespacedName, Protocol, Rejection, ServicePortName, SliceView,
+    last_change_trigger_time, slice_view,
 };
 
 use crate::Changes;
@@ -51,6 +53,10 @@ pub struct EndpointsTracker {
     slices_by_service: HashMap<NamespacedName, BTreeSet<NamespacedName>>,
     dirty: HashSet<NamespacedName>,
     applied: Arc<EndpointsMap>,
+    /// Trigger times of slice updates since the last sync, for the network-programming
+    /// latency (upstream ignores those older than the tracker, i.e. the initial list).
+    trigger_times: Vec<SystemTime>,
+    started: SystemTime,
 }
 
 impl EndpointsTracker {
@@ -62,12 +68,19 @@ impl EndpointsTracker {
             slices_by_service: HashMap::new(),
             dirty: HashSet::new(),
             applied: Arc::default(),
+            trigger_times: Vec::new(),
+            started: SystemTime::now(),
         }
     }
 
     /// Records the newest state of a slice (`None`: deleted). A rejected slice is treated as
     /// deleted; the rejection is returned for the caller to log and count.
     pub fn update(&mut self, id: NamespacedName, slice: Option<&EndpointSlice>) -> Result<(), Rejection> {
+        if let Some(t) = slice.and_then(last_change_trigger_time)
+            && t > self.started
+        {
+            self.trigger_times.push(t);
+        }
         let (view, result) = match slice.map(|s| slice_view(s, self.family)) {
             None | Some(Ok(None)) => (None, Ok(())),
             Some(Ok(Some(view))) => (Some(view), Ok(())),
@@ -95,6 +108,12 @@ impl EndpointsTracker {
             }
         }
         self.dirty.insert(service.clone());
+    }
+
+    /// The trigger times recorded since the last call: the sync that applies the pending
+    /// changes measures its network-programming latency from them.
+    pub fn take_trigger_times(&mut self) -> Vec<SystemTime> {
+        std::mem::take(&mut self.trigger_times)
     }
 
     /// Services whose slices changed since the last `take()` (some may turn out unchanged).

@@ -187,3 +187,72 @@ async fn failed_sync_is_retried_and_reported() {
         text.contains("kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"} 1")
     );
 }
+
+fn annotated_slice(ip: &str, trigger: jiff::Timestamp) -> Event {
+    let Event::EndpointSlice { id, object } = slice("a-1", "a", ip) else {
+        unreachable!()
+    };
+    let mut object = (*object.unwrap()).clone();
+    object.metadata.annotations = Some(
+        [(
+            kpr_model::LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_string(),
+            trigger.to_string(),
+        )]
+        .into(),
+    );
+    Event::EndpointSlice {
+        id,
+        object: Some(Arc::new(object)),
+    }
+}
+
+#[tokio::test]
+async fn endpoint_trigger_times_become_network_programming_latency() {
+    let h = start(vec!["manifests"], 0);
+    h.send(service("a", "10.0.0.1")).await;
+    h.send(Event::Synced { source: "manifests" }).await;
+    h.wait_for_syncs(1).await;
+    let trigger = jiff::Timestamp::now();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    h.send(annotated_slice("10.244.1.10", trigger)).await;
+    h.wait_for_syncs(2).await;
+    // A change from before the proxy started (e.g. in the initial list) is not a sample.
+    let long_ago = trigger - jiff::SignedDuration::from_hours(1);
+    h.send(annotated_slice("10.244.1.11", long_ago)).await;
+    h.wait_for_syncs(3).await;
+
+    let text = h.metrics_text();
+    let samples: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("kubeproxy_network_programming_duration_seconds"))
+        .collect();
+    let count = "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"} 1";
+    assert!(samples.contains(&count), "{samples:#?}");
+    // 1.2 s and a bit: above the 1 s bucket, within the 2 s one.
+    assert!(
+        samples
+            .iter()
+            .any(|l| l.contains("le=\"1.0\"") && l.ends_with(" 0")),
+        "{samples:#?}"
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|l| l.contains("le=\"2.0\"") && l.ends_with(" 1")),
+        "{samples:#?}"
+    );
+}
+
+#[tokio::test]
+async fn source_trouble_is_shown_by_health_when_late() {
+    let h = start(vec!["manifests", "api"], 0);
+    h.send(Event::SourceTrouble {
+        source: "api",
+        problem: Some("connection refused".into()),
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Not late yet (timeout 60 s), so healthy and no problem shown; the text is kept.
+    assert!(h.health.healthz().healthy);
+    assert!(h.health.problem().unwrap().contains("connection refused"));
+}

@@ -3,6 +3,7 @@
 //! Rules stay in the kernel when the process exits, as upstream leaves them: a restart (or a
 //! rolling update of the DaemonSet) must not interrupt traffic. `--cleanup` removes them.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +12,10 @@ use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_model::IpFamily;
 use kpr_runner::RunnerConfig;
 use kpr_servers::{ServeError, ServerHandle, bind_healthz, bind_metrics};
-use kpr_sources::{MANIFESTS_SOURCE, ManifestSource, event_channel};
+use kpr_sources::{
+    API_SOURCE, ApiSource, ClientOptions, EventSender, MANIFESTS_SOURCE, ManifestSource, build_client,
+    event_channel,
+};
 use kpr_sync::ProxySettings;
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
@@ -40,24 +44,27 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     let sync_period = duration(config.sync_period(), "syncPeriod")?;
     let min_sync_period = duration(config.min_sync_period(), "minSyncPeriod")?;
     let rescan = duration(config.config_sync_period, "configSyncPeriod")?;
-    let proxy_settings = ProxySettings {
+    let mut proxy_settings = ProxySettings {
         family: IpFamily::V4,
         node_name: node_name.clone(),
         runner: RunnerConfig {
             min_interval: min_sync_period,
             max_interval: sync_period,
         },
-        sources: vec![MANIFESTS_SOURCE],
+        sources: Vec::new(),
     };
-    let source = manifest_source(&settings, &node_name, rescan)?;
+    let (events_tx, events_rx) = event_channel();
+    for source in start_sources(&settings, &node_name, rescan).await? {
+        proxy_settings.sources.push(source.name());
+        tokio::spawn(source.run(events_tx.clone()));
+    }
+    drop(events_tx);
     let options = iptables_mode::options(&settings)?;
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     // Upstream's healthTimeout: two sync periods without applying a queued change.
     let health = Arc::new(ProxyHealth::new(sync_period * 2));
-    let (events_tx, events_rx) = event_channel();
-    tokio::spawn(source.run(events_tx));
 
     if settings.dry_run {
         let state = kpr_sync::initial_state(&proxy_settings, events_rx, metrics, health).await;
@@ -100,15 +107,50 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     }
 }
 
-fn manifest_source(settings: &Settings, node_name: &str, rescan: Duration) -> Result<ManifestSource, Fatal> {
-    if settings.manifests.is_empty() {
-        return Err(Fatal::usage(
-            "no source of Services: give --manifests PATH (files or directories of Service, \
-             EndpointSlice and Node manifests); the Kubernetes API source is not in this version yet",
-        ));
+/// The sources this configuration asks for: manifests when `--manifests` is given, the API
+/// when a kubeconfig or `--master` is given, or, with neither, the API through the pod's
+/// service account (upstream's in-cluster default).
+async fn start_sources(settings: &Settings, node_name: &str, rescan: Duration) -> Result<Vec<Source>, Fatal> {
+    let mut sources = Vec::new();
+    if !settings.manifests.is_empty() {
+        let manifests = ManifestSource::new(settings.manifests.clone(), Some(node_name.to_string()), rescan)
+            .map_err(|e| Fatal::usage(e.to_string()))?;
+        sources.push(Source::Manifests(manifests));
     }
-    ManifestSource::new(settings.manifests.clone(), Some(node_name.to_string()), rescan)
-        .map_err(|e| Fatal::usage(e.to_string()))
+    let api_asked = settings.kubeconfig().is_some() || settings.master.is_some();
+    if api_asked || sources.is_empty() {
+        let options = ClientOptions {
+            kubeconfig: settings.kubeconfig().map(Path::to_path_buf),
+            master: settings.master.clone(),
+            content_type: settings.config.client_connection.content_type.clone(),
+        };
+        let client = build_client(&options)
+            .await
+            .map_err(|e| Fatal::usage(e.to_string()))?;
+        sources.push(Source::Api(ApiSource::new(client, node_name)));
+    }
+    Ok(sources)
+}
+
+enum Source {
+    Manifests(ManifestSource),
+    Api(ApiSource),
+}
+
+impl Source {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Manifests(_) => MANIFESTS_SOURCE,
+            Self::Api(_) => API_SOURCE,
+        }
+    }
+
+    async fn run(self, events: EventSender) {
+        match self {
+            Self::Manifests(source) => source.run(events).await,
+            Self::Api(source) => source.run(events).await,
+        }
+    }
 }
 
 /// Upstream's `--bind-address-hard-fail`: a server that cannot bind is fatal only when asked.

@@ -42,7 +42,7 @@ pub async fn build_client(options: &ClientOptions) -> Result<Client, ClientError
         config.cluster_url = parse_master(master)?;
     }
     if options.content_type.contains("protobuf") {
-        tracing::info!(
+        tracing::debug!(
             content_type = %options.content_type,
             "the API client speaks JSON (kube-rs has no protobuf codec); the server answers it the same"
         );

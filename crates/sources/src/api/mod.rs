@@ -101,14 +101,27 @@ async fn pump<K: Watched>(
 ) {
     let mut stream = std::pin::pin!(watcher(api, config).default_backoff());
     let mut state = watch::WatchState::<K>::default();
+    let mut troubled = false;
     while let Some(item) = stream.next().await {
-        let out = match item {
-            Ok(event) => state.handle(event),
-            Err(error) => vec![Event::SourceTrouble {
-                source: API_SOURCE,
-                problem: Some(format!("watching {}: {error}", K::KIND.plural())),
-            }],
-        };
+        let mut out = Vec::new();
+        match item {
+            Ok(event) => {
+                if std::mem::take(&mut troubled) {
+                    out.push(Event::SourceTrouble {
+                        source: API_SOURCE,
+                        problem: None,
+                    });
+                }
+                out.extend(state.handle(event));
+            }
+            Err(error) => {
+                troubled = true;
+                out.push(Event::SourceTrouble {
+                    source: API_SOURCE,
+                    problem: Some(format!("watching {}: {error}", K::KIND.plural())),
+                });
+            }
+        }
         for event in out {
             if let Event::Synced { .. } = event {
                 let _ = synced.send(K::KIND).await;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpr_config::Settings;
+use kpr_iptables::ProcSysctl;
 use kpr_metrics::{Metrics, ProxyHealth};
-use kpr_model::IpFamily;
 use kpr_runner::RunnerConfig;
 use kpr_servers::{ServeError, ServerHandle, bind_healthz, bind_metrics};
 use kpr_sources::{
@@ -39,72 +39,77 @@ fn duration(value: kpr_config::GoDuration, what: &str) -> Result<Duration, Fatal
 }
 
 pub async fn run(settings: Settings) -> Result<(), Fatal> {
+    let options = iptables_mode::options(&settings)?;
+    if settings.init_only {
+        // Upstream's split: a privileged init container prepares the host, then the proxy
+        // itself runs with only NET_ADMIN and NET_RAW.
+        return kpr_iptables::prepare_host(&options, &ProcSysctl::default())
+            .map_err(|e| Fatal::runtime(format!("--init-only: {e}")));
+    }
     let config = &settings.config;
     let node_name = node_name(&config.hostname_override).map_err(Fatal::runtime)?;
     let sync_period = duration(config.sync_period(), "syncPeriod")?;
-    let min_sync_period = duration(config.min_sync_period(), "minSyncPeriod")?;
-    let rescan = duration(config.config_sync_period, "configSyncPeriod")?;
     let mut proxy_settings = ProxySettings {
-        family: IpFamily::V4,
+        family: options.family,
         node_name: node_name.clone(),
         runner: RunnerConfig {
-            min_interval: min_sync_period,
+            min_interval: duration(config.min_sync_period(), "minSyncPeriod")?,
             max_interval: sync_period,
         },
         sources: Vec::new(),
     };
-    let (events_tx, events_rx) = event_channel();
+    let rescan = duration(config.config_sync_period, "configSyncPeriod")?;
+    let (events_tx, events) = event_channel();
     for source in start_sources(&settings, &node_name, rescan).await? {
         proxy_settings.sources.push(source.name());
         tokio::spawn(source.run(events_tx.clone()));
     }
     drop(events_tx);
-    let options = iptables_mode::options(&settings)?;
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     // Upstream's healthTimeout: two sync periods without applying a queued change.
     let health = Arc::new(ProxyHealth::new(sync_period * 2));
-
     if settings.dry_run {
-        let state = kpr_sync::initial_state(&proxy_settings, events_rx, metrics, health).await;
+        let state = kpr_sync::initial_state(&proxy_settings, events, metrics, health).await;
         print!("{}", kpr_iptables::render_dry_run(&state, &options));
         return Ok(());
     }
 
     adjust_oom_score(config.oom_score_adj());
     let backend = iptables_mode::backend(options)?;
-    if let Err(error) = backend.init(&kpr_iptables::ProcSysctl::default()) {
+    if let Err(error) = backend.init(&ProcSysctl::default()) {
         tracing::error!(%error, "host setting for localhost NodePorts failed; they may not answer");
     }
-    let config_json = config.to_json_value();
-    let hard_fail = config.bind_address_hard_fail;
-    let healthz = keep_or_fail(
-        bind_healthz(&config.healthz_bind_address, health.clone(), metrics.clone()).await,
-        hard_fail,
-    )?;
-    let metrics_server = keep_or_fail(
-        bind_metrics(
-            &config.metrics_bind_address,
-            Arc::new(registry),
-            settings.mode.as_str(),
-            config_json,
-        )
-        .await,
-        hard_fail,
-    )?;
+    let (healthz, metrics_server) = serve_http(&settings, &health, &metrics, registry).await?;
     tracing::info!(node = %node_name, mode = %settings.mode, "kube-proxy-rs starting");
-    if settings.init_only {
-        tracing::info!("--init-only: host prepared, exiting");
-        return Ok(());
-    }
-
-    let proxy = kpr_sync::run(proxy_settings, Box::new(backend), events_rx, metrics, health);
+    let proxy = kpr_sync::run(proxy_settings, Box::new(backend), events, metrics, health);
     tokio::select! {
         () = proxy => Err(Fatal::runtime("the sync loop stopped: its event sources ended")),
         result = shutdown_signal() => result,
         error = server_failure(healthz, metrics_server) => Err(Fatal::runtime(error.to_string())),
     }
+}
+
+/// The healthz and metrics servers (either may be disabled with a blank address).
+async fn serve_http(
+    settings: &Settings,
+    health: &Arc<ProxyHealth>,
+    metrics: &Metrics,
+    registry: Registry,
+) -> Result<(Option<ServerHandle>, Option<ServerHandle>), Fatal> {
+    let config = &settings.config;
+    let hard_fail = config.bind_address_hard_fail;
+    let healthz = bind_healthz(&config.healthz_bind_address, health.clone(), metrics.clone()).await;
+    let healthz = keep_or_fail(healthz, hard_fail)?;
+    let metrics_server = bind_metrics(
+        &config.metrics_bind_address,
+        Arc::new(registry),
+        settings.mode.as_str(),
+        config.to_json_value(),
+    )
+    .await;
+    Ok((healthz, keep_or_fail(metrics_server, hard_fail)?))
 }
 
 /// The sources this configuration asks for: manifests when `--manifests` is given, the API

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_model::{IpFamily, NamespacedName, NodeView, node_view};
-use kpr_state::DesiredState;
-use kpr_tracking::{EndpointsTracker, ServiceTracker};
+use kpr_state::{DesiredState, SyncRequest};
+use kpr_tracking::{EndpointsChange, EndpointsTracker, ServiceChange, ServiceTracker};
 use serde_json::{Value, json};
 
 pub const NODE: &str = "node-a";
@@ -90,20 +90,51 @@ impl World {
 
     /// The desired state after the pending changes, and the services they touched.
     pub fn take(&mut self) -> (DesiredState, BTreeSet<NamespacedName>) {
+        let pending = self.pending();
+        (pending.state, pending.changed)
+    }
+
+    /// Everything the next sync hands to a backend, taken from the trackers the way the
+    /// sync loop (crates/sync) takes it.
+    pub fn pending(&mut self) -> Pending {
         let services = self.services.take();
         let endpoints = self.endpoints.take();
         let mut changed: BTreeSet<NamespacedName> = services.changed.iter().map(|c| c.id.clone()).collect();
         changed.extend(endpoints.changed.iter().map(|c| c.service.clone()));
-        let state = DesiredState {
-            services: services.snapshot,
-            endpoints: endpoints.snapshot,
-            node: self.node.clone(),
-        };
-        (state, changed)
+        Pending {
+            state: DesiredState {
+                services: services.snapshot,
+                endpoints: endpoints.snapshot,
+                node: self.node.clone(),
+            },
+            changed,
+            service_changes: services.changed,
+            endpoint_changes: endpoints.changed,
+        }
     }
 
     pub fn state(&mut self) -> DesiredState {
         self.take().0
+    }
+}
+
+/// The input of one sync; [`Pending::request`] borrows it as a [`SyncRequest`].
+pub struct Pending {
+    pub state: DesiredState,
+    pub changed: BTreeSet<NamespacedName>,
+    pub service_changes: Vec<ServiceChange>,
+    pub endpoint_changes: Vec<EndpointsChange>,
+}
+
+impl Pending {
+    pub fn request(&self) -> SyncRequest<'_> {
+        SyncRequest {
+            state: &self.state,
+            changed: &self.changed,
+            service_changes: &self.service_changes,
+            endpoint_changes: &self.endpoint_changes,
+            force_full: false,
+        }
     }
 }
 
@@ -138,17 +169,31 @@ pub fn golden_dir() -> PathBuf {
 pub fn check_golden(name: &str, actual: &str) {
     let path = golden_dir().join(format!("{name}.txt"));
     if std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1") {
+        std::fs::create_dir_all(golden_dir()).unwrap();
         std::fs::write(&path, actual).unwrap();
         return;
     }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}; run with UPDATE_GOLDEN=1 to create it", path.display()));
-    if expected != actual {
-        let diff = similar::TextDiff::from_lines(&expected, actual)
-            .unified_diff()
-            .context_radius(3)
-            .header(&format!("{} (expected)", path.display()), "rendered (actual)")
-            .to_string();
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read {}: {e}; run with UPDATE_GOLDEN=1 to create it",
+            path.display()
+        )
+    });
+    if let Some(diff) = golden_diff(&path.display().to_string(), &expected, actual) {
         panic!("golden mismatch for {name} (UPDATE_GOLDEN=1 to accept):\n{diff}");
     }
+}
+
+/// A unified diff from the golden file's content to `actual`, or `None` when they are
+/// byte-identical.
+pub fn golden_diff(golden: &str, expected: &str, actual: &str) -> Option<String> {
+    if expected == actual {
+        return None;
+    }
+    let diff = similar::TextDiff::from_lines(expected, actual)
+        .unified_diff()
+        .context_radius(3)
+        .header(&format!("{golden} (expected)"), "rendered (actual)")
+        .to_string();
+    Some(diff)
 }

@@ -83,12 +83,21 @@ impl Cluster {
         }
     }
 
-    /// Starts the proxy in the node namespace and waits until `/healthz` says it synced.
+    /// Starts the proxy on the manifest directory in the node namespace and waits until
+    /// `/healthz` says it synced.
     pub fn start_proxy(&mut self, extra: &[&str]) {
+        self.start_proxy_with(extra, true);
+    }
+
+    /// Starts the proxy with `extra` flags, on the manifest directory if `manifests`, and
+    /// waits until its healthz port answers.
+    pub fn start_proxy_with(&mut self, extra: &[&str], manifests: bool) {
         let mut command = Command::new(proxy_binary());
+        command.arg(format!("--hostname-override={NODE_NAME}"));
+        if manifests {
+            command.arg(format!("--manifests={}", self.manifests.path().display()));
+        }
         command
-            .arg(format!("--hostname-override={NODE_NAME}"))
-            .arg(format!("--manifests={}", self.manifests.path().display()))
             .arg(format!("--healthz-bind-address={HEALTHZ}"))
             .arg(format!("--metrics-bind-address={METRICS}"))
             .arg("--cluster-cidr=10.244.0.0/16")
@@ -96,7 +105,19 @@ impl Cluster {
             .args(extra)
             .env("RUST_LOG", "debug");
         self.proxy = Some(self.lab.spawn(self.lab.node(), command).unwrap());
-        self.wait_healthz(200);
+        if manifests {
+            self.wait_healthz(200);
+        } else {
+            self.wait_listening();
+        }
+    }
+
+    /// Waits until the healthz server answers at all (200 or 503).
+    pub fn wait_listening(&self) {
+        eventually(CONVERGE, POLL, || {
+            self.get(HEALTHZ, "/healthz")
+                .map_err(|e| format!("healthz: {e}\n{}", self.proxy_logs()))
+        });
     }
 
     pub fn proxy_logs(&self) -> String {

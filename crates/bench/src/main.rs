@@ -1,1 +1,228 @@
-fn main() {}
+//! kpr-bench: what a full sync of kube-proxy-rs's iptables mode costs at 1k and 10k
+//! services, split into our own code (rendering the ruleset) and the kernel (loading it with
+//! iptables-legacy and iptables-nft), plus the partial sync after one endpoint changed.
+//!
+//! ```text
+//! cargo run --release -p kpr-bench -- [--services 1000,10000] [--endpoints 10] [--out BENCHMARKS.md]
+//! ```
+//!
+//! Kernel loads happen only in network namespaces this process creates (needs root); the
+//! results are printed as Markdown and, with `--out`, written as the whole BENCHMARKS.md.
+
+mod cluster;
+mod commentary;
+mod flushed;
+mod format;
+mod load;
+mod machine;
+mod memory;
+mod options;
+mod payloads;
+mod render;
+mod report;
+mod stats;
+mod timed;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use kpr_iptables::Variant;
+
+use crate::cluster::{Shape, Snapshot, SyntheticCluster};
+use crate::flushed::{FlushedPlan, FlushedResult};
+use crate::load::{LoadPlan, LoadResult, Outcome};
+use crate::report::{Row, Settings};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kpr-bench",
+    about = "Render and kernel-load benchmarks of the iptables mode; writes BENCHMARKS.md"
+)]
+struct Args {
+    /// Cluster sizes to measure (services), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    services: Vec<usize>,
+    /// Endpoints per service.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    endpoints: u16,
+    /// Render runs per size (the median is reported).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..))]
+    runs: u16,
+    /// Kernel loads per size and variant, each in a fresh namespace (the median is reported;
+    /// loads over 60 s are not repeated).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    load_runs: u16,
+    /// Seconds after which one iptables-restore is killed and reported as timed out.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    load_timeout: u64,
+    /// Only measure rendering; no namespaces, no kernel.
+    #[arg(long)]
+    render_only: bool,
+    /// Write the whole report (BENCHMARKS.md) to this file.
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("kpr-bench: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let mut settings = Settings {
+        render_runs: args.runs.into(),
+        load_runs: args.load_runs.into(),
+        load_timeout: Duration::from_secs(args.load_timeout),
+        command: invocation(),
+        date: now(),
+        load_before: machine::load_average(),
+        load_after: String::new(),
+    };
+    let machine = machine::Machine::detect();
+    let mut rows = Vec::new();
+    for &services in &args.services {
+        let shape = Shape {
+            services,
+            endpoints: args.endpoints.into(),
+        };
+        rows.push(measure_shape(shape, args, &settings)?);
+    }
+    settings.load_after = machine::load_average();
+    println!("{}", report::results(&rows));
+    if let Some(path) = &args.out {
+        let text = report::document(&machine, &settings, &rows);
+        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn measure_shape(shape: Shape, args: &Args, settings: &Settings) -> Result<Row, String> {
+    let label = format!("{} services × {} endpoints", shape.services, shape.endpoints);
+    if !shape.fits() {
+        return Err(format!("{label} do not fit the synthetic address ranges"));
+    }
+    eprintln!("[{label}] feeding the trackers");
+    let (base, changed) = states(shape).map_err(|e| format!("synthetic object rejected: {e}"))?;
+    let options = options::bench_options();
+    eprintln!("[{label}] rendering ({} runs)", settings.render_runs);
+    let (render, payload) = render::measure(&base.state, &options, settings.render_runs);
+    eprintln!(
+        "[{label}] render {} -> {}",
+        format::duration(render.total),
+        format::bytes(render.payload_bytes)
+    );
+    let partial_payload = payloads::partial_payload(&options, &base, &changed);
+    let kernel = Kernel {
+        label: &label,
+        settings,
+        render_only: args.render_only,
+    };
+    let load = |variant| {
+        kernel.load(&LoadPlan {
+            variant,
+            options: &options,
+            base: &base,
+            expected_payload: &payload,
+            changed: &changed,
+            timeout: settings.load_timeout,
+            runs: settings.load_runs,
+        })
+    };
+    Ok(Row {
+        shape,
+        legacy: load(Variant::Legacy),
+        nft: load(Variant::Nft),
+        nft_flushed: kernel.load_flushed(&payload, partial_payload.as_deref()),
+        partial_payload_bytes: partial_payload.as_ref().ok().map(String::len),
+        render,
+    })
+}
+
+/// The desired state of `shape`, and the one after a pod of one service was replaced.
+fn states(shape: Shape) -> Result<(Snapshot, Snapshot), kpr_model::Rejection> {
+    let mut cluster = SyntheticCluster::new(shape)?;
+    let base = cluster.take();
+    cluster.replace_one_endpoint()?;
+    Ok((base, cluster.take()))
+}
+
+/// The kernel measurements of one size, skipped with `--render-only`.
+struct Kernel<'a> {
+    label: &'a str,
+    settings: &'a Settings,
+    render_only: bool,
+}
+
+impl Kernel<'_> {
+    fn load(&self, plan: &LoadPlan<'_>) -> LoadResult {
+        if self.render_only {
+            let why = "--render-only".to_string();
+            return LoadResult {
+                runs: 0,
+                full: Outcome::NotAvailable(why.clone()),
+                partial: Outcome::NotAvailable(why),
+            };
+        }
+        eprintln!(
+            "[{}] loading with {}",
+            self.label,
+            load::restore_program(plan.variant)
+        );
+        let result = load::measure(plan);
+        eprintln!("[{}] {:?}: {result:?}", self.label, plan.variant);
+        result
+    }
+
+    fn load_flushed(&self, full: &str, partial: Result<&str, &String>) -> FlushedResult {
+        let partial = match (partial, self.render_only) {
+            (_, true) => return FlushedResult::not_measured("--render-only"),
+            (Err(why), false) => return FlushedResult::not_measured(&format!("no partial payload: {why}")),
+            (Ok(partial), false) => partial,
+        };
+        eprintln!("[{}] loading with a flushing iptables-nft-restore", self.label);
+        let result = flushed::measure(&FlushedPlan {
+            variant: Variant::Nft,
+            full_payload: full,
+            partial_payload: partial,
+            timeout: self.settings.load_timeout,
+            runs: self.settings.load_runs,
+        });
+        eprintln!("[{}] Nft, flushing: {result:?}", self.label);
+        result
+    }
+}
+
+/// The command line that reproduces this run.
+fn invocation() -> String {
+    let mut parts = vec!["cargo run --release -p kpr-bench".to_string()];
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.is_empty() {
+        parts.push("--".to_string());
+        parts.extend(args.into_iter().map(|a| {
+            if a.contains(char::is_whitespace) {
+                format!("'{a}'")
+            } else {
+                a
+            }
+        }));
+    }
+    parts.join(" ")
+}
+
+/// `2026-05-02 10:04 UTC`.
+fn now() -> String {
+    let stamp = jiff::Timestamp::now().to_string();
+    match (stamp.get(..10), stamp.get(11..16)) {
+        (Some(day), Some(time)) => format!("{day} {time} UTC"),
+        _ => stamp,
+    }
+}

@@ -1,0 +1,314 @@
+//! A synthetic cluster fed through the real trackers.
+//!
+//! The benchmark must render exactly what the product would hand its backend: the same
+//! API-object conversion, slice merging and endpoint order. So the cluster is made of
+//! k8s-openapi `Service` / `EndpointSlice` objects pushed through `ServiceTracker` and
+//! `EndpointsTracker`, and the desired state comes out of their `take()`, as in kpr-sync.
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kpr_model::{IpFamily, NamespacedName, NodeView, Rejection, SERVICE_NAME_LABEL, node_view};
+use kpr_state::{DesiredState, SyncRequest};
+use kpr_tracking::{EndpointsChange, EndpointsTracker, ServiceChange, ServiceTracker};
+
+/// The node the proxy runs on.
+pub const NODE_NAME: &str = "bench-node-0";
+pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 10);
+/// Pod addresses (endpoints) are taken from here; also the `--cluster-cidr`.
+pub const CLUSTER_CIDR: &str = "10.64.0.0/10";
+const POD_BASE: Ipv4Addr = Ipv4Addr::new(10, 64, 0, 0);
+const POD_ADDRESSES: usize = 1 << 22;
+/// Cluster IPs come from the usual service range.
+const SERVICE_BASE: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 0);
+const SERVICE_ADDRESSES: usize = 1 << 20;
+/// Endpoints are spread round-robin over this many nodes; node 0 is this one, so one
+/// endpoint in eight is local.
+pub const NODES: usize = 8;
+const NAMESPACE: &str = "bench";
+const PORT_NAME: &str = "http";
+const SERVICE_PORT: i32 = 80;
+const TARGET_PORT: i32 = 8080;
+
+/// How big the synthetic cluster is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub services: usize,
+    /// Endpoints per service.
+    pub endpoints: usize,
+}
+
+impl Shape {
+    /// Whether the address ranges hold this many services and endpoints (plus the one
+    /// endpoint the partial-sync change adds).
+    pub fn fits(&self) -> bool {
+        self.services < SERVICE_ADDRESSES
+            && self
+                .services
+                .checked_mul(self.endpoints)
+                .is_some_and(|total| total + 1 < POD_ADDRESSES)
+    }
+}
+
+/// What one `take()` of both trackers hands to a backend.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub state: DesiredState,
+    pub changed: BTreeSet<NamespacedName>,
+    pub service_changes: Vec<ServiceChange>,
+    pub endpoint_changes: Vec<EndpointsChange>,
+}
+
+impl Snapshot {
+    pub fn request(&self) -> SyncRequest<'_> {
+        SyncRequest {
+            state: &self.state,
+            changed: &self.changed,
+            service_changes: &self.service_changes,
+            endpoint_changes: &self.endpoint_changes,
+            force_full: false,
+        }
+    }
+}
+
+/// The trackers holding the synthetic cluster.
+pub struct SyntheticCluster {
+    shape: Shape,
+    services: ServiceTracker,
+    endpoints: EndpointsTracker,
+    node: Arc<NodeView>,
+}
+
+impl SyntheticCluster {
+    /// Feeds `shape.services` Services and one EndpointSlice each into fresh trackers.
+    pub fn new(shape: Shape) -> Result<Self, Rejection> {
+        let mut cluster = Self {
+            shape,
+            services: ServiceTracker::new(IpFamily::V4),
+            endpoints: EndpointsTracker::new(IpFamily::V4, NODE_NAME),
+            node: Arc::new(node_view(&this_node())?),
+        };
+        for index in 0..shape.services {
+            let id = service_id(index);
+            cluster.services.update(id.clone(), Some(&service(index)))?;
+            let addresses: Vec<Ipv4Addr> = (0..shape.endpoints)
+                .map(|e| pod_ip(index * shape.endpoints + e))
+                .collect();
+            cluster.set_endpoints(index, &addresses)?;
+        }
+        Ok(cluster)
+    }
+
+    /// Takes the pending changes, as one sync of the product would.
+    pub fn take(&mut self) -> Snapshot {
+        let services = self.services.take();
+        let endpoints = self.endpoints.take();
+        let changed = services
+            .changed
+            .iter()
+            .map(|c| c.id.clone())
+            .chain(endpoints.changed.iter().map(|c| c.service.clone()))
+            .collect();
+        Snapshot {
+            state: DesiredState {
+                services: services.snapshot,
+                endpoints: endpoints.snapshot,
+                node: self.node.clone(),
+            },
+            changed,
+            service_changes: services.changed,
+            endpoint_changes: endpoints.changed,
+        }
+    }
+
+    /// A rolling update of one pod of the first service: its first endpoint gets an address
+    /// no other endpoint uses. This is the typical small change a partial sync handles.
+    pub fn replace_one_endpoint(&mut self) -> Result<(), Rejection> {
+        let per_service = self.shape.endpoints;
+        let mut addresses: Vec<Ipv4Addr> = (0..per_service).map(pod_ip).collect();
+        if let Some(first) = addresses.first_mut() {
+            *first = pod_ip(self.shape.services * per_service);
+        }
+        self.set_endpoints(0, &addresses)
+    }
+
+    fn set_endpoints(&mut self, index: usize, addresses: &[Ipv4Addr]) -> Result<(), Rejection> {
+        let slice = endpoint_slice(index, addresses, self.shape.endpoints);
+        let id = NamespacedName::new(NAMESPACE, &format!("svc-{index}-1"));
+        self.endpoints.update(id, Some(&slice))
+    }
+}
+
+fn service_id(index: usize) -> NamespacedName {
+    NamespacedName::new(NAMESPACE, &format!("svc-{index}"))
+}
+
+/// `base + offset + 1` (skipping the network address); callers keep `offset` in range.
+fn nth_address(base: Ipv4Addr, offset: usize) -> Ipv4Addr {
+    let offset = u32::try_from(offset + 1).unwrap_or(u32::MAX);
+    Ipv4Addr::from(u32::from(base).saturating_add(offset))
+}
+
+fn pod_ip(endpoint: usize) -> Ipv4Addr {
+    nth_address(POD_BASE, endpoint)
+}
+
+fn this_node() -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(NODE_NAME.to_string()),
+            ..ObjectMeta::default()
+        },
+        status: Some(NodeStatus {
+            addresses: Some(vec![NodeAddress {
+                type_: "InternalIP".to_string(),
+                address: NODE_IP.to_string(),
+            }]),
+            ..NodeStatus::default()
+        }),
+        ..Node::default()
+    }
+}
+
+/// A ClusterIP Service with one TCP port.
+fn service(index: usize) -> Service {
+    let cluster_ip = nth_address(SERVICE_BASE, index).to_string();
+    Service {
+        metadata: ObjectMeta {
+            name: Some(format!("svc-{index}")),
+            namespace: Some(NAMESPACE.to_string()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".to_string()),
+            cluster_ip: Some(cluster_ip.clone()),
+            cluster_ips: Some(vec![cluster_ip]),
+            ports: Some(vec![ServicePort {
+                name: Some(PORT_NAME.to_string()),
+                port: SERVICE_PORT,
+                protocol: Some("TCP".to_string()),
+                target_port: Some(IntOrString::Int(TARGET_PORT)),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}
+
+/// The one slice of service `index`; endpoint `e` lives on node `(index * per_service + e)
+/// % NODES`, so locality does not depend on which address it has.
+fn endpoint_slice(index: usize, addresses: &[Ipv4Addr], per_service: usize) -> EndpointSlice {
+    let endpoints = addresses
+        .iter()
+        .enumerate()
+        .map(|(e, ip)| Endpoint {
+            addresses: vec![ip.to_string()],
+            conditions: Some(EndpointConditions {
+                ready: Some(true),
+                serving: Some(true),
+                terminating: Some(false),
+            }),
+            node_name: Some(node_name((index * per_service + e) % NODES)),
+            ..Endpoint::default()
+        })
+        .collect();
+    EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(format!("svc-{index}-1")),
+            namespace: Some(NAMESPACE.to_string()),
+            labels: Some([(SERVICE_NAME_LABEL.to_string(), format!("svc-{index}"))].into()),
+            ..ObjectMeta::default()
+        },
+        address_type: "IPv4".to_string(),
+        endpoints,
+        ports: Some(vec![EndpointPort {
+            name: Some(PORT_NAME.to_string()),
+            port: Some(TARGET_PORT),
+            protocol: Some("TCP".to_string()),
+            ..EndpointPort::default()
+        }]),
+    }
+}
+
+fn node_name(node: usize) -> String {
+    format!("bench-node-{node}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> SyntheticCluster {
+        SyntheticCluster::new(Shape {
+            services: 5,
+            endpoints: 4,
+        })
+        .expect("synthetic objects are valid")
+    }
+
+    #[test]
+    fn every_service_gets_its_endpoints_through_the_trackers() {
+        let snapshot = small().take();
+        let state = &snapshot.state;
+        assert_eq!(state.ports().len(), 5);
+        assert_eq!(state.endpoint_count(), 20);
+        assert_eq!(snapshot.changed.len(), 5);
+        let local = state
+            .ports()
+            .iter()
+            .flat_map(|p| state.endpoints(p))
+            .filter(|e| e.is_local)
+            .count();
+        assert_eq!(
+            local,
+            20_usize.div_ceil(NODES),
+            "one endpoint in {NODES} is local"
+        );
+    }
+
+    #[test]
+    fn replacing_one_endpoint_changes_only_the_first_service() {
+        let mut cluster = small();
+        let before = cluster.take();
+        cluster.replace_one_endpoint().expect("valid slice");
+        let after = cluster.take();
+        assert_eq!(after.changed.into_iter().collect::<Vec<_>>(), vec![service_id(0)]);
+        assert_eq!(after.state.endpoint_count(), before.state.endpoint_count());
+        let port = after.state.ports()[0].clone();
+        let ips = |s: &DesiredState| -> Vec<String> {
+            s.endpoints(&port).iter().map(|e| e.addr.to_string()).collect()
+        };
+        assert_ne!(ips(&before.state), ips(&after.state));
+    }
+
+    #[test]
+    fn shapes_beyond_the_address_ranges_do_not_fit() {
+        assert!(
+            Shape {
+                services: 10_000,
+                endpoints: 10
+            }
+            .fits()
+        );
+        assert!(
+            !Shape {
+                services: 2_000_000,
+                endpoints: 1
+            }
+            .fits()
+        );
+        assert!(
+            !Shape {
+                services: 100_000,
+                endpoints: 100
+            }
+            .fits()
+        );
+    }
+}

@@ -5,7 +5,6 @@
 //! k8s-openapi `Service` / `EndpointSlice` objects pushed through `ServiceTracker` and
 //! `EndpointsTracker`, and the desired state comes out of their `take()`, as in kpr-sync.
 
-use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
@@ -14,8 +13,8 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kpr_model::{IpFamily, NamespacedName, NodeView, Rejection, SERVICE_NAME_LABEL, node_view};
-use kpr_state::{DesiredState, SyncRequest};
-use kpr_tracking::{EndpointsChange, EndpointsTracker, ServiceChange, ServiceTracker};
+use kpr_state::PendingSync;
+use kpr_tracking::{EndpointsTracker, ServiceTracker};
 
 /// The node the proxy runs on.
 pub const NODE_NAME: &str = "bench-node-0";
@@ -55,26 +54,8 @@ impl Shape {
     }
 }
 
-/// What one `take()` of both trackers hands to a backend.
-#[derive(Debug)]
-pub struct Snapshot {
-    pub state: DesiredState,
-    pub changed: BTreeSet<NamespacedName>,
-    pub service_changes: Vec<ServiceChange>,
-    pub endpoint_changes: Vec<EndpointsChange>,
-}
-
-impl Snapshot {
-    pub fn request(&self) -> SyncRequest<'_> {
-        SyncRequest {
-            state: &self.state,
-            changed: &self.changed,
-            service_changes: &self.service_changes,
-            endpoint_changes: &self.endpoint_changes,
-            force_full: false,
-        }
-    }
-}
+/// What one `take()` of both trackers hands to a backend (the product's own type).
+pub type Snapshot = PendingSync;
 
 /// The trackers holding the synthetic cluster.
 pub struct SyntheticCluster {
@@ -106,24 +87,7 @@ impl SyntheticCluster {
 
     /// Takes the pending changes, as one sync of the product would.
     pub fn take(&mut self) -> Snapshot {
-        let services = self.services.take();
-        let endpoints = self.endpoints.take();
-        let changed = services
-            .changed
-            .iter()
-            .map(|c| c.id.clone())
-            .chain(endpoints.changed.iter().map(|c| c.service.clone()))
-            .collect();
-        Snapshot {
-            state: DesiredState {
-                services: services.snapshot,
-                endpoints: endpoints.snapshot,
-                node: self.node.clone(),
-            },
-            changed,
-            service_changes: services.changed,
-            endpoint_changes: endpoints.changed,
-        }
+        PendingSync::new(self.services.take(), self.endpoints.take(), self.node.clone())
     }
 
     /// A rolling update of one pod of the first service: its first endpoint gets an address
@@ -281,7 +245,7 @@ mod tests {
         assert_eq!(after.changed.into_iter().collect::<Vec<_>>(), vec![service_id(0)]);
         assert_eq!(after.state.endpoint_count(), before.state.endpoint_count());
         let port = after.state.ports()[0].clone();
-        let ips = |s: &DesiredState| -> Vec<String> {
+        let ips = |s: &kpr_state::DesiredState| -> Vec<String> {
             s.endpoints(&port).iter().map(|e| e.addr.to_string()).collect()
         };
         assert_ne!(ips(&before.state), ips(&after.state));

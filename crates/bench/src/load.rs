@@ -295,14 +295,14 @@ fn measure_once(plan: &LoadPlan<'_>) -> (Outcome<Duration>, Outcome<Partial>) {
             .cloned()
     };
 
-    let synced = backend.sync_rules(&plan.base.request());
+    let synced = backend.sync_rules(&plan.base.request(false));
     let full = full_outcome(synced.map(|r| r.full), nth_record(0), plan);
     if full.done().is_none() {
         return (full, skipped("did not finish"));
     }
 
     let started = Instant::now();
-    let synced = backend.sync_rules(&plan.changed.request());
+    let synced = backend.sync_rules(&plan.changed.request(false));
     let sync = started.elapsed();
     let partial = partial_outcome(synced.map(|r| r.full), nth_record(1), sync, plan.timeout);
     (full, partial)

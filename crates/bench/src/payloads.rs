@@ -59,9 +59,11 @@ pub fn partial_payload(
     let recorder = Recorder::default();
     let restores = Arc::clone(&recorder.restores);
     let mut backend = IptablesBackend::new(options.clone(), Box::new(recorder)).map_err(|e| e.to_string())?;
-    let first = backend.sync_rules(&base.request()).map_err(|e| e.to_string())?;
+    let first = backend
+        .sync_rules(&base.request(false))
+        .map_err(|e| e.to_string())?;
     let second = backend
-        .sync_rules(&changed.request())
+        .sync_rules(&changed.request(false))
         .map_err(|e| e.to_string())?;
     if !first.full || second.full {
         return Err("the backend did not make a full then a partial sync".to_string());

@@ -6,8 +6,10 @@
 
 use std::collections::BTreeSet;
 
-use kpr_model::NamespacedName;
-use kpr_tracking::{EndpointsChange, ServiceChange};
+use std::sync::Arc;
+
+use kpr_model::{NamespacedName, NodeView};
+use kpr_tracking::{Changes, EndpointsChange, EndpointsMap, ServiceChange, ServiceMap};
 
 use crate::DesiredState;
 
@@ -22,6 +24,53 @@ pub struct SyncRequest<'a> {
     pub endpoint_changes: &'a [EndpointsChange],
     /// Rewrite everything, e.g. because node labels (and so topology) changed.
     pub force_full: bool,
+}
+
+/// What one `take()` of both trackers hands to a backend, owned; [`PendingSync::request`]
+/// lends it out as a [`SyncRequest`].
+#[derive(Debug)]
+pub struct PendingSync {
+    pub state: DesiredState,
+    pub changed: BTreeSet<NamespacedName>,
+    pub service_changes: Vec<ServiceChange>,
+    pub endpoint_changes: Vec<EndpointsChange>,
+}
+
+impl PendingSync {
+    /// Joins the trackers' changes: a service counts as changed if its ports or its
+    /// endpoints did.
+    pub fn new(
+        services: Changes<ServiceChange, ServiceMap>,
+        endpoints: Changes<EndpointsChange, EndpointsMap>,
+        node: Arc<NodeView>,
+    ) -> Self {
+        let changed = services
+            .changed
+            .iter()
+            .map(|c| c.id.clone())
+            .chain(endpoints.changed.iter().map(|c| c.service.clone()))
+            .collect();
+        Self {
+            state: DesiredState {
+                services: services.snapshot,
+                endpoints: endpoints.snapshot,
+                node,
+            },
+            changed,
+            service_changes: services.changed,
+            endpoint_changes: endpoints.changed,
+        }
+    }
+
+    pub fn request(&self, force_full: bool) -> SyncRequest<'_> {
+        SyncRequest {
+            state: &self.state,
+            changed: &self.changed,
+            service_changes: &self.service_changes,
+            endpoint_changes: &self.endpoint_changes,
+            force_full,
+        }
+    }
 }
 
 /// Rule counts of one table, for the `*_iptables_total` / `*_iptables_last` style metrics.

@@ -1,47 +1,25 @@
 //! One sync: take the changes, hand the desired state to the backend, record the outcome.
 
-use std::collections::BTreeSet;
 use std::time::{Instant, SystemTime};
 
 use kpr_metrics::{TableLabels, TrafficLabels};
-use kpr_state::{Backend, BackendError, DesiredState, SyncReport, SyncRequest};
+use kpr_state::{Backend, BackendError, PendingSync, SyncReport};
 
 use crate::Shared;
 use crate::intake::unix_now;
 
 pub(crate) fn sync_once(shared: &Shared, backend: &mut dyn Backend) -> Result<(), BackendError> {
     let started = Instant::now();
-    let (services, endpoints, node, force_full, trigger_times) = {
+    let (pending, force_full, trigger_times) = {
         let mut t = shared.trackers();
         let force_full = std::mem::take(&mut t.force_full);
         let trigger_times = t.endpoints.take_trigger_times();
-        (
-            t.services.take(),
-            t.endpoints.take(),
-            t.node.clone(),
-            force_full,
-            trigger_times,
-        )
+        let pending = PendingSync::new(t.services.take(), t.endpoints.take(), t.node.clone());
+        (pending, force_full, trigger_times)
     };
     set_pending_gauges_to_zero(shared);
-    let changed: BTreeSet<_> = services
-        .changed
-        .iter()
-        .map(|c| c.id.clone())
-        .chain(endpoints.changed.iter().map(|c| c.service.clone()))
-        .collect();
-    let state = DesiredState {
-        services: services.snapshot,
-        endpoints: endpoints.snapshot,
-        node,
-    };
-    let request = SyncRequest {
-        state: &state,
-        changed: &changed,
-        service_changes: &services.changed,
-        endpoint_changes: &endpoints.changed,
-        force_full,
-    };
+    let request = pending.request(force_full);
+    let changed = &pending.changed;
     match backend.sync(&request) {
         Ok(report) => {
             record_success(shared, &report, started);

@@ -221,7 +221,7 @@ impl Node {
 fn sync(backend: &mut IptablesBackend, world: &mut World) -> (SyncReport, Pending) {
     let pending = world.pending();
     let report = backend
-        .sync_rules(&pending.request())
+        .sync_rules(&pending.request(false))
         .unwrap_or_else(|e| panic!("sync failed: {e}"));
     (report, pending)
 }

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_model::{IpFamily, NamespacedName, NodeView, node_view};
-use kpr_state::{DesiredState, SyncRequest};
-use kpr_tracking::{EndpointsChange, EndpointsTracker, ServiceChange, ServiceTracker};
+use kpr_state::{DesiredState, PendingSync};
+use kpr_tracking::{EndpointsTracker, ServiceTracker};
 use serde_json::{Value, json};
 
 pub const NODE: &str = "node-a";
@@ -97,20 +97,7 @@ impl World {
     /// Everything the next sync hands to a backend, taken from the trackers the way the
     /// sync loop (crates/sync) takes it.
     pub fn pending(&mut self) -> Pending {
-        let services = self.services.take();
-        let endpoints = self.endpoints.take();
-        let mut changed: BTreeSet<NamespacedName> = services.changed.iter().map(|c| c.id.clone()).collect();
-        changed.extend(endpoints.changed.iter().map(|c| c.service.clone()));
-        Pending {
-            state: DesiredState {
-                services: services.snapshot,
-                endpoints: endpoints.snapshot,
-                node: self.node.clone(),
-            },
-            changed,
-            service_changes: services.changed,
-            endpoint_changes: endpoints.changed,
-        }
+        PendingSync::new(self.services.take(), self.endpoints.take(), self.node.clone())
     }
 
     pub fn state(&mut self) -> DesiredState {
@@ -118,25 +105,8 @@ impl World {
     }
 }
 
-/// The input of one sync; [`Pending::request`] borrows it as a [`SyncRequest`].
-pub struct Pending {
-    pub state: DesiredState,
-    pub changed: BTreeSet<NamespacedName>,
-    pub service_changes: Vec<ServiceChange>,
-    pub endpoint_changes: Vec<EndpointsChange>,
-}
-
-impl Pending {
-    pub fn request(&self) -> SyncRequest<'_> {
-        SyncRequest {
-            state: &self.state,
-            changed: &self.changed,
-            service_changes: &self.service_changes,
-            endpoint_changes: &self.endpoint_changes,
-            force_full: false,
-        }
-    }
-}
+/// The input of one sync (the product's own type).
+pub type Pending = PendingSync;
 
 /// An endpoint: `"10.244.1.5"` on another node, ready; words after the IP: `local`
 /// (on this node), `terminating` (serving, terminating, not ready), `notready`.

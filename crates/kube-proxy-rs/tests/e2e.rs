@@ -313,3 +313,43 @@ fn sigterm_exits_0_and_leaves_the_rules_serving() {
     // Upstream leaves the rules on exit so a restart does not interrupt traffic.
     wait_spread(cluster.lab.pod(1), sock(WEB_VIP), 5, &["pod0"]);
 }
+
+/// One UDP request from a fixed source port, so every call is the same conntrack flow (as a
+/// resolver that keeps its socket would be).
+fn udp_from_fixed_port(ns: &kpr_netns::Netns, to: std::net::SocketAddr) -> Result<String, String> {
+    ns.run(move || {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:40053").map_err(|e| e.to_string())?;
+        socket
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .map_err(|e| e.to_string())?;
+        socket.send_to(b"ping", to).map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 64];
+        let (n, _) = socket.recv_from(&mut buf).map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+    })
+}
+
+#[test]
+fn a_udp_flow_moves_when_its_endpoint_leaves_the_service() {
+    let mut cluster = Cluster::new(3);
+    cluster.udp_backends(&[0, 1], 5353);
+    let dns = sock("10.96.0.53:53");
+    let yaml = |pods: &[usize]| {
+        service("dns", "10.96.0.53", 53, 5353, "UDP", None) + &slice("dns", pods, 5353, "UDP")
+    };
+    cluster.write("dns.yaml", &yaml(&[0]));
+    cluster.start_proxy(&[]);
+    let client = cluster.lab.pod(2);
+    eventually(CONVERGE, POLL, || match udp_from_fixed_port(client, dns)? {
+        reply if reply == "pod0" => Ok(()),
+        other => Err(other),
+    });
+
+    // pod0 keeps answering, but it left the Service: the same flow must now reach pod1. The
+    // polling keeps the old conntrack entry alive, so only its deletion can make this pass.
+    cluster.write("dns.yaml", &yaml(&[1]));
+    eventually(CONVERGE, POLL, || match udp_from_fixed_port(client, dns)? {
+        reply if reply == "pod1" => Ok(()),
+        other => Err(format!("still answered by {other}")),
+    });
+}

@@ -12,6 +12,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use kpr_conntrack::{Conntrack, stale_udp_flows};
 use kpr_model::NamespacedName;
 use kpr_naming::{chain, is_service_chain};
 use kpr_state::{Backend, BackendError, SyncReport, SyncRequest, TableCount};
@@ -102,6 +103,8 @@ pub struct IptablesBackend {
     applied: Option<Applied>,
     synced_once: bool,
     full_sync_period: Duration,
+    /// Forgets stale UDP flows after each successful sync; `None` leaves conntrack alone.
+    conntrack: Option<Box<dyn Conntrack>>,
 }
 
 impl std::fmt::Debug for IptablesBackend {
@@ -123,12 +126,19 @@ impl IptablesBackend {
             applied: None,
             synced_once: false,
             full_sync_period: FULL_SYNC_PERIOD,
+            conntrack: None,
         })
     }
 
     /// Overrides how often a full sync happens regardless of changes.
     pub fn with_full_sync_period(mut self, period: Duration) -> Self {
         self.full_sync_period = period;
+        self
+    }
+
+    /// Deletes stale UDP conntrack entries after each successful sync, as upstream does.
+    pub fn with_conntrack(mut self, conntrack: Box<dyn Conntrack>) -> Self {
+        self.conntrack = Some(conntrack);
         self
     }
 
@@ -284,7 +294,17 @@ impl Backend for IptablesBackend {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        self.sync_rules(request).map_err(|e| Box::new(e) as BackendError)
+        let report = self
+            .sync_rules(request)
+            .map_err(|e| Box::new(e) as BackendError)?;
+        if let Some(conntrack) = &self.conntrack {
+            // Only once the new rules are in, or the deleted flows would be re-created by
+            // the old ones.
+            for error in conntrack.delete(&stale_udp_flows(request)) {
+                tracing::warn!("failed to clear a stale UDP conntrack entry: {error}");
+            }
+        }
+        Ok(report)
     }
 }
 

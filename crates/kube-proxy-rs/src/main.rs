@@ -5,6 +5,7 @@
 //! (kpr-iptables) -> kernel, with health and metrics served by kpr-servers. Everything that
 //! decides what the rules are lives in the library crates.
 
+mod conntrack_sysctls;
 mod fatal;
 mod iptables_mode;
 mod logging;

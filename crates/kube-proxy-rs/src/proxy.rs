@@ -20,6 +20,7 @@ use kpr_sync::ProxySettings;
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::conntrack_sysctls;
 use crate::fatal::Fatal;
 use crate::iptables_mode;
 use crate::node::node_name;
@@ -29,6 +30,12 @@ use crate::node::node_name;
 fn adjust_oom_score(value: i32) {
     if let Err(error) = std::fs::write("/proc/self/oom_score_adj", value.to_string()) {
         tracing::warn!(%error, value, "cannot set oom_score_adj");
+    }
+}
+
+fn set_conntrack_sysctls(settings: &Settings) {
+    for failure in conntrack_sysctls::apply(&settings.config.conntrack, &ProcSysctl::default()) {
+        tracing::warn!("cannot apply conntrack setting {failure}");
     }
 }
 
@@ -43,6 +50,7 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     if settings.init_only {
         // Upstream's split: a privileged init container prepares the host, then the proxy
         // itself runs with only NET_ADMIN and NET_RAW.
+        set_conntrack_sysctls(&settings);
         return kpr_iptables::prepare_host(&options, &ProcSysctl::default())
             .map_err(|e| Fatal::runtime(format!("--init-only: {e}")));
     }
@@ -77,6 +85,7 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     }
 
     adjust_oom_score(config.oom_score_adj());
+    set_conntrack_sysctls(&settings);
     let backend = iptables_mode::backend(options)?;
     if let Err(error) = backend.init(&ProcSysctl::default()) {
         tracing::error!(%error, "host setting for localhost NodePorts failed; they may not answer");

@@ -353,3 +353,23 @@ fn a_udp_flow_moves_when_its_endpoint_leaves_the_service() {
         other => Err(format!("still answered by {other}")),
     });
 }
+
+#[test]
+fn conntrack_flags_set_the_nodes_conntrack_timeouts() {
+    let mut cluster = web_cluster(&[0], 1, None);
+    cluster.start_proxy(&[
+        "--conntrack-tcp-timeout-established=12345s",
+        "--conntrack-tcp-timeout-close-wait=1m",
+    ]);
+    let node = cluster.node();
+    assert_eq!(
+        node.sysctl("net.netfilter.nf_conntrack_tcp_timeout_established")
+            .unwrap(),
+        "12345"
+    );
+    assert_eq!(
+        node.sysctl("net.netfilter.nf_conntrack_tcp_timeout_close_wait")
+            .unwrap(),
+        "60"
+    );
+}

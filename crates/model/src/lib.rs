@@ -14,6 +14,7 @@ mod ident;
 mod node;
 mod rejection;
 mod service;
+pub mod syntax;
 
 pub use endpoint::{
     Endpoint, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, SERVICE_NAME_LABEL, SliceAddress, SlicePort, SliceView,

@@ -8,7 +8,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
-use kpr_model::Rejection;
+use kpr_model::{IgnoredValue, Rejection};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FamilyLabels {
@@ -24,6 +24,14 @@ pub struct TableLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectedLabels {
     pub kind: &'static str,
+    pub reason: &'static str,
+}
+
+/// Labels of the ignored-values counter: the list, not the entry's index, so the series stay few.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IgnoredLabels {
+    pub kind: &'static str,
+    pub field: &'static str,
     pub reason: &'static str,
 }
 
@@ -66,6 +74,8 @@ pub struct Metrics {
     pub proxy_livez_total: Family<CodeLabels, Counter>,
     /// Not upstream: objects refused as malformed, by kind and reason.
     pub rejected_objects_total: Family<RejectedLabels, Counter>,
+    /// Not upstream: malformed list entries dropped from objects that were used otherwise.
+    pub ignored_values_total: Family<IgnoredLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -102,6 +112,7 @@ impl Metrics {
             proxy_healthz_total: Family::default(),
             proxy_livez_total: Family::default(),
             rejected_objects_total: Family::default(),
+            ignored_values_total: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kubeproxy");
         r.register(
@@ -195,6 +206,12 @@ impl Metrics {
             "Objects refused as malformed, by kind and reason (kube-proxy-rs)",
             m.rejected_objects_total.clone(),
         );
+        r.register(
+            "ignored_values",
+            "Malformed list entries (external IPs, load-balancer ingress, source ranges, endpoint addresses) \
+             dropped from objects that are otherwise used, by kind, list and reason (kube-proxy-rs)",
+            m.ignored_values_total.clone(),
+        );
         m
     }
 
@@ -204,6 +221,17 @@ impl Metrics {
             .get_or_create(&RejectedLabels {
                 kind: rejection.kind.as_str(),
                 reason: rejection.reason.as_str(),
+            })
+            .inc();
+    }
+
+    /// Counts a dropped list entry. Logging it is the caller's job.
+    pub fn count_ignored(&self, ignored: &IgnoredValue) {
+        self.ignored_values_total
+            .get_or_create(&IgnoredLabels {
+                kind: ignored.kind.as_str(),
+                field: ignored.list,
+                reason: ignored.reason.as_str(),
             })
             .inc();
     }
@@ -247,5 +275,26 @@ mod tests {
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn ignored_values_are_counted_per_list_not_per_entry() {
+        let mut registry = Registry::default();
+        let m = Metrics::new(&mut registry);
+        for index in [1, 7] {
+            m.count_ignored(&kpr_model::IgnoredValue {
+                kind: ObjectKind::Service,
+                object: format!("ns/svc-{index}"),
+                field: format!("spec.externalIPs[{index}]"),
+                list: "spec.externalIPs",
+                reason: RejectReason::InvalidIp,
+                detail: "x".into(),
+            });
+        }
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        let series = "kubeproxy_ignored_values_total{kind=\"Service\",field=\"spec.externalIPs\",reason=\"invalid_ip\"} 2";
+        assert!(text.contains(series), "missing {series} in\n{text}");
+        assert!(!text.contains("svc-1"), "no object names in labels");
     }
 }

@@ -3,6 +3,12 @@
 //! A slice is converted on its own ([`slice_view`]); joining several slices of one Service and
 //! splitting them per service port is the endpoints tracker's job, because only it sees all
 //! slices at once.
+//!
+//! As upstream's EndpointSlice cache does, an endpoint whose address cannot be used (none
+//! given, malformed, or of the other family) is dropped and reported as an [`IgnoredValue`],
+//! and the slice's other endpoints are used. Addresses are read as upstream reads them
+//! (`ParseIPSloppy`: `10.180.00.001` is 10.180.0.1). What identifies the slice (its name, its
+//! Service, its ports) must be right, or the whole slice is rejected.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -10,8 +16,13 @@ use std::sync::Arc;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::ident::{IpFamily, NamespacedName, ObjectKind, Protocol};
-use crate::rejection::{RejectReason, Rejecter, Rejection};
+use crate::ignored::{Converted, IgnoredValue};
+use crate::rejection::{RejectReason, Rejecter, Rejection, shown};
 use crate::service::object_id;
+use crate::syntax::{dns1035_label, dns1123_label, dns1123_subdomain, parse_ip_sloppy};
+
+/// The metric label of dropped endpoint addresses.
+const ADDRESSES: &str = "endpoints.addresses";
 
 /// The label that ties a slice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -96,14 +107,21 @@ pub struct SliceView {
     pub addresses: Vec<SliceAddress>,
 }
 
-/// Converts a slice for `family`. `Ok(None)`: a valid slice this proxier does not use
-/// (FQDN or the other address family).
-pub fn slice_view(slice: &EndpointSlice, family: IpFamily) -> Result<Option<SliceView>, Rejection> {
+/// Converts a slice for `family`. `view` is `None` for a valid slice this proxier does not
+/// use (FQDN or the other address family). Endpoints dropped on the way come back in
+/// [`Converted::ignored`].
+pub fn slice_view(
+    slice: &EndpointSlice,
+    family: IpFamily,
+) -> Result<Converted<Option<SliceView>>, Rejection> {
     let id = object_id(&slice.metadata.namespace, &slice.metadata.name);
     let rejecter = Rejecter::new(ObjectKind::EndpointSlice, id.to_string());
     if id.name.is_empty() {
         return Err(rejecter.reject("metadata.name", RejectReason::MissingField, "required"));
     }
+    rejecter.name("metadata.name", &id.name, dns1123_subdomain)?;
+    rejecter.name("metadata.namespace", &id.namespace, dns1123_label)?;
+    let label_field = format!("metadata.labels[{SERVICE_NAME_LABEL:?}]");
     let service_name = slice
         .metadata
         .labels
@@ -112,50 +130,60 @@ pub fn slice_view(slice: &EndpointSlice, family: IpFamily) -> Result<Option<Slic
         .filter(|n| !n.is_empty())
         .ok_or_else(|| {
             rejecter.reject(
-                format!("metadata.labels[{SERVICE_NAME_LABEL:?}]"),
+                &label_field,
                 RejectReason::MissingField,
                 "required: it names the Service this slice belongs to",
             )
         })?;
+    // It names a Service, so it must be a Service name (which is also a valid label value).
+    rejecter.name(&label_field, service_name, dns1035_label)?;
     let slice_family = match slice.address_type.as_str() {
         "IPv4" => IpFamily::V4,
         "IPv6" => IpFamily::V6,
-        "FQDN" => return Ok(None),
+        "FQDN" => return Ok(Converted::clean(None)),
         other => {
             return Err(rejecter.reject(
                 "addressType",
                 RejectReason::InvalidValue,
-                format!("{other:?} is not one of IPv4, IPv6, FQDN"),
+                format!("{} is not one of IPv4, IPv6, FQDN", shown(other)),
             ));
         }
     };
     let ports = slice_ports(slice, &rejecter)?;
-    let addresses = slice_addresses(slice, slice_family, &rejecter)?;
     if slice_family != family {
-        return Ok(None);
+        return Ok(Converted::clean(None));
     }
-    Ok(Some(SliceView {
-        service: NamespacedName {
-            namespace: id.namespace.clone(),
-            name: service_name.as_str().into(),
-        },
-        id,
-        ports,
-        addresses,
-    }))
+    let mut ignored = Vec::new();
+    let addresses = slice_addresses(slice, family, &rejecter, &mut ignored);
+    Ok(Converted {
+        view: Some(SliceView {
+            service: NamespacedName {
+                namespace: id.namespace.clone(),
+                name: service_name.as_str().into(),
+            },
+            id,
+            ports,
+            addresses,
+        }),
+        ignored,
+    })
 }
 
 fn slice_ports(slice: &EndpointSlice, rejecter: &Rejecter) -> Result<Vec<SlicePort>, Rejection> {
     let mut out = Vec::new();
     for (i, port) in slice.ports.as_deref().unwrap_or_default().iter().enumerate() {
         let field = format!("ports[{i}]");
+        let name = port.name.as_deref().unwrap_or("");
+        if !name.is_empty() {
+            rejecter.name(&format!("{field}.name"), name, dns1123_label)?;
+        }
         let protocol = Protocol::from_api(port.protocol.as_deref()).ok_or_else(|| {
             rejecter.reject(
                 format!("{field}.protocol"),
                 RejectReason::InvalidProtocol,
                 format!(
-                    "{:?} is not one of TCP, UDP, SCTP",
-                    port.protocol.as_deref().unwrap_or("")
+                    "{} is not one of TCP, UDP, SCTP",
+                    shown(port.protocol.as_deref().unwrap_or(""))
                 ),
             )
         })?;
@@ -167,7 +195,7 @@ fn slice_ports(slice: &EndpointSlice, rejecter: &Rejecter) -> Result<Vec<SlicePo
             ));
         };
         out.push(SlicePort {
-            name: port.name.as_deref().unwrap_or("").into(),
+            name: name.into(),
             protocol,
             port: rejecter.port(&format!("{field}.port"), number)?,
         });
@@ -179,25 +207,38 @@ fn slice_addresses(
     slice: &EndpointSlice,
     family: IpFamily,
     rejecter: &Rejecter,
-) -> Result<Vec<SliceAddress>, Rejection> {
+    ignored: &mut Vec<IgnoredValue>,
+) -> Vec<SliceAddress> {
     let mut out = Vec::with_capacity(slice.endpoints.len());
     for (i, endpoint) in slice.endpoints.iter().enumerate() {
         // Like upstream, only the first address is used; the API guarantees they are the same pod.
         let Some(raw) = endpoint.addresses.first() else {
-            return Err(rejecter.reject(
+            ignored.push(rejecter.ignore(
+                ADDRESSES,
                 format!("endpoints[{i}].addresses"),
                 RejectReason::MissingField,
-                "needs at least one address",
+                "the endpoint has no address",
             ));
+            continue;
         };
         let field = format!("endpoints[{i}].addresses[0]");
-        let ip = rejecter.parse_ip(&field, raw)?;
+        let Some(ip) = parse_ip_sloppy(raw) else {
+            ignored.push(rejecter.ignore(
+                ADDRESSES,
+                field,
+                RejectReason::InvalidIp,
+                format!("{} is not an IP address", shown(raw)),
+            ));
+            continue;
+        };
         if !family.matches(&ip) {
-            return Err(rejecter.reject(
+            ignored.push(rejecter.ignore(
+                ADDRESSES,
                 field,
                 RejectReason::WrongIpFamily,
-                format!("{raw} is not an {} address", family.label()),
+                format!("{} is not an {} address", shown(raw), family.label()),
             ));
+            continue;
         }
         let conditions = endpoint.conditions.as_ref();
         // Upstream: absent ready/serving mean true, absent terminating means false.
@@ -226,7 +267,7 @@ fn slice_addresses(
                 .collect(),
         });
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
@@ -255,9 +296,13 @@ mod tests {
         serde_json::from_value(value).expect("test fixture is an EndpointSlice")
     }
 
+    fn view(value: serde_json::Value) -> Converted<Option<SliceView>> {
+        slice_view(&slice(value), IpFamily::V4).expect("should convert")
+    }
+
     #[test]
     fn converts_ports_addresses_and_conditions() {
-        let s = slice(json!({
+        let converted = view(json!({
             "metadata": {"name": "web-abc", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
             "addressType": "IPv4",
             "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
@@ -267,7 +312,8 @@ mod tests {
                 {"addresses": ["10.244.2.10"], "conditions": {"ready": false, "serving": true, "terminating": true}}
             ]
         }));
-        let view = slice_view(&s, IpFamily::V4).unwrap().unwrap();
+        assert!(converted.ignored.is_empty());
+        let view = converted.view.unwrap();
         assert_eq!(view.service.to_string(), "shop/web");
         assert_eq!(
             view.ports,
@@ -287,43 +333,96 @@ mod tests {
 
     #[test]
     fn fqdn_and_other_family_slices_are_unused() {
-        let base = json!({"metadata": {"name": "s", "labels": {"kubernetes.io/service-name": "web"}}, "endpoints": []});
+        let base = json!({"metadata": {"name": "s", "labels": {"kubernetes.io/service-name": "web"}},
+                          "endpoints": [{"addresses": ["not-an-ip"]}]});
         let mut fqdn = base.clone();
         fqdn["addressType"] = json!("FQDN");
-        assert_eq!(slice_view(&slice(fqdn), IpFamily::V4), Ok(None));
+        assert_eq!(view(fqdn), Converted::clean(None));
         let mut v6 = base;
         v6["addressType"] = json!("IPv6");
-        assert_eq!(slice_view(&slice(v6), IpFamily::V4), Ok(None));
+        // Nothing of an unused slice is reported: its addresses are never read.
+        assert_eq!(view(v6), Converted::clean(None));
+    }
+
+    /// Upstream's TestBadIPs endpoint: the legacy leading-zero form is read as decimal, so the
+    /// endpoint is `10.180.0.1:80` (and so is the KUBE-SEP- hash input).
+    #[test]
+    fn legacy_leading_zero_endpoint_is_read_as_decimal() {
+        let converted = view(json!({
+            "metadata": {"name": "svc1-1", "namespace": "ns1", "labels": {"kubernetes.io/service-name": "svc1"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "p80", "port": 80}],
+            "endpoints": [{"addresses": ["10.180.00.001"]}]
+        }));
+        assert!(converted.ignored.is_empty());
+        let view = converted.view.unwrap();
+        assert_eq!(
+            Endpoint::new(&view.addresses[0], 80, "n").addr_string(),
+            "10.180.0.1:80"
+        );
+    }
+
+    /// An endpoint whose address cannot be used is dropped and reported; the others stay.
+    #[test]
+    fn unusable_endpoints_are_dropped_and_reported() {
+        let converted = view(json!({
+            "metadata": {"name": "web-abc", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": [
+                {"addresses": ["10.1.1"]},
+                {"addresses": ["10.244.1.10"]},
+                {"addresses": ["fd00::1"]},
+                {"addresses": []},
+                {"addresses": ["10.244.1.11\n-A KUBE-SERVICES -j ACCEPT"]},
+                {"addresses": ["10.244.1.12"]}
+            ]
+        }));
+        let found: Vec<_> = converted
+            .ignored
+            .iter()
+            .map(|w| (w.field.as_str(), w.reason))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("endpoints[0].addresses[0]", RejectReason::InvalidIp),
+                ("endpoints[2].addresses[0]", RejectReason::WrongIpFamily),
+                ("endpoints[3].addresses", RejectReason::MissingField),
+                ("endpoints[4].addresses[0]", RejectReason::InvalidIp),
+            ]
+        );
+        for w in &converted.ignored {
+            assert_eq!(
+                (w.kind, w.object.as_str(), w.list),
+                (ObjectKind::EndpointSlice, "shop/web-abc", ADDRESSES)
+            );
+            assert!(!w.to_string().contains('\n'), "{w}");
+        }
+        let ips: Vec<_> = converted
+            .view
+            .unwrap()
+            .addresses
+            .iter()
+            .map(|a| a.ip.to_string())
+            .collect();
+        assert_eq!(ips, ["10.244.1.10", "10.244.1.12"]);
     }
 
     #[test]
     fn malformed_slices_are_rejected_with_the_field_path() {
         let label = json!({"kubernetes.io/service-name": "web"});
+        let label_field = "metadata.labels[\"kubernetes.io/service-name\"]";
         let cases = [
             (
                 json!({"metadata": {"name": "s"}, "addressType": "IPv4", "endpoints": []}),
-                "metadata.labels[\"kubernetes.io/service-name\"]",
+                label_field,
                 RejectReason::MissingField,
             ),
             (
                 json!({"metadata": {"name": "s", "labels": label}, "addressType": "IPv5", "endpoints": []}),
                 "addressType",
                 RejectReason::InvalidValue,
-            ),
-            (
-                json!({"metadata": {"name": "s", "labels": label}, "addressType": "IPv4", "endpoints": [{"addresses": ["10.1.1"]}]}),
-                "endpoints[0].addresses[0]",
-                RejectReason::InvalidIp,
-            ),
-            (
-                json!({"metadata": {"name": "s", "labels": label}, "addressType": "IPv4", "endpoints": [{"addresses": ["fd00::1"]}]}),
-                "endpoints[0].addresses[0]",
-                RejectReason::WrongIpFamily,
-            ),
-            (
-                json!({"metadata": {"name": "s", "labels": label}, "addressType": "IPv4", "endpoints": [{"addresses": []}]}),
-                "endpoints[0].addresses",
-                RejectReason::MissingField,
             ),
             (
                 json!({"metadata": {"name": "s", "labels": label}, "addressType": "IPv4", "ports": [{"port": 0}], "endpoints": []}),
@@ -340,11 +439,59 @@ mod tests {
                 "ports[0].protocol",
                 RejectReason::InvalidProtocol,
             ),
+            // Ports are checked for either family: the slice itself is wrong.
+            (
+                json!({"metadata": {"name": "s", "labels": label}, "addressType": "IPv6", "ports": [{"port": 70000}], "endpoints": []}),
+                "ports[0].port",
+                RejectReason::InvalidPort,
+            ),
         ];
         for (value, field, reason) in cases {
             let r = slice_view(&slice(value.clone()), IpFamily::V4).expect_err("should be rejected");
             assert_eq!((r.field.as_str(), r.reason), (field, reason), "for {value}");
             assert_eq!(r.object, "default/s");
         }
+    }
+
+    /// The slice's identity decides which Service (and so which chains) its endpoints feed:
+    /// it follows the API server's name rules whatever the source.
+    #[test]
+    fn names_that_could_inject_or_collide_are_rejected() {
+        let label_field = "metadata.labels[\"kubernetes.io/service-name\"]";
+        let cases = [
+            (json!({"name": "s\n-A X"}), "web", None, "metadata.name"),
+            (json!({"name": "a/b"}), "web", None, "metadata.name"),
+            (json!({"name": "S"}), "web", None, "metadata.name"),
+            (
+                json!({"name": "s", "namespace": "a/b"}),
+                "web",
+                None,
+                "metadata.namespace",
+            ),
+            (json!({"name": "s"}), "b/c", None, label_field),
+            (json!({"name": "s"}), "Web", None, label_field),
+            (json!({"name": "s"}), "1web", None, label_field),
+            (json!({"name": "s"}), "web", Some("HTTP"), "ports[0].name"),
+            (json!({"name": "s"}), "web", Some("a.b"), "ports[0].name"),
+            (json!({"name": "s"}), "web", Some("http\n"), "ports[0].name"),
+        ];
+        for (mut metadata, service, port_name, field) in cases {
+            metadata["labels"] = json!({"kubernetes.io/service-name": service});
+            let value = json!({"metadata": metadata, "addressType": "IPv4",
+                "ports": [{"name": port_name, "port": 80}], "endpoints": []});
+            let r = slice_view(&slice(value.clone()), IpFamily::V4).expect_err("should be rejected");
+            assert_eq!(
+                (r.field.as_str(), r.reason),
+                (field, RejectReason::InvalidValue),
+                "for {value}"
+            );
+            assert!(!r.to_string().contains('\n'), "{r}");
+        }
+        // Valid names of every kind still convert: a dotted slice name, a dashed port name.
+        let ok = view(json!({
+            "metadata": {"name": "web-abc.v1", "namespace": "kube-system", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "ports": [{"name": "dns-tcp", "port": 53}], "endpoints": []
+        }));
+        assert!(ok.view.is_some());
     }
 }

@@ -7,10 +7,14 @@
 //!
 //! The conversion follows upstream kube-proxy's `newBaseServiceInfo` and EndpointSlice cache:
 //! one [`ServicePort`] per (service, port) for one IP family, and one [`Endpoint`] per
-//! ready-or-not address of a slice.
+//! ready-or-not address of a slice. Like upstream, a malformed entry of an address list
+//! (external IPs, load-balancer ingress, source ranges, a slice's endpoint addresses) drops
+//! only that entry; the conversions return it as an [`IgnoredValue`] beside the view
+//! ([`Converted`]) for the caller to log and count, since this crate does no I/O.
 
 mod endpoint;
 mod ident;
+mod ignored;
 mod node;
 mod rejection;
 mod service;
@@ -21,6 +25,7 @@ pub use endpoint::{
     last_change_trigger_time, slice_view,
 };
 pub use ident::{IpFamily, NamespacedName, ObjectKind, Protocol, ServicePortName};
+pub use ignored::{Converted, IgnoredValue};
 pub use node::{NodeView, TO_BE_DELETED_TAINT, ZONE_LABEL, node_view};
 pub use rejection::{RejectReason, Rejection};
 pub use service::{

@@ -1,4 +1,7 @@
 //! The proxy's own Node: its zone for topology hints, its addresses, and whether it is going away.
+//!
+//! Addresses are read as upstream reads them (`ParseIPSloppy`); a malformed one rejects the
+//! Node update, so the proxy keeps the last good view of its node.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -7,6 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::ident::ObjectKind;
 use crate::rejection::{RejectReason, Rejecter, Rejection};
+use crate::syntax::dns1123_subdomain;
 
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// The taint cluster-autoscaler puts on a node it is about to remove.
@@ -35,6 +39,7 @@ pub fn node_view(node: &Node) -> Result<NodeView, Rejection> {
     if name.is_empty() {
         return Err(rejecter.reject("metadata.name", RejectReason::MissingField, "required"));
     }
+    rejecter.name("metadata.name", &name, dns1123_subdomain)?;
     let mut addresses = Vec::new();
     let listed = node
         .status
@@ -95,5 +100,27 @@ mod tests {
         .unwrap();
         let r = node_view(&node).unwrap_err();
         assert_eq!(r.field, "status.addresses[0].address");
+    }
+
+    #[test]
+    fn addresses_are_read_sloppily_and_names_checked() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "node-1.example"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "192.168.000.010"}]}
+        }))
+        .unwrap();
+        assert_eq!(
+            node_view(&node).unwrap().addresses,
+            ["192.168.0.10".parse::<IpAddr>().unwrap()]
+        );
+        for name in ["Node1", "node_1", "a/b", "node\n1"] {
+            let node: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+            let r = node_view(&node).unwrap_err();
+            assert_eq!(
+                (r.field.as_str(), r.reason),
+                ("metadata.name", RejectReason::InvalidValue),
+                "{name:?}"
+            );
+        }
     }
 }

@@ -2,11 +2,18 @@
 //!
 //! A rejection always says which object, which field and why, so an operator can find the
 //! typo from the log line alone. `reason` is a short stable code for the metric label; the
-//! free text lives in `detail`.
+//! free text lives in `detail`. Object names and field paths are shown with control characters
+//! escaped, and quoted values are shortened, so a hostile name cannot forge log lines.
 
 use std::fmt;
+use std::net::IpAddr;
 
 use crate::ident::ObjectKind;
+use crate::ignored::IgnoredValue;
+use crate::syntax::parse_ip_sloppy;
+
+/// Longest part of an offending value quoted in a message; the rest is elided.
+const SHOWN_VALUE_MAX: usize = 64;
 
 /// Stable, low-cardinality causes; used as the `reason` label of the rejected-objects counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -74,7 +81,10 @@ impl fmt::Display for Rejection {
         write!(
             f,
             "rejected {} {}: field {}: {}",
-            self.kind, self.object, self.field, self.detail
+            self.kind,
+            self.object.escape_debug(),
+            self.field.escape_debug(),
+            self.detail
         )
     }
 }
@@ -99,14 +109,43 @@ impl Rejecter {
         Rejection::new(self.kind, self.object.clone(), field, reason, detail)
     }
 
-    pub(crate) fn parse_ip(&self, field: &str, value: &str) -> Result<std::net::IpAddr, Rejection> {
-        value.trim().parse().map_err(|_| {
+    /// Records a dropped list entry of this object (see [`IgnoredValue`]).
+    pub(crate) fn ignore(
+        &self,
+        list: &'static str,
+        field: impl Into<String>,
+        reason: RejectReason,
+        detail: impl Into<String>,
+    ) -> IgnoredValue {
+        IgnoredValue {
+            kind: self.kind,
+            object: self.object.clone(),
+            field: field.into(),
+            list,
+            reason,
+            detail: detail.into(),
+        }
+    }
+
+    /// Parses an address as upstream does ([`parse_ip_sloppy`]); a malformed one rejects.
+    pub(crate) fn parse_ip(&self, field: &str, value: &str) -> Result<IpAddr, Rejection> {
+        parse_ip_sloppy(value).ok_or_else(|| {
             self.reject(
                 field,
                 RejectReason::InvalidIp,
-                format!("{value:?} is not an IP address"),
+                format!("{} is not an IP address", shown(value)),
             )
         })
+    }
+
+    /// Applies one of the [`crate::syntax`] name rules to `value`.
+    pub(crate) fn name(
+        &self,
+        field: &str,
+        value: &str,
+        rule: fn(&str) -> Result<(), String>,
+    ) -> Result<(), Rejection> {
+        rule(value).map_err(|why| self.reject(field, RejectReason::InvalidValue, why))
     }
 
     pub(crate) fn port(&self, field: &str, value: i32) -> Result<u16, Rejection> {
@@ -128,6 +167,14 @@ impl Rejecter {
     }
 }
 
+/// `value` quoted with control characters escaped, cut after [`SHOWN_VALUE_MAX`] characters.
+pub(crate) fn shown(value: &str) -> String {
+    match value.char_indices().nth(SHOWN_VALUE_MAX) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &value[..cut], value.len()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +192,29 @@ mod tests {
             r.to_string(),
             "rejected Service default/web: field spec.ports[0].port: 70000 is outside 1-65535"
         );
+    }
+
+    #[test]
+    fn message_cannot_span_lines() {
+        let r = Rejection::new(
+            ObjectKind::Service,
+            "default/evil\n-A KUBE-SERVICES -j ACCEPT\n#",
+            "metadata.name",
+            RejectReason::InvalidValue,
+            "not a DNS-1035 label",
+        );
+        let text = r.to_string();
+        assert!(!text.contains('\n'), "{text}");
+        assert!(text.contains(r"evil\n-A KUBE-SERVICES"), "{text}");
+    }
+
+    #[test]
+    fn shown_values_are_escaped_and_bounded() {
+        assert_eq!(shown("10.0.0.1"), "\"10.0.0.1\"");
+        assert_eq!(shown("a\nb"), "\"a\\nb\"");
+        let long = "x".repeat(10_000);
+        let text = shown(&long);
+        assert!(text.len() < 100, "{text}");
+        assert!(text.ends_with("... (10000 bytes)"), "{text}");
     }
 }

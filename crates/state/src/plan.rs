@@ -103,6 +103,41 @@ mod tests {
         );
     }
 
+    /// With both policies Local, the cluster chain is still needed: the EXT chain sends pod
+    /// and host traffic for external addresses there (upstream's `UsesClusterEndpoints`).
+    #[test]
+    fn both_policies_local_keep_the_cluster_chain_for_short_circuits() {
+        let p = port(
+            json!({"type": "NodePort", "internalTrafficPolicy": "Local", "externalTrafficPolicy": "Local"}),
+        );
+        let eps = [ep("10.0.0.1 ready local"), ep("10.0.0.2 ready")];
+        let plan = PortPlan::new(&p, &eps, &node(None));
+        assert_eq!(plan.internal_unreachable, None);
+        assert_eq!(plan.external_unreachable, None);
+        assert!(plan.uses_local_chain && plan.uses_external_chain);
+        assert!(
+            plan.uses_cluster_chain,
+            "pod/host traffic to the NodePort goes to every endpoint"
+        );
+        // No local endpoint: both kinds of traffic from outside are dropped, but the
+        // cluster chain still serves the short-circuit.
+        let remote = [ep("10.0.0.2 ready")];
+        let plan = PortPlan::new(&p, &remote, &node(None));
+        assert_eq!(plan.internal_unreachable, Some(Unreachable::Drop));
+        assert_eq!(plan.external_unreachable, Some(Unreachable::Drop));
+        assert!(plan.uses_cluster_chain && !plan.uses_local_chain);
+    }
+
+    /// Load-balancer ingress IPs make any Service type externally reachable, as upstream.
+    #[test]
+    fn ingress_ips_on_a_cluster_ip_service_need_the_external_chain() {
+        let mut p = port(json!({"type": "ClusterIP"}));
+        let eps = [ep("10.0.0.2 ready")];
+        assert!(!PortPlan::new(&p, &eps, &node(None)).uses_external_chain);
+        p.load_balancer_ips.push("203.0.113.1".parse().unwrap());
+        assert!(PortPlan::new(&p, &eps, &node(None)).uses_external_chain);
+    }
+
     #[test]
     fn firewall_chain_needs_lb_ips_and_source_ranges() {
         let mut p = port(json!({"type": "LoadBalancer", "loadBalancerSourceRanges": ["192.0.2.0/24"]}));

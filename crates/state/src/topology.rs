@@ -114,7 +114,7 @@ pub(crate) mod tests {
         }
         let svc =
             serde_json::from_value(serde_json::json!({"metadata": {"name": "s"}, "spec": spec})).unwrap();
-        match service_view(&svc, IpFamily::V4).unwrap() {
+        match service_view(&svc, IpFamily::V4).unwrap().view {
             ServiceView::Proxied(mut p) => p.remove(0),
             other => panic!("{other:?}"),
         }
@@ -218,6 +218,21 @@ pub(crate) mod tests {
     #[test]
     fn external_policy_local_uses_local_endpoints_and_keeps_cluster_for_internal() {
         let p = port(serde_json::json!({"type": "NodePort", "externalTrafficPolicy": "Local"}));
+        let eps = [ep("10.0.0.1 ready local"), ep("10.0.0.2 ready")];
+        let c = categorize(&p, &eps, &node(None));
+        assert_eq!(ips(&c.cluster), ["10.0.0.1", "10.0.0.2"]);
+        assert_eq!(ips(&c.local), ["10.0.0.1"]);
+        assert_eq!(ips(&c.reachable), ["10.0.0.1", "10.0.0.2"]);
+    }
+
+    /// Both policies Local: internal traffic uses local endpoints only, but pod and host
+    /// traffic to the NodePort is short-circuited to every endpoint (upstream's
+    /// `UsesClusterEndpoints`), so the cluster set is still computed.
+    #[test]
+    fn both_policies_local_still_categorize_cluster_endpoints() {
+        let p = port(
+            serde_json::json!({"type": "NodePort", "internalTrafficPolicy": "Local", "externalTrafficPolicy": "Local"}),
+        );
         let eps = [ep("10.0.0.1 ready local"), ep("10.0.0.2 ready")];
         let c = categorize(&p, &eps, &node(None));
         assert_eq!(ips(&c.cluster), ["10.0.0.1", "10.0.0.2"]);

@@ -12,8 +12,8 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_model::{
-    Endpoint, IpFamily, NamespacedName, Protocol, Rejection, ServicePortName, SliceView,
-    last_change_trigger_time, slice_view,
+    Converted, Endpoint, IgnoredValue, IpFamily, NamespacedName, Protocol, Rejection, ServicePortName,
+    SliceView, last_change_trigger_time, slice_view,
 };
 
 use crate::Changes;
@@ -74,16 +74,21 @@ impl EndpointsTracker {
     }
 
     /// Records the newest state of a slice (`None`: deleted). A rejected slice is treated as
-    /// deleted; the rejection is returned for the caller to log and count.
-    pub fn update(&mut self, id: NamespacedName, slice: Option<&EndpointSlice>) -> Result<(), Rejection> {
+    /// deleted; the rejection is returned for the caller to log and count. So are the
+    /// endpoints the conversion dropped from an accepted slice (once per update, not per sync).
+    pub fn update(
+        &mut self,
+        id: NamespacedName,
+        slice: Option<&EndpointSlice>,
+    ) -> Result<Vec<IgnoredValue>, Rejection> {
         if let Some(t) = slice.and_then(last_change_trigger_time)
             && t > self.started
         {
             self.trigger_times.push(t);
         }
         let (view, result) = match slice.map(|s| slice_view(s, self.family)) {
-            None | Some(Ok(None)) => (None, Ok(())),
-            Some(Ok(Some(view))) => (Some(view), Ok(())),
+            None => (None, Ok(Vec::new())),
+            Some(Ok(Converted { view, ignored })) => (view, Ok(ignored)),
             Some(Err(rejection)) => (None, Err(rejection)),
         };
         if let Some(old) = self.slices.remove(&id) {
@@ -309,13 +314,26 @@ mod tests {
         )
         .unwrap();
         t.take();
+        let mut bad = slice("b", "web", &["10.0.0.3"], 80);
+        bad.metadata.labels = Some([("kubernetes.io/service-name".to_string(), "we/b".to_string())].into());
         let err = t
-            .update(
-                NamespacedName::new("default", "b"),
-                Some(&slice("b", "web", &["10.0.0.300"], 80)),
-            )
+            .update(NamespacedName::new("default", "b"), Some(&bad))
             .unwrap_err();
-        assert_eq!(err.field, "endpoints[0].addresses[0]");
+        assert_eq!(err.field, "metadata.labels[\"kubernetes.io/service-name\"]");
         assert_eq!(addrs(&t.take().snapshot), ["10.0.0.2:80"]);
+    }
+
+    #[test]
+    fn unusable_endpoints_are_returned_and_the_others_kept() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        let ignored = t
+            .update(
+                NamespacedName::new("default", "a"),
+                Some(&slice("a", "web", &["10.0.0.2", "10.0.0.300", "10.0.00.004"], 80)),
+            )
+            .unwrap();
+        let fields: Vec<_> = ignored.iter().map(|w| w.field.as_str()).collect();
+        assert_eq!(fields, ["endpoints[1].addresses[0]"]);
+        assert_eq!(addrs(&t.take().snapshot), ["10.0.0.2:80", "10.0.0.4:80"]);
     }
 }

@@ -4,7 +4,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
-use kpr_model::{IpFamily, NamespacedName, Rejection, ServicePort, ServiceView, service_view};
+use kpr_model::{
+    Converted, IgnoredValue, IpFamily, NamespacedName, Rejection, ServicePort, ServiceView, service_view,
+};
 
 use crate::Changes;
 
@@ -38,11 +40,23 @@ impl ServiceTracker {
 
     /// Records the newest state of a Service (`None`: deleted). A rejected Service is treated
     /// as deleted, so rules for an object that became invalid do not linger; the rejection
-    /// is returned for the caller to log and count.
-    pub fn update(&mut self, id: NamespacedName, service: Option<&Service>) -> Result<(), Rejection> {
+    /// is returned for the caller to log and count. So are the list entries the conversion
+    /// dropped from an accepted Service (once per update, not per sync).
+    pub fn update(
+        &mut self,
+        id: NamespacedName,
+        service: Option<&Service>,
+    ) -> Result<Vec<IgnoredValue>, Rejection> {
         let (ports, result) = match service.map(|s| service_view(s, self.family)) {
-            None | Some(Ok(ServiceView::Skipped(_))) => (None, Ok(())),
-            Some(Ok(ServiceView::Proxied(ports))) => (Some(Arc::from(ports)), Ok(())),
+            None => (None, Ok(Vec::new())),
+            Some(Ok(Converted {
+                view: ServiceView::Skipped(_),
+                ignored,
+            })) => (None, Ok(ignored)),
+            Some(Ok(Converted {
+                view: ServiceView::Proxied(ports),
+                ignored,
+            })) => (Some(Arc::from(ports)), Ok(ignored)),
             Some(Err(rejection)) => (None, Err(rejection)),
         };
         if self.applied.get(&id) == ports.as_ref() {
@@ -144,6 +158,26 @@ mod tests {
         let changes = t.take();
         assert!(changes.changed[0].current.is_none());
         assert!(changes.snapshot.is_empty());
+    }
+
+    #[test]
+    fn dropped_entries_are_returned_and_the_rest_is_tracked() {
+        let mut t = ServiceTracker::new(IpFamily::V4);
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"clusterIP": "10.0.0.1", "externalIPs": ["192.0.2.1", "192.0.2.x"],
+                     "ports": [{"name": "http", "port": 80}]}
+        }))
+        .unwrap();
+        let ignored = t.update(id(), Some(&svc)).unwrap();
+        let fields: Vec<_> = ignored.iter().map(|w| w.field.as_str()).collect();
+        assert_eq!(fields, ["spec.externalIPs[1]"]);
+        let snapshot = t.take().snapshot;
+        let ports = &snapshot[&id()];
+        assert_eq!(
+            ports[0].external_ips,
+            ["192.0.2.1".parse::<std::net::IpAddr>().unwrap()]
+        );
     }
 
     #[test]

@@ -74,17 +74,30 @@ impl Intake {
         }
     }
 
+    /// Upstream's node handlers: the health server's `SyncNode` and the proxier's topology
+    /// labels. A deleted Node keeps the eligibility its last version had (upstream calls
+    /// `SyncNode` with the deleted object), so a node drained before deletion stays out of
+    /// load balancers; its labels are forgotten, as the proxier's `OnNodeDelete` does. The
+    /// rules stay either way.
     fn node_changed(&mut self, node: Option<&k8s_openapi::api::core::v1::Node>) {
         let view = match node.map(node_view) {
             Some(Ok(view)) => view,
             Some(Err(rejection)) => return self.reject(&rejection),
-            // Our Node was deleted: keep its name, forget everything else about it.
-            None => kpr_model::NodeView {
-                name: self.shared.trackers().node.name.clone(),
-                ..Default::default()
-            },
+            None => {
+                let last = self.shared.trackers().node.clone();
+                tracing::info!(
+                    node = %last.name,
+                    eligible = !last.going_away,
+                    "our Node was deleted; keeping its last eligibility, rules stay"
+                );
+                kpr_model::NodeView {
+                    name: last.name.clone(),
+                    going_away: last.going_away,
+                    ..Default::default()
+                }
+            }
         };
-        self.shared.health.set_node_going_away(view.going_away);
+        self.shared.health.set_node_eligible(!view.going_away);
         let mut trackers = self.shared.trackers();
         if trackers.node.labels != view.labels {
             // Topology hints depend on the zone label: every service may route differently.
@@ -170,3 +183,6 @@ pub(crate) fn unix_now() -> f64 {
         .map(|d| d.as_secs_f64())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests;

@@ -94,6 +94,12 @@ pub async fn run(
     // succeeds": from here on a queued change that is not applied in time makes it unhealthy.
     health.updated();
     let shared = Arc::new(Shared::new(&settings, metrics, health));
+    // And, as upstream, it synthesizes a "last change queued" time while the sources list.
+    shared
+        .metrics
+        .sync_proxy_rules_last_queued_timestamp_seconds
+        .get_or_create(&shared.labels)
+        .set(intake::unix_now());
     let (runner, trigger) = SyncRunner::new(settings.runner);
     let (ready_tx, mut ready_rx) = watch::channel(false);
     let intake = Intake::new(

@@ -264,3 +264,23 @@ async fn source_trouble_is_shown_by_health_when_late() {
     assert!(h.health.healthz().healthy);
     assert!(h.health.problem().unwrap().contains("connection refused"));
 }
+
+#[tokio::test]
+async fn the_sync_loop_start_counts_as_updated_and_queued_as_upstreams() {
+    let h = start(vec!["manifests", "api"], 0);
+    // No source is in yet: nothing has synced, but the loop has started.
+    for _ in 0..500 {
+        if h.health.last_updated().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(h.health.last_updated().is_some(), "not marked updated at start");
+    assert!(h.health.healthz().healthy);
+    assert!(h.seen.lock().unwrap().syncs.is_empty());
+    let text = h.metrics_text();
+    assert!(
+        text.contains("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"}"),
+        "{text}"
+    );
+}

@@ -66,6 +66,8 @@ pub struct Metrics {
     pub proxy_livez_total: Family<CodeLabels, Counter>,
     /// Not upstream: objects refused as malformed, by kind and reason.
     pub rejected_objects_total: Family<RejectedLabels, Counter>,
+    pub conntrack_reconciler_sync_duration_seconds: Family<FamilyLabels, Histogram>,
+    pub conntrack_reconciler_deleted_entries_total: Family<FamilyLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -102,6 +104,8 @@ impl Metrics {
             proxy_healthz_total: Family::default(),
             proxy_livez_total: Family::default(),
             rejected_objects_total: Family::default(),
+            conntrack_reconciler_sync_duration_seconds: Family::new_with_constructor(sync_duration_histogram),
+            conntrack_reconciler_deleted_entries_total: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kubeproxy");
         r.register(
@@ -191,6 +195,16 @@ impl Metrics {
             m.proxy_livez_total.clone(),
         );
         r.register(
+            "conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            m.conntrack_reconciler_sync_duration_seconds.clone(),
+        );
+        r.register(
+            "conntrack_reconciler_deleted_entries",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            m.conntrack_reconciler_deleted_entries_total.clone(),
+        );
+        r.register(
             "rejected_objects",
             "Objects refused as malformed, by kind and reason (kube-proxy-rs)",
             m.rejected_objects_total.clone(),
@@ -246,6 +260,30 @@ mod tests {
             "kubeproxy_rejected_objects_total{kind=\"Service\",reason=\"missing_field\"} 1",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn exports_the_conntrack_reconciler_metrics_as_upstream() {
+        let mut registry = Registry::default();
+        let m = Metrics::new(&mut registry);
+        let v4 = FamilyLabels { ip_family: "IPv4" };
+        m.conntrack_reconciler_sync_duration_seconds
+            .get_or_create(&v4)
+            .observe(0.003);
+        m.conntrack_reconciler_deleted_entries_total
+            .get_or_create(&v4)
+            .inc_by(18);
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        for line in [
+            "# TYPE kubeproxy_conntrack_reconciler_sync_duration_seconds histogram",
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{le=\"0.004\",ip_family=\"IPv4\"} 1",
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{le=\"16.384\",ip_family=\"IPv4\"} 1",
+            "# TYPE kubeproxy_conntrack_reconciler_deleted_entries_total counter",
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 18",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
         }
     }
 }

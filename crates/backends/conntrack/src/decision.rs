@@ -124,3 +124,277 @@ pub fn scopes_of(state: &DesiredState, services: &BTreeSet<NamespacedName>) -> B
     }
     scopes
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kpr_model::IpFamily;
+    use kpr_state::PendingSync;
+    use kpr_tracking::{EndpointsTracker, ServiceTracker};
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::entry::FlowTuple;
+
+    /// Services and slices through the real conversions and trackers.
+    struct World {
+        services: ServiceTracker,
+        endpoints: EndpointsTracker,
+        address_type: &'static str,
+    }
+
+    impl World {
+        fn new(family: IpFamily) -> Self {
+            Self {
+                services: ServiceTracker::new(family),
+                endpoints: EndpointsTracker::new(family, "node-a"),
+                address_type: if family == IpFamily::V4 { "IPv4" } else { "IPv6" },
+            }
+        }
+
+        fn service(&mut self, name: &str, spec: Value) -> &mut Self {
+            let mut spec = spec;
+            let status = spec.as_object_mut().unwrap().remove("status");
+            let mut object = json!({"metadata": {"name": name, "namespace": "default"}, "spec": spec});
+            if let Some(status) = status {
+                object["status"] = status;
+            }
+            let service: Service = serde_json::from_value(object).unwrap();
+            self.services
+                .update(NamespacedName::new("default", name), Some(&service))
+                .unwrap();
+            self
+        }
+
+        /// Port `dns` with `protocol` and target port 5353; endpoints as `"ip"`,
+        /// `"ip terminating"` (serving) or `"ip notready"` (not serving).
+        fn slice(&mut self, service: &str, protocol: &str, endpoints: &[&str]) -> &mut Self {
+            let endpoints: Vec<Value> = endpoints
+                .iter()
+                .map(|spec| {
+                    let mut words = spec.split_whitespace();
+                    let ip = words.next().unwrap();
+                    let (ready, serving, terminating) = match words.next() {
+                        None => (true, true, false),
+                        Some("terminating") => (false, true, true),
+                        Some("notready") => (false, false, false),
+                        Some(other) => panic!("unknown endpoint word {other}"),
+                    };
+                    json!({"addresses": [ip], "conditions":
+                           {"ready": ready, "serving": serving, "terminating": terminating}})
+                })
+                .collect();
+            let slice: EndpointSlice = serde_json::from_value(json!({
+                "metadata": {"name": format!("{service}-1"), "namespace": "default",
+                             "labels": {"kubernetes.io/service-name": service}},
+                "addressType": self.address_type,
+                "ports": [{"name": "dns", "port": 5353, "protocol": protocol}],
+                "endpoints": endpoints}))
+            .unwrap();
+            self.endpoints
+                .update(
+                    NamespacedName::new("default", &format!("{service}-1")),
+                    Some(&slice),
+                )
+                .unwrap();
+            self
+        }
+
+        fn take(&mut self) -> PendingSync {
+            PendingSync::new(self.services.take(), self.endpoints.take(), Arc::default())
+        }
+    }
+
+    fn dns(protocol: &str) -> Value {
+        json!({"type": "LoadBalancer", "clusterIP": "10.96.0.53", "externalIPs": ["192.0.2.9"],
+               "ports": [{"name": "dns", "port": 53, "protocol": protocol, "targetPort": 5353, "nodePort": 30053}],
+               "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}})
+    }
+
+    fn entry(client: &str, to: &str, reply_from: &str) -> UdpEntry {
+        let client: SocketAddr = client.parse().unwrap();
+        let reply_from: SocketAddr = reply_from.parse().unwrap();
+        UdpEntry {
+            original: FlowTuple {
+                src: client,
+                dst: to.parse().unwrap(),
+            },
+            reply: FlowTuple {
+                src: reply_from,
+                dst: client,
+            },
+            id: None,
+            zone: None,
+        }
+    }
+
+    fn frontends(world: &mut World) -> Frontends {
+        Frontends::of(&world.take().state)
+    }
+
+    #[test]
+    fn flows_to_serving_endpoints_stay_terminating_ones_included() {
+        let mut w = World::new(IpFamily::V4);
+        w.service("dns", dns("UDP"))
+            .slice("dns", "UDP", &["10.244.1.10", "10.244.1.11 terminating"]);
+        let f = frontends(&mut w);
+        for to in [
+            "10.96.0.53:53",
+            "192.0.2.9:53",
+            "203.0.113.7:53",
+            "192.168.77.1:30053",
+        ] {
+            for endpoint in ["10.244.1.10:5353", "10.244.1.11:5353"] {
+                let e = entry("192.168.77.2:40000", to, endpoint);
+                assert!(!f.is_stale(&e), "{e} must stay");
+            }
+        }
+    }
+
+    #[test]
+    fn flows_to_endpoints_that_left_or_stopped_serving_are_stale() {
+        let mut w = World::new(IpFamily::V4);
+        w.service("dns", dns("UDP"))
+            .slice("dns", "UDP", &["10.244.1.10", "10.244.1.12 notready"]);
+        let f = frontends(&mut w);
+        for to in [
+            "10.96.0.53:53",
+            "192.0.2.9:53",
+            "203.0.113.7:53",
+            "192.168.77.1:30053",
+        ] {
+            for reply_from in [
+                "10.244.1.12:5353", // not serving
+                "10.244.1.99:5353", // gone
+                "10.244.1.10:6000", // the target port moved
+                to,                 // never DNATed: created before the rules existed
+            ] {
+                let e = entry("192.168.77.2:40000", to, reply_from);
+                assert!(f.is_stale(&e), "{e} must go");
+            }
+        }
+    }
+
+    #[test]
+    fn other_destinations_are_never_touched() {
+        let mut w = World::new(IpFamily::V4);
+        w.service("dns", dns("UDP")).slice("dns", "UDP", &["10.244.1.10"]);
+        w.service(
+            "web",
+            json!({"clusterIP": "10.96.0.80", "ports": [{"name": "dns", "port": 53, "protocol": "TCP"}]}),
+        )
+        .slice("web", "TCP", &["10.244.1.20"]);
+        let f = frontends(&mut w);
+        for (to, reply_from) in [
+            ("10.96.0.53:54", "10.244.1.99:5353"),    // the VIP, another port
+            ("10.96.0.80:53", "10.244.1.99:5353"),    // a TCP service's address
+            ("8.8.8.8:53", "8.8.8.8:53"),             // the outside world
+            ("10.244.1.10:5353", "10.244.1.10:5353"), // a pod, directly
+        ] {
+            let e = entry("10.244.1.30:40000", to, reply_from);
+            assert!(!f.is_stale(&e), "{e} is none of the reconcile's business");
+        }
+    }
+
+    #[test]
+    fn a_port_without_serving_endpoints_keeps_no_flow() {
+        let mut w = World::new(IpFamily::V4);
+        w.service("dns", dns("UDP"))
+            .slice("dns", "UDP", &["10.244.1.10 notready"]);
+        let f = frontends(&mut w);
+        assert!(f.is_stale(&entry("192.168.77.2:40000", "10.96.0.53:53", "10.244.1.10:5353")));
+        assert!(f.is_stale(&entry(
+            "192.168.77.2:40000",
+            "192.168.77.1:30053",
+            "10.244.1.10:5353"
+        )));
+    }
+
+    #[test]
+    fn tcp_only_clusters_have_nothing_to_reconcile() {
+        let mut w = World::new(IpFamily::V4);
+        w.service(
+            "web",
+            json!({"clusterIP": "10.96.0.80", "ports": [{"name": "dns", "port": 80, "protocol": "TCP"}]}),
+        )
+        .slice("web", "TCP", &["10.244.1.20"]);
+        assert!(frontends(&mut w).is_empty());
+    }
+
+    #[test]
+    fn ipv6_flows_are_judged_the_same_way() {
+        let mut w = World::new(IpFamily::V6);
+        w.service("dns", json!({"clusterIP": "fd00:96::53", "ipFamilies": ["IPv6"],
+                                 "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}))
+            .slice("dns", "UDP", &["fd00:244::10", "fd00:244::11 terminating"]);
+        let f = frontends(&mut w);
+        let client = "[fd00:77::2]:40000";
+        assert!(!f.is_stale(&entry(client, "[fd00:96::53]:53", "[fd00:244::10]:5353")));
+        assert!(!f.is_stale(&entry(client, "[fd00:96::53]:53", "[fd00:244::11]:5353")));
+        assert!(f.is_stale(&entry(client, "[fd00:96::53]:53", "[fd00:244::99]:5353")));
+        assert!(!f.is_stale(&entry(client, "[fd00:96::54]:53", "[fd00:244::99]:5353")));
+    }
+
+    #[test]
+    fn a_frontend_claimed_twice_keeps_flows_to_either_ports_endpoints() {
+        let mut w = World::new(IpFamily::V4);
+        for (name, vip, pod) in [
+            ("a", "10.96.0.1", "10.244.1.10"),
+            ("b", "10.96.0.2", "10.244.1.11"),
+        ] {
+            w.service(
+                name,
+                json!({"clusterIP": vip, "externalIPs": ["192.0.2.9"],
+                                   "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
+            )
+            .slice(name, "UDP", &[pod]);
+        }
+        let f = frontends(&mut w);
+        assert!(!f.is_stale(&entry("192.168.77.2:1", "192.0.2.9:53", "10.244.1.10:5353")));
+        assert!(!f.is_stale(&entry("192.168.77.2:1", "192.0.2.9:53", "10.244.1.11:5353")));
+        assert!(f.is_stale(&entry("192.168.77.2:1", "10.96.0.1:53", "10.244.1.11:5353")));
+    }
+
+    #[test]
+    fn stale_keeps_the_order_and_drops_the_rest() {
+        let mut w = World::new(IpFamily::V4);
+        w.service("dns", dns("UDP")).slice("dns", "UDP", &["10.244.1.10"]);
+        let f = frontends(&mut w);
+        let entries = [
+            entry("192.168.77.2:3", "10.96.0.53:53", "10.244.1.99:5353"),
+            entry("192.168.77.2:2", "10.96.0.53:53", "10.244.1.10:5353"),
+            entry("192.168.77.2:1", "192.168.77.1:30053", "192.168.77.1:30053"),
+        ];
+        assert_eq!(f.stale(&entries), [entries[0], entries[2]]);
+    }
+
+    #[test]
+    fn changed_udp_services_give_their_frontends_as_scopes() {
+        let mut w = World::new(IpFamily::V4);
+        w.service("dns", dns("UDP")).slice("dns", "UDP", &["10.244.1.10"]);
+        w.service(
+            "web",
+            json!({"clusterIP": "10.96.0.80", "ports": [{"name": "dns", "port": 80, "protocol": "TCP"}]}),
+        );
+        let pending = w.take();
+        let changed = BTreeSet::from([
+            NamespacedName::new("default", "dns"),
+            NamespacedName::new("default", "web"),
+            NamespacedName::new("default", "deleted-meanwhile"),
+        ]);
+        let scopes: Vec<Scope> = scopes_of(&pending.state, &changed).into_iter().collect();
+        let to = |s: &str| Scope::To(s.parse().unwrap());
+        assert_eq!(
+            scopes,
+            [
+                to("10.96.0.53:53"),
+                to("192.0.2.9:53"),
+                to("203.0.113.7:53"),
+                Scope::ToPort(30053)
+            ]
+        );
+    }
+}

@@ -506,3 +506,77 @@ fn value_of(nla: &DefaultNla) -> Vec<u8> {
     nla.emit_value(&mut value);
     value
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The attributes after the netlink and nfnetlink headers, as (type with flags, value).
+    fn attributes(message: &[u8]) -> Vec<(u16, Vec<u8>)> {
+        let mut rest = &message[HEADER_LEN + 4..];
+        let mut found = Vec::new();
+        while rest.len() >= 4 {
+            let length = usize::from(u16::from_ne_bytes([rest[0], rest[1]]));
+            found.push((u16::from_ne_bytes([rest[2], rest[3]]), rest[4..length].to_vec()));
+            rest = &rest[length.next_multiple_of(4).min(rest.len())..];
+        }
+        found
+    }
+
+    #[test]
+    fn dump_requests_carry_a_nested_filter_the_kernel_accepts() {
+        let request = dump_request(IpFamily::V4, Scope::ToPort(30053), 7);
+        let attributes = attributes(&request);
+        let kinds: Vec<u16> = attributes.iter().map(|(kind, _)| *kind).collect();
+        // The kernel refuses CTA_FILTER without NLA_F_NESTED (EINVAL).
+        assert_eq!(kinds, [1 | NLA_F_NESTED, CTA_FILTER | NLA_F_NESTED]);
+        let flags = FILTER_ON_PROTO_NUM | FILTER_ON_PROTO_DST_PORT;
+        let mut filter = vec![8, 0, 1, 0];
+        filter.extend(flags.to_ne_bytes());
+        assert_eq!(attributes[1].1, filter);
+    }
+
+    #[test]
+    fn malformed_answers_are_errors_not_panics() {
+        for datagram in [
+            vec![1, 2, 3],
+            vec![200, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            vec![4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        ] {
+            assert!(matches!(
+                split(&datagram, LISTING),
+                Err(TableError::Malformed { .. })
+            ));
+        }
+        // A well-framed message the parser refuses is skipped, not fatal.
+        let mut garbage = vec![0u8; 24];
+        garbage[..4].copy_from_slice(&24u32.to_ne_bytes());
+        garbage[4..6].copy_from_slice(&0x0100u16.to_ne_bytes());
+        garbage[16..24].copy_from_slice(&[2, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
+        let messages = split(&garbage, LISTING).unwrap();
+        assert_eq!(messages.len(), 1);
+        assert!(messages[0].parse().is_err());
+    }
+
+    #[test]
+    fn delete_requests_name_the_exact_entry() {
+        let client: SocketAddr = "192.168.77.2:40000".parse().unwrap();
+        let entry = UdpEntry {
+            original: FlowTuple {
+                src: client,
+                dst: "10.96.0.53:53".parse().unwrap(),
+            },
+            reply: FlowTuple {
+                src: "10.244.1.10:5353".parse().unwrap(),
+                dst: client,
+            },
+            id: Some(0x0102_0304),
+            zone: Some(7),
+        };
+        let attributes = attributes(&delete_request(&entry, 1));
+        let kinds: Vec<u16> = attributes.iter().map(|(kind, _)| *kind & NLA_TYPE_MASK).collect();
+        assert_eq!(kinds, [1, CTA_ID, CTA_ZONE]);
+        assert_eq!(attributes[1].1, [1, 2, 3, 4]);
+        assert_eq!(attributes[2].1, [0, 7]);
+    }
+}

@@ -243,3 +243,214 @@ fn log(family: &str, done: &Reconciled) {
         "reconciled UDP conntrack entries"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kpr_state::PendingSync;
+    use kpr_tracking::{EndpointsTracker, ServiceTracker};
+    use serde_json::json;
+
+    use super::*;
+    use crate::entry::FlowTuple;
+    use crate::table::{Deletion, Listing};
+
+    /// A conntrack table in memory that records what it was asked.
+    #[derive(Clone, Default)]
+    struct Fake {
+        entries: Arc<Mutex<Vec<UdpEntry>>>,
+        scopes: Arc<Mutex<Vec<Scope>>>,
+        fail_listing: Arc<Mutex<bool>>,
+    }
+
+    impl ConntrackTable for Fake {
+        fn udp_entries(&mut self, _family: IpFamily, scope: Scope) -> Result<Listing, TableError> {
+            self.scopes.lock().unwrap().push(scope);
+            if *self.fail_listing.lock().unwrap() {
+                return Err(TableError::Kernel {
+                    during: "listing",
+                    errno: 1,
+                });
+            }
+            let entries = self.entries.lock().unwrap();
+            Ok(Listing {
+                entries: entries.iter().filter(|e| scope.contains(e)).copied().collect(),
+                ..Listing::default()
+            })
+        }
+
+        fn delete(&mut self, stale: &[UdpEntry]) -> Deletion {
+            let mut entries = self.entries.lock().unwrap();
+            let before = entries.len();
+            entries.retain(|e| !stale.contains(e));
+            Deletion {
+                deleted: before - entries.len(),
+                ..Deletion::default()
+            }
+        }
+    }
+
+    impl Fake {
+        fn took_scopes(&self) -> Vec<Scope> {
+            std::mem::take(&mut *self.scopes.lock().unwrap())
+        }
+    }
+
+    struct World {
+        services: ServiceTracker,
+        endpoints: EndpointsTracker,
+    }
+
+    impl World {
+        fn new() -> Self {
+            Self {
+                services: ServiceTracker::new(IpFamily::V4),
+                endpoints: EndpointsTracker::new(IpFamily::V4, "node-a"),
+            }
+        }
+
+        /// UDP (or TCP) service `name` on `vip`:53, target port 5353, with `pods`.
+        fn service(&mut self, name: &str, vip: &str, protocol: &str, pods: &[&str]) {
+            let service: Service = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"clusterIP": vip, "ports": [{"name": "dns", "port": 53, "protocol": protocol, "targetPort": 5353}]}}))
+            .unwrap();
+            self.services
+                .update(NamespacedName::new("default", name), Some(&service))
+                .unwrap();
+            let endpoints: Vec<_> = pods.iter().map(|ip| json!({"addresses": [ip]})).collect();
+            let slice: EndpointSlice = serde_json::from_value(json!({
+                "metadata": {"name": format!("{name}-1"), "namespace": "default",
+                             "labels": {"kubernetes.io/service-name": name}},
+                "addressType": "IPv4", "ports": [{"name": "dns", "port": 5353, "protocol": protocol}],
+                "endpoints": endpoints}))
+            .unwrap();
+            self.endpoints
+                .update(NamespacedName::new("default", &format!("{name}-1")), Some(&slice))
+                .unwrap();
+        }
+
+        fn take(&mut self) -> PendingSync {
+            PendingSync::new(self.services.take(), self.endpoints.take(), Arc::default())
+        }
+    }
+
+    fn flow(source_port: u16, to: &str, reply_from: &str) -> UdpEntry {
+        let client = SocketAddr::from(([192, 168, 77, 2], source_port));
+        UdpEntry {
+            original: FlowTuple {
+                src: client,
+                dst: to.parse().unwrap(),
+            },
+            reply: FlowTuple {
+                src: reply_from.parse().unwrap(),
+                dst: client,
+            },
+            id: Some(u32::from(source_port)),
+            zone: None,
+        }
+    }
+
+    fn reconciler(fake: &Fake) -> Reconciler {
+        Reconciler::new(IpFamily::V4, Box::new(fake.clone()))
+    }
+
+    #[test]
+    fn the_first_sync_reconciles_the_whole_table_then_only_changed_udp_services() {
+        let fake = Fake::default();
+        *fake.entries.lock().unwrap() = vec![
+            flow(1, "10.96.0.1:53", "10.244.1.10:5353"),
+            flow(2, "10.96.0.1:53", "10.244.1.66:5353"), // to a pod that left while we were down
+            flow(3, "10.96.0.2:53", "10.244.1.20:5353"),
+        ];
+        let mut r = reconciler(&fake);
+        let mut w = World::new();
+        w.service("a", "10.96.0.1", "UDP", &["10.244.1.10"]);
+        w.service("b", "10.96.0.2", "UDP", &["10.244.1.20"]);
+        let first = w.take();
+        let report = r.after_sync(&first.request(false)).unwrap();
+        assert_eq!(fake.took_scopes(), [Scope::All]);
+        assert_eq!(report.deleted, 1);
+        assert_eq!(fake.entries.lock().unwrap().len(), 2);
+
+        // Service b's endpoint moves: only b's frontend is looked at.
+        w.service("b", "10.96.0.2", "UDP", &["10.244.1.21"]);
+        let second = w.take();
+        let report = r.after_sync(&second.request(false)).unwrap();
+        assert_eq!(fake.took_scopes(), [Scope::To("10.96.0.2:53".parse().unwrap())]);
+        assert_eq!(report.deleted, 1);
+        assert_eq!(
+            *fake.entries.lock().unwrap(),
+            [flow(1, "10.96.0.1:53", "10.244.1.10:5353")]
+        );
+
+        // A TCP-only change, or none: nothing to look at, nothing to report.
+        w.service("web", "10.96.0.80", "TCP", &["10.244.1.30"]);
+        assert_eq!(r.after_sync(&w.take().request(false)), None);
+        assert_eq!(r.after_sync(&w.take().request(false)), None);
+        assert!(fake.took_scopes().is_empty());
+    }
+
+    #[test]
+    fn a_failed_sync_makes_the_next_reconcile_whole() {
+        let fake = Fake::default();
+        let mut r = reconciler(&fake);
+        let mut w = World::new();
+        w.service("a", "10.96.0.1", "UDP", &["10.244.1.10"]);
+        r.after_sync(&w.take().request(false));
+        fake.took_scopes();
+        r.sync_failed();
+        assert!(r.after_sync(&w.take().request(false)).is_some());
+        assert_eq!(fake.took_scopes(), [Scope::All]);
+    }
+
+    #[test]
+    fn a_failed_listing_is_retried_in_full_and_never_fails_the_sync() {
+        let fake = Fake::default();
+        let mut r = reconciler(&fake);
+        let mut w = World::new();
+        w.service("a", "10.96.0.1", "UDP", &["10.244.1.10"]);
+        *fake.fail_listing.lock().unwrap() = true;
+        assert_eq!(r.after_sync(&w.take().request(false)), None);
+        *fake.fail_listing.lock().unwrap() = false;
+        fake.took_scopes();
+        assert!(r.after_sync(&w.take().request(false)).is_some());
+        assert_eq!(fake.took_scopes(), [Scope::All]);
+    }
+
+    #[test]
+    fn the_whole_table_is_reconciled_every_period() {
+        let fake = Fake::default();
+        let mut r = reconciler(&fake).with_full_period(Duration::ZERO);
+        let mut w = World::new();
+        w.service("a", "10.96.0.1", "UDP", &["10.244.1.10"]);
+        r.after_sync(&w.take().request(false));
+        fake.took_scopes();
+        // No change at all, yet the period is over.
+        assert!(r.after_sync(&w.take().request(false)).is_some());
+        assert_eq!(fake.took_scopes(), [Scope::All]);
+    }
+
+    #[test]
+    fn many_changed_frontends_take_one_whole_table_dump() {
+        let fake = Fake::default();
+        let mut r = reconciler(&fake);
+        let mut w = World::new();
+        r.after_sync(&w.take().request(false));
+        fake.took_scopes();
+        for i in 0..=MAX_TARGETED_DUMPS {
+            w.service(
+                &format!("s{i}"),
+                &format!("10.96.0.{}", i + 1),
+                "UDP",
+                &["10.244.1.10"],
+            );
+        }
+        r.after_sync(&w.take().request(false));
+        assert_eq!(fake.took_scopes(), [Scope::All]);
+    }
+}

@@ -135,13 +135,12 @@ impl Route {
     }
 }
 
-/// A lab (node, `pods` pods, a client) whose node routes every Service address of these
-/// tests to itself and DNATs by `routes`.
+/// A lab (node, `pods` pods, a client) whose node DNATs by `routes` (the client reaches
+/// every address through the node, its default gateway).
 pub fn lab(pods: usize, routes: &[Route]) -> Lab {
     let lab = Lab::new(pods).expect("building the namespace lab (needs root, iproute2, br_netfilter)");
     let node = lab.node();
-    // The client reaches the VIPs through the node (its default route); the node itself
-    // needs them local only for traffic nobody DNATs.
+    // Long enough that no entry times out during a test.
     node.set_sysctl("net.netfilter.nf_conntrack_udp_timeout", "600")
         .expect("the node namespace has conntrack sysctls (nf_conntrack loaded)");
     let mut payload = String::from("*nat\n:KPR-CT-TEST - [0:0]\n-A PREROUTING -j KPR-CT-TEST\n");

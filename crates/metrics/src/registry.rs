@@ -280,7 +280,7 @@ mod tests {
             "# TYPE kubeproxy_conntrack_reconciler_sync_duration_seconds histogram",
             "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{le=\"0.004\",ip_family=\"IPv4\"} 1",
             "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{le=\"16.384\",ip_family=\"IPv4\"} 1",
-            "# TYPE kubeproxy_conntrack_reconciler_deleted_entries_total counter",
+            "# TYPE kubeproxy_conntrack_reconciler_deleted_entries counter",
             "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 18",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");

@@ -7,7 +7,7 @@
 //! Service's rules existed leave entries without DNAT that shadow its endpoints. Such
 //! entries never time out while traffic refreshes them.
 //!
-//! - [`decision`](Frontends): which entries are stale, from the desired state alone
+//! - [`Frontends`]: which entries are stale, from the desired state alone
 //!   (pure): an entry to a UDP service frontend whose reply does not come from one of
 //!   that port's *serving* endpoints (terminating ones included). Nothing else is touched.
 //! - [`Reconciler`]: when to look and how much (the whole table, or only the frontends

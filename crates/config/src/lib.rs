@@ -28,9 +28,7 @@ pub use file::{
     DecodedFile, Strictness, decode_config, from_json_value, read_config_file, to_yaml, write_config_file,
 };
 pub use flags::{Flags, parse_feature_gates, parse_go_bool, parse_port_range};
-pub use load::{
-    DEFAULT_MANIFESTS_MAX_FILE_BYTES, DEFAULT_SERVICE_NODE_PORT_RANGE, Settings, load, settings_from_flags,
-};
+pub use load::{Settings, load, settings_from_flags};
 pub use mode::{LocalMode, ModeError, ProxyMode};
 pub use types::{
     API_VERSION, ClientConnectionConfiguration, DetectLocalConfiguration, GROUP_NAME, KIND,

@@ -21,11 +21,6 @@ use crate::mode::{LocalMode, ProxyMode};
 use crate::types::KubeProxyConfiguration;
 use crate::validate::validate;
 
-/// The API server's default `--service-node-port-range`.
-pub const DEFAULT_SERVICE_NODE_PORT_RANGE: RangeInclusive<u16> = 30000..=32767;
-/// Default `--manifests-max-file-bytes`: 128 MiB, far above any real cluster's Services.
-pub const DEFAULT_MANIFESTS_MAX_FILE_BYTES: u64 = 128 * 1024 * 1024;
-
 /// Everything the binary needs to run, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
@@ -42,11 +37,12 @@ pub struct Settings {
     /// `--manifests` paths (files or directories), in command-line order.
     pub manifests: Vec<PathBuf>,
     /// `--service-node-port-range`: the nodePorts the manifest source accepts, as the API
-    /// server's flag of that name. Not part of `KubeProxyConfiguration`, like `--manifests`.
-    pub service_node_port_range: RangeInclusive<u16>,
+    /// server's flag of that name; `None` leaves the source's default (30000-32767). Not part
+    /// of `KubeProxyConfiguration`, like `--manifests`.
+    pub service_node_port_range: Option<RangeInclusive<u16>>,
     /// `--manifests-max-file-bytes`: larger manifest files are rejected, their last good
-    /// contents kept.
-    pub manifests_max_file_bytes: u64,
+    /// contents kept; `None` leaves the source's default (128 MiB).
+    pub manifests_max_file_bytes: Option<u64>,
     /// `--master`: overrides the API server address from the kubeconfig.
     pub master: Option<String>,
     /// The `-v` level (from the flag, else the file's `logging.verbosity`).
@@ -97,12 +93,8 @@ pub fn settings_from_flags(flags: Flags) -> Result<Settings, ConfigError> {
         init_only: flags.init_only.unwrap_or(false),
         dry_run: flags.dry_run.unwrap_or(false),
         manifests: flags.manifests,
-        service_node_port_range: flags
-            .service_node_port_range
-            .unwrap_or(DEFAULT_SERVICE_NODE_PORT_RANGE),
-        manifests_max_file_bytes: flags
-            .manifests_max_file_bytes
-            .unwrap_or(DEFAULT_MANIFESTS_MAX_FILE_BYTES),
+        service_node_port_range: flags.service_node_port_range,
+        manifests_max_file_bytes: flags.manifests_max_file_bytes,
         master: flags.master.filter(|m| !m.is_empty()),
         warnings,
     })

@@ -366,17 +366,18 @@ fn written_defaults_read_back_identically() {
 }
 
 #[test]
-fn manifest_source_limits_default_and_follow_their_flags() {
+fn manifest_source_limits_follow_their_flags() {
+    // Unset: the manifest source applies its own defaults.
     let settings = run(&[]).unwrap();
-    assert_eq!(settings.service_node_port_range, 30000..=32767);
-    assert_eq!(settings.manifests_max_file_bytes, 128 * 1024 * 1024);
+    assert_eq!(settings.service_node_port_range, None);
+    assert_eq!(settings.manifests_max_file_bytes, None);
     let settings = run(&[
         "--service-node-port-range=20000-20999",
         "--manifests-max-file-bytes=4096",
     ])
     .unwrap();
-    assert_eq!(settings.service_node_port_range, 20000..=20999);
-    assert_eq!(settings.manifests_max_file_bytes, 4096);
+    assert_eq!(settings.service_node_port_range, Some(20000..=20999));
+    assert_eq!(settings.manifests_max_file_bytes, Some(4096));
     // kube-proxy-rs-only settings: the upstream configuration file stays upstream's.
     assert_eq!(settings.config, KubeProxyConfiguration::default());
 }

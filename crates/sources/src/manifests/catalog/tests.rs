@@ -8,7 +8,7 @@ use crate::Event;
 
 fn service(name: &str, cluster_ip: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{clusterIP: {cluster_ip}}}\n---\n"
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{clusterIP: {cluster_ip}, ports: [{{port: 80}}]}}\n---\n"
     )
 }
 

@@ -31,7 +31,7 @@ use kpr_model::{ObjectKind, RejectReason, Rejection};
 use tracing::{debug, info, warn};
 
 use super::claims::{self, Contender, Outcome, Rank};
-use super::object::{ManifestObject, ObjectKey, printable};
+use super::object::{ManifestObject, ObjectKey, shown_path};
 use super::parse::{FileObjects, ParsedFile, parse_manifest};
 use super::validate::{ValidationRules, validate_file};
 use crate::Event;
@@ -164,7 +164,7 @@ impl ManifestCatalog {
         self.files.retain(|path, _| {
             let keep = still_listed(path);
             if !keep {
-                info!(file = %path.display(), "manifest file removed; deleting its objects");
+                info!(file = %shown_path(path), "manifest file removed; deleting its objects");
             }
             keep
         });
@@ -184,7 +184,7 @@ impl ManifestCatalog {
         let bytes = match read {
             FileRead::Bytes(bytes) => bytes,
             FileRead::Unreadable(reason) => {
-                warn!(file = %path.display(), reason, "cannot read manifest file; keeping what it defined");
+                warn!(file = %shown_path(&path), reason, "cannot read manifest file; keeping what it defined");
                 return false;
             }
             FileRead::TooLarge { size, limit } => {
@@ -231,7 +231,7 @@ impl ManifestCatalog {
     /// once for each size it is seen at.
     fn oversized(&mut self, path: PathBuf, size: u64, limit: u64, events: &mut Vec<Event>) {
         self.emptied_at.remove(&path);
-        let file = printable(&path.display().to_string()).into_owned();
+        let file = shown_path(&path);
         let entry = self.files.entry(path).or_default();
         if entry.oversized == Some(size) {
             return;
@@ -258,7 +258,7 @@ impl ManifestCatalog {
         }
         let since = *self.emptied_at.entry(path.to_path_buf()).or_insert(taken_at);
         if taken_at < since + EMPTY_FILE_GRACE {
-            debug!(file = %path.display(), "manifest file is empty; waiting in case it is being written");
+            debug!(file = %shown_path(path), "manifest file is empty; waiting in case it is being written");
             return true;
         }
         self.emptied_at.remove(path);
@@ -314,8 +314,8 @@ fn merge(files: &BTreeMap<PathBuf, FileEntry>) -> BTreeMap<ObjectKey, Merged<'_>
             if let Some(earlier) = merged.insert(key.clone(), this) {
                 warn!(
                     object = %key,
-                    ignored = %earlier.path.display(),
-                    used = %path.display(),
+                    ignored = %shown_path(earlier.path),
+                    used = %shown_path(path),
                     "object defined in two manifest files; the path that sorts last wins"
                 );
             }

@@ -81,6 +81,12 @@ pub(crate) fn printable(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// A path as log lines and rejections show it: a file name inside a watched directory is
+/// as untrusted as the file's contents.
+pub(crate) fn shown_path(path: &std::path::Path) -> String {
+    printable(&path.display().to_string()).into_owned()
+}
+
 /// One decoded object, as read from a manifest.
 #[derive(Clone, Debug)]
 pub enum ManifestObject {

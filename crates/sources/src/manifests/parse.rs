@@ -20,7 +20,7 @@ use serde::de::{DeserializeOwned, DeserializeSeed};
 use serde_json::{Map, Value};
 use tracing::{debug, warn};
 
-use super::object::{ManifestObject, ObjectKey, printable};
+use super::object::{ManifestObject, ObjectKey, shown_path};
 
 mod bounded;
 
@@ -83,7 +83,7 @@ fn read_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, Rejection> {
     if let Err(error) = std::str::from_utf8(bytes) {
         return Err(Rejection::new(
             ObjectKind::Manifest,
-            printable(&path.display().to_string()),
+            shown_path(path),
             "file",
             RejectReason::Malformed,
             format!(
@@ -144,7 +144,7 @@ fn malformed_file(
     };
     Rejection::new(
         ObjectKind::Manifest,
-        printable(&path.display().to_string()),
+        shown_path(path),
         field,
         RejectReason::Malformed,
         format!("not valid YAML/JSON, keeping what this file defined before: {error}"),
@@ -229,14 +229,14 @@ impl FileDecoder<'_> {
             return;
         }
         let Some((object_kind, supported_version)) = supported_kind(&kind) else {
-            debug!(file = %self.path.display(), document = label, kind, "ignoring a kind the proxy does not use");
+            debug!(file = %shown_path(self.path), document = label, kind, "ignoring a kind the proxy does not use");
             return;
         };
         let Some(key) = self.identity(label, object_kind, map) else {
             return;
         };
         if object_kind == ObjectKind::Node && self.node_name != Some(&*key.id.name) {
-            debug!(file = %self.path.display(), node = %key.id.name, "ignoring a Node that is not this node");
+            debug!(file = %shown_path(self.path), node = %key, "ignoring a Node that is not this node");
             return;
         }
         if api_version != supported_version {
@@ -301,7 +301,7 @@ impl FileDecoder<'_> {
 
     fn insert(&mut self, label: &str, key: ObjectKey, object: ManifestObject) {
         if self.out.objects.insert(key.clone(), object).is_some() {
-            warn!(file = %self.path.display(), document = label, object = %key, "object defined twice in one file; the later document wins");
+            warn!(file = %shown_path(self.path), document = label, object = %key, "object defined twice in one file; the later document wins");
         }
         let placement = Placement {
             ordinal: self.next_ordinal,
@@ -320,13 +320,7 @@ impl FileDecoder<'_> {
         } else {
             format!("{label}: {field}")
         };
-        let rejection = Rejection::new(
-            ObjectKind::Manifest,
-            printable(&self.path.display().to_string()),
-            field,
-            reason,
-            detail,
-        );
+        let rejection = Rejection::new(ObjectKind::Manifest, shown_path(self.path), field, reason, detail);
         self.out.rejections.push(rejection);
     }
 
@@ -339,10 +333,7 @@ impl FileDecoder<'_> {
         reason: RejectReason,
         detail: String,
     ) {
-        let detail = format!(
-            "{detail} (in {}, {label})",
-            printable(&self.path.display().to_string())
-        );
+        let detail = format!("{detail} (in {}, {label})", shown_path(self.path));
         let rejection = Rejection::new(key.kind, key.display_name(), field, reason, detail);
         self.out.rejections.push(rejection);
         self.out.failed.insert(key);

@@ -23,7 +23,7 @@ use std::path::Path;
 
 use kpr_model::{IpFamily, RejectReason, Rejection, node_view, service_view, slice_view, syntax};
 
-use super::object::{ManifestObject, ObjectKey, printable};
+use super::object::{ManifestObject, ObjectKey, printable, shown_path};
 use super::parse::FileObjects;
 
 mod service;
@@ -90,7 +90,7 @@ pub fn validate_file(path: &Path, file: &mut FileObjects, rules: &ValidationRule
     for (key, mut rejection) in invalid {
         file.objects.remove(&key);
         let placement = file.placements.remove(&key);
-        let file_name = printable(&path.display().to_string()).into_owned();
+        let file_name = shown_path(path);
         rejection.detail = match placement {
             Some(placement) => format!("{} (in {file_name}, {})", rejection.detail, placement.label),
             None => format!("{} (in {file_name})", rejection.detail),

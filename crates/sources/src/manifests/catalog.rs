@@ -353,36 +353,23 @@ fn settle_claims(
         })
         .collect();
     let outcomes = claims::settle(&contenders);
-    let mut conflicts = BTreeMap::new();
-    let mut fallbacks = Vec::new();
-    for (contender, outcome) in contenders.iter().zip(outcomes) {
-        let key = contender.key.clone();
-        match outcome {
-            Outcome::Candidate => {}
-            Outcome::Published(rejection) => {
-                fallbacks.push((key.clone(), true));
-                conflicts.insert(key, rejection);
-            }
-            Outcome::Absent(rejection) => {
-                fallbacks.push((key.clone(), false));
-                conflicts.insert(key, rejection);
-            }
-        }
-    }
+    let decided: Vec<(ObjectKey, Outcome)> = contenders.iter().map(|c| c.key.clone()).zip(outcomes).collect();
     let mut result: BTreeMap<ObjectKey, ManifestObject> = merged
         .into_iter()
         .map(|(key, merged)| (key, merged.placed.object.clone()))
         .collect();
-    for (key, keep_published) in fallbacks {
-        match published_service(&key).filter(|_| keep_published) {
-            Some(service) => {
-                warn!(object = %key, "keeping the last good version of a Service whose new version conflicts");
-                result.insert(key, ManifestObject::Service(Arc::clone(service)));
-            }
-            None => {
-                result.remove(&key);
-            }
-        }
+    let mut conflicts = BTreeMap::new();
+    for (key, outcome) in decided {
+        let (rejection, kept) = match outcome {
+            Outcome::Candidate => continue,
+            Outcome::Published(rejection) => (rejection, published_service(&key)),
+            Outcome::Absent(rejection) => (rejection, None),
+        };
+        match kept {
+            Some(service) => result.insert(key.clone(), ManifestObject::Service(Arc::clone(service))),
+            None => result.remove(&key),
+        };
+        conflicts.insert(key, rejection);
     }
     (result, conflicts)
 }

@@ -198,7 +198,9 @@ fn round(
 fn versions(contender: &Contender<'_>) -> Versions {
     let published = contender
         .published
-        .filter(|published| *published != contender.candidate)
+        .filter(|published| {
+            !std::ptr::eq(*published, contender.candidate) && *published != contender.candidate
+        })
         .map(claims);
     Versions {
         candidate: claims(contender.candidate),

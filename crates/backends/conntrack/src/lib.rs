@@ -18,7 +18,7 @@
 //! Cost, measured with `examples/reconcile_cost.rs` (real flows DNATed in a namespace
 //! lab, 2 cores shared with other builds, kernel hash table of 262,144 buckets): listing
 //! 10,000 UDP entries takes ~12 ms user + ~25 ms kernel CPU; 100,000 take ~90-160 ms user
-//! + ~150-250 ms kernel (0.4-1 s wall on the loaded machine). A kernel-filtered dump that
+//! plus ~150-250 ms kernel (0.4-1 s wall on the loaded machine). A kernel-filtered dump that
 //! matches nothing costs ~10 ms (10,000 entries) to ~37 ms (100,000) of kernel CPU: the
 //! kernel still walks its whole table. Upstream's whole-table reconcile after every sync
 //! would take a third of a core on a busy node with 100,000 UDP entries; hence the two

@@ -80,7 +80,7 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     let health = Arc::new(ProxyHealth::new(sync_period * 2));
     if settings.dry_run {
         let state = kpr_sync::initial_state(&proxy_settings, events, metrics, health).await;
-        print!("{}", kpr_iptables::render_dry_run(&state, &options));
+        print!("{}", iptables_mode::dry_run(&state, &options)?);
         return Ok(());
     }
 

@@ -58,7 +58,7 @@ impl ServicePort {
 
     /// Whether some traffic to this port is spread over endpoints on every node.
     pub fn uses_cluster_endpoints(&self) -> bool {
-        !self.internal_policy_local || (self.externally_accessible() && !self.external_policy_local)
+        !self.internal_policy_local || self.externally_accessible()
     }
 
     /// Whether some traffic to this port goes only to endpoints on this node.

@@ -23,7 +23,6 @@ use serde_json::{Value, json};
 fn cluster_cidr_options() -> IptablesOptions {
     IptablesOptions {
         local_detector: LocalDetector::ClusterCidr(vec!["10.244.0.0/16".parse().unwrap()]),
-        node_ips: vec![common::NODE_IP.parse().unwrap()],
         ..IptablesOptions::default()
     }
 }
@@ -41,7 +40,7 @@ fn http_slice_port() -> Value {
 }
 
 fn render(world: &mut World, opts: &IptablesOptions) -> String {
-    render_dry_run(&world.state(), opts)
+    render_dry_run(&world.state(), opts, &[])
 }
 
 #[test]

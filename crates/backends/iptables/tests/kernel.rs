@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 
 use common::{Pending, World, ep};
 use kpr_iptables::{
-    ExecError, Iptables, IptablesBackend, IptablesCli, IptablesOptions, SavedTable, Table, Variant, build,
-    cleanup,
+    ExecError, Iptables, IptablesBackend, IptablesCli, IptablesOptions, IptablesVersion, SavedTable, Table,
+    Variant, build, cleanup,
 };
 use kpr_model::IpFamily;
 use kpr_netns::Netns;
@@ -55,6 +55,12 @@ struct Recording {
 }
 
 impl Iptables for Recording {
+    fn version(&self) -> Result<IptablesVersion, ExecError> {
+        self.cli.version()
+    }
+    fn create_chain(&self, table: Table, chain: &str) -> Result<(), ExecError> {
+        self.cli.create_chain(table, chain)
+    }
     fn restore(&self, payload: &[u8]) -> Result<(), ExecError> {
         self.restores
             .lock()
@@ -261,11 +267,11 @@ fn web(world: &mut World, name: &str, cluster_ip: &str, pods: &[&str]) {
 
 /// The per-service chains a full render of `pending` wants in nat.
 fn wanted_service_chains(node: &Node, pending: &Pending) -> BTreeSet<String> {
-    build(&pending.state, &node.opts)
+    build(&pending.state, &node.opts, &[])
         .nat
         .chains()
         .iter()
-        .map(|c| c.name.clone())
+        .map(|c| c.name.to_string())
         .filter(|c| kpr_naming::is_service_chain(c))
         .collect()
 }

@@ -500,3 +500,6 @@ fn unsafe_object(refused: &RefusedPort) -> UnsafeObject {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests;

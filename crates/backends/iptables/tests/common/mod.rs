@@ -141,6 +141,8 @@ pub fn check_golden(name: &str, actual: &str) {
     if std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1") {
         std::fs::create_dir_all(golden_dir()).unwrap();
         std::fs::write(&path, actual).unwrap();
+        // Not a pass: nothing was compared. Say so, so a stray UPDATE_GOLDEN is noticed.
+        eprintln!("UPDATED (not compared): {}", path.display());
         return;
     }
     let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {

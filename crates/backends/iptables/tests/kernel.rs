@@ -18,7 +18,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use common::{Pending, World, ep};
+use common::{Pending, SKIP_VARIANTS_ENV, World, ep, skip_requested, variant_name};
 use kpr_iptables::{
     ExecError, Iptables, IptablesBackend, IptablesCli, IptablesOptions, IptablesVersion, SavedTable, Table,
     Variant, build, cleanup,
@@ -87,23 +87,6 @@ impl Iptables for Recording {
     }
 }
 
-/// Names the iptables variants this machine may skip (comma-separated: `legacy`, `nft`).
-const SKIP_VARIANTS_ENV: &str = "KPR_SKIP_IPTABLES_VARIANTS";
-
-fn variant_name(variant: Variant) -> &'static str {
-    match variant {
-        Variant::Legacy => "legacy",
-        Variant::Nft => "nft",
-        other => panic!("tests pick a variant explicitly, not {other:?}"),
-    }
-}
-
-/// Whether `KPR_SKIP_IPTABLES_VARIANTS` names `variant`.
-fn skip_requested(variant: Variant) -> bool {
-    let listed = std::env::var(SKIP_VARIANTS_ENV).unwrap_or_default();
-    listed.split(',').any(|name| name.trim() == variant_name(variant))
-}
-
 /// One namespace programmed with one iptables variant, plus the user's foreign rules.
 struct Node {
     netns: Netns,
@@ -117,10 +100,6 @@ impl Node {
     /// `KPR_SKIP_IPTABLES_VARIANTS`. A variant that does not work fails the test.
     fn new(variant: Variant) -> Option<Self> {
         if skip_requested(variant) {
-            eprintln!(
-                "SKIPPED: iptables variant {} ({SKIP_VARIANTS_ENV} names it)",
-                variant_name(variant)
-            );
             return None;
         }
         let node = Self {

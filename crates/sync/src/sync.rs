@@ -47,7 +47,8 @@ pub(crate) fn sync_once(shared: &Shared, backend: &mut dyn Backend) -> Result<()
             if backend.mode() == "iptables" {
                 record_iptables_failure(shared, &error);
             }
-            tracing::warn!(attempted = ?error.attempted, step = ?error.step, "sync failed: {error}");
+            // The runner logs the failure itself; this adds what the metrics were told.
+            tracing::debug!(attempted = ?error.attempted, step = ?error.step, "sync failed: {error}");
             shared
                 .health
                 .set_problem(Some(format!("last sync failed: {error}")));

@@ -490,10 +490,11 @@ fn unsafe_object(refused: &RefusedPort) -> UnsafeObject {
     let port = &refused.port;
     UnsafeObject {
         kind: ObjectKind::Service,
-        object: port.service.to_string(),
+        // Escaped: the name is the unsafe text, and logs are text too.
+        object: port.service.to_string().escape_debug().to_string(),
         field: refused.field.to_string(),
         detail: format!(
-            "port {:?} ({}) left out of the rules: its name {}",
+            "port {:?} ({}): the text {}",
             port.to_string(),
             port.protocol,
             refused.error

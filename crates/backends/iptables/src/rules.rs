@@ -173,6 +173,11 @@ impl PortCtx<'_> {
             .arg(port)
     }
 
+    /// `<ns/name:port>`.
+    fn svc_comment(&self) -> Comment {
+        Comment::build().text(&self.svc).finish()
+    }
+
     /// `<ns/name:port><suffix>`.
     fn comment(&self, suffix: &'static str) -> Comment {
         Comment::build().text(&self.svc).literal(suffix).finish()
@@ -525,7 +530,7 @@ impl Builder<'_> {
         };
         if ctx.plan.has_endpoints() {
             // NodePorts are not subject to loadBalancerSourceRanges, as upstream.
-            let rule = proto_port(Rule::builder().comment(&ctx.comment("")));
+            let rule = proto_port(Rule::builder().comment(&ctx.svc_comment()));
             self.rs
                 .nat
                 .append(&self.fixed.nodeports, rule.jump(&ctx.chains.external));
@@ -743,7 +748,7 @@ impl Builder<'_> {
     /// KUBE-SEP-: hairpin SNAT (a pod reaching itself through the service), then DNAT.
     fn endpoint_chain(&mut self, ctx: &PortCtx<'_>, ep: &Endpoint) {
         let sep = self.names.endpoint(&ctx.plan.port.name, ep.addr);
-        let svc_comment = (!self.rs.large_cluster).then(|| ctx.comment(""));
+        let svc_comment = (!self.rs.large_cluster).then(|| ctx.svc_comment());
         let base = || match &svc_comment {
             Some(comment) => Rule::builder().comment(comment),
             None => Rule::builder(),

@@ -2,8 +2,9 @@
 //!
 //! The tracker caches every converted slice. An update only marks the owning Service dirty;
 //! at `take()` each dirty Service's slices are merged again (duplicates across slices
-//! removed, the local copy preferred as upstream does) and compared with what the proxier
-//! last saw, so a slice update that changes nothing the rules depend on costs no sync work.
+//! removed as upstream's EndpointSliceCache does: a copy that is not terminating wins) and
+//! compared with what the proxier last saw, so a slice update that changes nothing the rules
+//! depend on costs no sync work.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -172,14 +173,7 @@ impl EndpointsTracker {
                 let set = by_port.entry((port.name.clone(), port.protocol)).or_default();
                 for address in &slice.addresses {
                     let endpoint = Endpoint::new(address, port.port, &self.node_name);
-                    // The same address in two slices (e.g. mid-migration): keep one, and
-                    // prefer the copy that says it is local, as upstream does.
-                    match set.get(&endpoint.addr) {
-                        Some(existing) if existing.is_local || !endpoint.is_local => {}
-                        _ => {
-                            set.insert(endpoint.addr, endpoint);
-                        }
-                    }
+                    keep_preferred_copy(set, endpoint);
                 }
             }
         }
@@ -193,6 +187,20 @@ impl EndpointsTracker {
             })
             .collect();
         (!merged.is_empty()).then(|| Arc::new(merged))
+    }
+}
+
+/// Adds `endpoint` unless `set` already holds a better copy of the same `ip:port`.
+///
+/// The same address can appear twice in one Service's slices: an endpoint moving from one
+/// slice to another (both copies are briefly seen; the next update resolves it), or a pod IP
+/// reused by a new pod while the old pod still terminates. As upstream's EndpointSliceCache
+/// does, a copy that is not terminating replaces an earlier one (the running pod wins over
+/// the terminating one), and a terminating copy is only used if nothing else claims the
+/// address. Slices are visited in name order, so the outcome is deterministic.
+fn keep_preferred_copy(set: &mut HashMap<SocketAddr, Endpoint>, endpoint: Endpoint) {
+    if !endpoint.terminating || !set.contains_key(&endpoint.addr) {
+        set.insert(endpoint.addr, endpoint);
     }
 }
 
@@ -252,22 +260,62 @@ mod tests {
         );
     }
 
+    /// Upstream's EndpointSliceCache: of two copies of one address, the one that is not
+    /// terminating wins, whichever slice comes first and whichever copy is local (a new pod
+    /// that reused the IP of a pod still terminating on this node).
     #[test]
-    fn duplicate_prefers_the_local_copy() {
+    fn duplicate_prefers_the_copy_that_is_not_terminating() {
+        let running = || {
+            let mut s = slice("unused", "web", &["10.0.0.7"], 80);
+            s.endpoints[0].node_name = Some("other".into());
+            s
+        };
+        let terminating = || {
+            let mut s = slice("unused", "web", &["10.0.0.7"], 80);
+            s.endpoints[0].node_name = Some("me".into());
+            s.endpoints[0].conditions = Some(k8s_openapi::api::discovery::v1::EndpointConditions {
+                ready: Some(false),
+                serving: Some(true),
+                terminating: Some(true),
+            });
+            s
+        };
+        for (first, second) in [(running(), terminating()), (terminating(), running())] {
+            let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+            for (name, mut s) in [("web-a", first), ("web-b", second)] {
+                s.metadata.name = Some(name.into());
+                t.update(NamespacedName::new("default", name), Some(&s))
+                    .unwrap();
+            }
+            let snap = t.take().snapshot;
+            let eps = endpoints_for(&snap, &port());
+            assert_eq!(eps.len(), 1, "{eps:?}");
+            assert!(
+                eps[0].ready && !eps[0].terminating && !eps[0].is_local,
+                "the running copy wins: {eps:?}"
+            );
+        }
+    }
+
+    /// Two copies that are both terminating: the first one seen (in slice-name order) stays.
+    #[test]
+    fn duplicate_terminating_copies_keep_the_first() {
         let mut t = EndpointsTracker::new(IpFamily::V4, "me");
-        let mut remote = slice("web-a", "web", &["10.0.0.9"], 80);
-        remote.endpoints[0].node_name = Some("other".into());
-        t.update(NamespacedName::new("default", "web-a"), Some(&remote))
-            .unwrap();
-        t.update(
-            NamespacedName::new("default", "web-b"),
-            Some(&slice("web-b", "web", &["10.0.0.9"], 80)),
-        )
-        .unwrap();
+        for (name, node) in [("web-a", "me"), ("web-b", "other")] {
+            let mut s = slice(name, "web", &["10.0.0.7"], 80);
+            s.endpoints[0].node_name = Some(node.into());
+            s.endpoints[0].conditions = Some(k8s_openapi::api::discovery::v1::EndpointConditions {
+                ready: Some(false),
+                serving: Some(true),
+                terminating: Some(true),
+            });
+            t.update(NamespacedName::new("default", name), Some(&s))
+                .unwrap();
+        }
         let snap = t.take().snapshot;
         let eps = endpoints_for(&snap, &port());
         assert_eq!(eps.len(), 1);
-        assert!(eps[0].is_local);
+        assert!(eps[0].is_local, "web-a's copy: {eps:?}");
     }
 
     #[test]

@@ -178,7 +178,11 @@ pub fn slice_view(
 
 /// The slice's usable ports; each unusable entry is dropped and reported, as upstream's
 /// EndpointSlice cache skips it ("Ignoring invalid endpoint port").
-fn slice_ports(slice: &EndpointSlice, rejecter: &Rejecter, ignored: &mut Vec<IgnoredValue>) -> Vec<SlicePort> {
+fn slice_ports(
+    slice: &EndpointSlice,
+    rejecter: &Rejecter,
+    ignored: &mut Vec<IgnoredValue>,
+) -> Vec<SlicePort> {
     let mut out = Vec::new();
     for (i, port) in slice.ports.as_deref().unwrap_or_default().iter().enumerate() {
         match slice_port(port, &format!("ports[{i}]"), rejecter) {
@@ -194,7 +198,9 @@ fn slice_port(
     field: &str,
     rejecter: &Rejecter,
 ) -> Result<SlicePort, IgnoredValue> {
-    let skip = |suffix: &str, reason, detail: String| rejecter.ignore(PORTS, format!("{field}.{suffix}"), reason, detail);
+    let skip = |suffix: &str, reason, detail: String| {
+        rejecter.ignore(PORTS, format!("{field}.{suffix}"), reason, detail)
+    };
     // The API server defaults an absent name to "" (and an absent protocol to TCP).
     let name = port.name.as_deref().unwrap_or("");
     if !name.is_empty() {
@@ -218,8 +224,13 @@ fn slice_port(
                 "no port number (upstream ignores such a port)".into(),
             ));
         }
-        Some(n) => u16::try_from(n)
-            .map_err(|_| skip("port", RejectReason::InvalidPort, format!("{n} is outside 1-65535")))?,
+        Some(n) => u16::try_from(n).map_err(|_| {
+            skip(
+                "port",
+                RejectReason::InvalidPort,
+                format!("{n} is outside 1-65535"),
+            )
+        })?,
     };
     Ok(SlicePort {
         name: name.into(),
@@ -509,7 +520,10 @@ mod tests {
             ]
         );
         for w in &converted.ignored {
-            assert_eq!((w.kind, w.object.as_str()), (ObjectKind::EndpointSlice, "shop/web-abc"));
+            assert_eq!(
+                (w.kind, w.object.as_str()),
+                (ObjectKind::EndpointSlice, "shop/web-abc")
+            );
             assert!(!w.to_string().contains('\n'), "{w}");
         }
         let view = converted.view.expect("the slice is used");
@@ -550,7 +564,11 @@ mod tests {
             (json!({"name": "s\n-A X"}), "web", "metadata.name"),
             (json!({"name": "a/b"}), "web", "metadata.name"),
             (json!({"name": "S"}), "web", "metadata.name"),
-            (json!({"name": "s", "namespace": "a/b"}), "web", "metadata.namespace"),
+            (
+                json!({"name": "s", "namespace": "a/b"}),
+                "web",
+                "metadata.namespace",
+            ),
             (json!({"name": "s"}), "b/c", label_field),
             (json!({"name": "s"}), "Web", label_field),
             (json!({"name": "s"}), "1web", label_field),

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use kpr_model::{IgnoredValue, Rejection, node_view};
+use kpr_model::{Converted, IgnoredValue, Rejection, convert_node};
 use kpr_runner::Trigger;
 use kpr_sources::{Event, EventReceiver};
 use tokio::sync::watch;
@@ -80,10 +80,14 @@ impl Intake {
     /// labels. A deleted Node keeps the eligibility its last version had (upstream calls
     /// `SyncNode` with the deleted object), so a node drained before deletion stays out of
     /// load balancers; its labels are forgotten, as the proxier's `OnNodeDelete` does. The
-    /// rules stay either way.
+    /// rules stay either way. A malformed address is dropped and reported; the rest of the
+    /// Node (zone, taints) still counts.
     fn node_changed(&mut self, node: Option<&k8s_openapi::api::core::v1::Node>) {
-        let view = match node.map(node_view) {
-            Some(Ok(view)) => view,
+        let view = match node.map(convert_node) {
+            Some(Ok(Converted { view, ignored })) => {
+                self.report_ignored(&ignored);
+                view
+            }
             Some(Err(rejection)) => return self.reject(&rejection),
             None => {
                 let last = self.shared.trackers().node.clone();
@@ -101,8 +105,10 @@ impl Intake {
         };
         self.shared.health.set_node_eligible(!view.going_away);
         let mut trackers = self.shared.trackers();
-        if trackers.node.labels != view.labels {
+        if trackers.node.zone() != view.zone() {
             // Topology hints depend on the zone label: every service may route differently.
+            // No other label matters to the rules (upstream's NodeTopologyConfig passes on the
+            // zone label only), so other label changes cost no sync.
             trackers.force_full = true;
             drop(trackers);
             self.changed(Ok(()));

@@ -284,8 +284,7 @@ mod tests {
             let mut t = EndpointsTracker::new(IpFamily::V4, "me");
             for (name, mut s) in [("web-a", first), ("web-b", second)] {
                 s.metadata.name = Some(name.into());
-                t.update(NamespacedName::new("default", name), Some(&s))
-                    .unwrap();
+                t.update(NamespacedName::new("default", name), Some(&s)).unwrap();
             }
             let snap = t.take().snapshot;
             let eps = endpoints_for(&snap, &port());
@@ -309,8 +308,7 @@ mod tests {
                 serving: Some(true),
                 terminating: Some(true),
             });
-            t.update(NamespacedName::new("default", name), Some(&s))
-                .unwrap();
+            t.update(NamespacedName::new("default", name), Some(&s)).unwrap();
         }
         let snap = t.take().snapshot;
         let eps = endpoints_for(&snap, &port());

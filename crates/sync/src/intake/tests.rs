@@ -197,3 +197,107 @@ fn a_bad_entry_is_counted_per_object_version_and_the_object_is_kept() {
     intake.apply(service_event(json!(["192.0.2.2"])));
     assert!(metrics_text(&registry).contains(&counted(3)));
 }
+
+// === Node conversion: lenient addresses, topology from the zone label only ===
+
+fn node_with(labels: serde_json::Value, taints: serde_json::Value, addresses: serde_json::Value) -> Event {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "node1", "labels": labels},
+        "spec": {"taints": taints},
+        "status": {"addresses": addresses}
+    }))
+    .unwrap();
+    Event::Node {
+        object: Some(Arc::new(node)),
+    }
+}
+
+/// Upstream reads node IPs leniently: a malformed address is skipped, and the Node's taint
+/// and zone still take effect. The dropped address is logged and counted, not the Node.
+#[test]
+fn a_malformed_node_address_is_dropped_and_the_rest_of_the_node_used() {
+    let (mut intake, shared, registry) = waiting_intake_with_metrics(vec![], Duration::from_secs(60));
+    intake.apply(node_with(
+        json!({"topology.kubernetes.io/zone": "z1"}),
+        autoscaler_taint(),
+        json!([{"type": "InternalIP", "address": "192.168.0.x"}, {"type": "InternalIP", "address": "192.168.0.10"}]),
+    ));
+    assert!(!shared.health.node_eligible(), "the taint was ignored");
+    {
+        let trackers = shared.trackers();
+        assert_eq!(trackers.node.zone(), Some("z1"));
+        assert_eq!(
+            trackers.node.addresses,
+            ["192.168.0.10".parse::<std::net::IpAddr>().unwrap()]
+        );
+    }
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains(
+            "kubeproxy_ignored_values_total{kind=\"Node\",field=\"status.addresses\",reason=\"invalid_ip\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("kubeproxy_rejected_objects_total{"), "{text}");
+}
+
+/// Only the zone label decides topology: another label changing needs no full sync.
+#[test]
+fn only_a_zone_change_forces_a_full_sync() {
+    let (mut intake, shared) = intake();
+    let addresses = json!([{"type": "InternalIP", "address": "192.168.0.10"}]);
+    intake.apply(node_with(
+        json!({"topology.kubernetes.io/zone": "z1", "team": "a"}),
+        json!([]),
+        addresses.clone(),
+    ));
+    assert!(shared.trackers().force_full, "the zone appeared");
+    shared.trackers().force_full = false;
+
+    intake.apply(node_with(
+        json!({"topology.kubernetes.io/zone": "z1", "team": "b"}),
+        json!([]),
+        addresses.clone(),
+    ));
+    assert!(!shared.trackers().force_full, "an unrelated label changed");
+    assert_eq!(
+        shared.trackers().node.labels["team"],
+        "b",
+        "labels still follow the Node"
+    );
+
+    intake.apply(node_with(
+        json!({"topology.kubernetes.io/zone": "z2", "team": "b"}),
+        json!([]),
+        addresses,
+    ));
+    assert!(shared.trackers().force_full, "the zone changed");
+}
+
+/// A slice port upstream ignores is dropped and counted; the slice's other ports serve.
+#[test]
+fn a_bad_slice_port_is_counted_and_the_good_ports_kept() {
+    let (mut intake, shared, registry) = waiting_intake_with_metrics(vec![], Duration::from_secs(60));
+    let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "web-1", "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 80}, {"name": "admin"}],
+        "endpoints": [{"addresses": ["10.0.0.5"]}]
+    }))
+    .unwrap();
+    intake.apply(Event::EndpointSlice {
+        id: NamespacedName::new("default", "web-1"),
+        object: Some(Arc::new(slice)),
+    });
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains(
+            "kubeproxy_ignored_values_total{kind=\"EndpointSlice\",field=\"ports\",reason=\"missing_field\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("kubeproxy_rejected_objects_total{"), "{text}");
+    let snapshot = shared.trackers().endpoints.take().snapshot;
+    let port = kpr_model::ServicePortName::new("default", "web", "http", kpr_model::Protocol::Tcp);
+    assert_eq!(kpr_tracking::endpoints_for(&snapshot, &port).len(), 1);
+}

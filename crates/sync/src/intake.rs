@@ -1,6 +1,10 @@
 //! Intake: source events into the trackers.
+//!
+//! Intake also keeps `/healthz`'s problem text for what it knows about: sources that are in
+//! trouble and sources not in yet. It withdraws only texts it set itself, so a source that
+//! recovers never erases a "last sync failed" set by the sync step meanwhile.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -17,6 +21,10 @@ pub struct Intake {
     synced: BTreeSet<&'static str>,
     trigger: Trigger,
     ready: watch::Sender<bool>,
+    /// The problem text of every source currently in trouble.
+    source_problems: BTreeMap<&'static str, String>,
+    /// The "waiting for the initial state" text last shown, while sources are missing.
+    waiting_problem: Option<String>,
 }
 
 impl Intake {
@@ -26,12 +34,14 @@ impl Intake {
         trigger: Trigger,
         ready: watch::Sender<bool>,
     ) -> Self {
-        let intake = Self {
+        let mut intake = Self {
             shared,
             expected,
             synced: BTreeSet::new(),
             trigger,
             ready,
+            source_problems: BTreeMap::new(),
+            waiting_problem: None,
         };
         intake.announce_if_ready();
         intake
@@ -133,14 +143,24 @@ impl Intake {
         }
     }
 
-    fn source_trouble(&self, source: &'static str, problem: Option<String>) {
-        match &problem {
-            Some(problem) => tracing::warn!(source, "{problem}"),
-            None => tracing::info!(source, "source recovered"),
+    /// A source reports trouble (shown as the problem) or recovery (its own text withdrawn,
+    /// another troubled source's shown instead if any; a text someone else set stays).
+    fn source_trouble(&mut self, source: &'static str, problem: Option<String>) {
+        match problem {
+            Some(problem) => {
+                tracing::warn!(source, "{problem}");
+                let text = format!("source {source}: {problem}");
+                self.source_problems.insert(source, text.clone());
+                self.shared.health.set_problem(Some(text));
+            }
+            None => {
+                tracing::info!(source, "source recovered");
+                if let Some(own) = self.source_problems.remove(source) {
+                    let still_troubled = self.source_problems.values().next().cloned();
+                    self.shared.health.replace_problem(&own, still_troubled);
+                }
+            }
         }
-        self.shared
-            .health
-            .set_problem(problem.map(|p| format!("source {source}: {p}")));
     }
 
     fn reject(&self, rejection: &Rejection) {
@@ -189,15 +209,20 @@ impl Intake {
         missing_sources(&self.expected, &self.synced).next().is_none()
     }
 
-    fn announce_if_ready(&self) {
-        if self.is_ready() && !*self.ready.borrow() {
-            self.ready.send_replace(true);
-            self.trigger.fire();
-        } else if !self.is_ready() {
+    fn announce_if_ready(&mut self) {
+        if self.is_ready() {
+            if let Some(waiting) = self.waiting_problem.take() {
+                self.shared.health.replace_problem(&waiting, None);
+            }
+            if !*self.ready.borrow() {
+                self.ready.send_replace(true);
+                self.trigger.fire();
+            }
+        } else {
             let missing: Vec<_> = missing_sources(&self.expected, &self.synced).collect();
-            self.shared
-                .health
-                .set_problem(Some(format!("waiting for the initial state of: {missing:?}")));
+            let text = format!("waiting for the initial state of: {missing:?}");
+            self.shared.health.set_problem(Some(text.clone()));
+            self.waiting_problem = Some(text);
         }
     }
 }

@@ -301,3 +301,83 @@ fn a_bad_slice_port_is_counted_and_the_good_ports_kept() {
     let port = kpr_model::ServicePortName::new("default", "web", "http", kpr_model::Protocol::Tcp);
     assert_eq!(kpr_tracking::endpoints_for(&snapshot, &port).len(), 1);
 }
+
+// === /healthz problem texts: each withdrawn only by whoever set it ===
+
+fn trouble(source: &'static str, problem: Option<&str>) -> Event {
+    Event::SourceTrouble {
+        source,
+        problem: problem.map(str::to_string),
+    }
+}
+
+/// A source that recovers withdraws its own text, never a failed sync's.
+#[test]
+fn a_recovered_source_leaves_a_sync_failure_shown() {
+    let (mut intake, shared) = intake();
+    intake.apply(trouble("api", Some("connection refused")));
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("source api: connection refused")
+    );
+    // The sync step fails meanwhile.
+    shared
+        .health
+        .set_problem(Some("last sync failed: iptables-restore: exit 1".into()));
+    intake.apply(trouble("api", None));
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("last sync failed: iptables-restore: exit 1")
+    );
+}
+
+#[test]
+fn a_recovered_source_withdraws_its_text_and_shows_another_troubled_one() {
+    let (mut intake, shared) = intake();
+    intake.apply(trouble("api", Some("connection refused")));
+    intake.apply(trouble("manifests", Some("cannot read /etc/kpr")));
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("source manifests: cannot read /etc/kpr")
+    );
+    intake.apply(trouble("manifests", None));
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("source api: connection refused"),
+        "api is still in trouble"
+    );
+    // A recovery report from a source that reported nothing changes nothing.
+    intake.apply(trouble("manifests", None));
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("source api: connection refused")
+    );
+    intake.apply(trouble("api", None));
+    assert_eq!(shared.health.problem(), None);
+}
+
+/// The "waiting for sources" text goes once every source is in, unless something else
+/// replaced it meanwhile.
+#[test]
+fn the_waiting_text_is_withdrawn_once_every_source_is_in() {
+    let (mut intake, shared) = waiting_intake(vec!["manifests", "api"], Duration::from_secs(60));
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("waiting for the initial state of: [\"api\", \"manifests\"]")
+    );
+    intake.apply(Event::Synced { source: "manifests" });
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("waiting for the initial state of: [\"api\"]")
+    );
+    intake.apply(Event::Synced { source: "api" });
+    assert_eq!(shared.health.problem(), None);
+
+    let (mut intake, shared) = waiting_intake(vec!["api"], Duration::from_secs(60));
+    intake.apply(trouble("api", Some("connection refused")));
+    intake.apply(Event::Synced { source: "api" });
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("source api: connection refused")
+    );
+}

@@ -11,6 +11,10 @@
 //! `spec.loadBalancerSourceRanges`) only drops that entry, as upstream does, and is
 //! reported as an [`IgnoredValue`] next to the view.
 //!
+//! An empty string in a field the API server defaults (`type`, `sessionAffinity`,
+//! `externalTrafficPolicy`, a port's `protocol`) means that default, as the API server reads
+//! it, not an invalid value.
+//!
 //! Names are checked with the API server's rules even for API objects: they end up in rule
 //! comments and in the strings hashed into chain names, where `a/b` + `c` and `a` + `b/c`
 //! would collide.
@@ -115,7 +119,7 @@ pub fn service_view(service: &Service, family: IpFamily) -> Result<Converted<Ser
         return Err(rejecter.reject("spec", RejectReason::MissingField, "required"));
     };
     let service_type = match spec.type_.as_deref() {
-        None | Some("ClusterIP") => ServiceType::ClusterIp,
+        None | Some("" | "ClusterIP") => ServiceType::ClusterIp,
         Some("NodePort") => ServiceType::NodePort,
         Some("LoadBalancer") => ServiceType::LoadBalancer,
         Some("ExternalName") => return Ok(Converted::clean(ServiceView::Skipped(SkipReason::ExternalName))),
@@ -185,7 +189,9 @@ fn convert_ports(
                 format!("port name {name:?} is used twice"),
             ));
         }
-        let protocol = Protocol::from_api(port.protocol.as_deref()).ok_or_else(|| {
+        // The API server defaults an empty protocol to TCP, as an absent one.
+        let listed_protocol = port.protocol.as_deref().filter(|p| !p.is_empty());
+        let protocol = Protocol::from_api(listed_protocol).ok_or_else(|| {
             rejecter.reject(
                 format!("{field}.protocol"),
                 RejectReason::InvalidProtocol,
@@ -307,11 +313,13 @@ impl SharedFields {
         let external_local = traffic_policy_local(
             spec.external_traffic_policy.as_deref(),
             "spec.externalTrafficPolicy",
+            true,
             rejecter,
         )?;
         let internal_policy_local = traffic_policy_local(
             spec.internal_traffic_policy.as_deref(),
             "spec.internalTrafficPolicy",
+            false,
             rejecter,
         )?;
         let needs_health_check = service_type == ServiceType::LoadBalancer && external_local;
@@ -453,7 +461,7 @@ fn source_ranges(
 
 fn affinity(spec: &ServiceSpec, rejecter: &Rejecter) -> Result<Option<u32>, Rejection> {
     match spec.session_affinity.as_deref() {
-        None | Some("None") => Ok(None),
+        None | Some("" | "None") => Ok(None),
         Some("ClientIP") => {
             let timeout = spec
                 .session_affinity_config
@@ -478,9 +486,17 @@ fn affinity(spec: &ServiceSpec, rejecter: &Rejecter) -> Result<Option<u32>, Reje
     }
 }
 
-fn traffic_policy_local(value: Option<&str>, field: &str, rejecter: &Rejecter) -> Result<bool, Rejection> {
+/// `Local` or not. An empty external policy is the API server's "unset" (it defaults it to
+/// Cluster), while an empty internal one is refused there; callers pass `allow_empty`.
+fn traffic_policy_local(
+    value: Option<&str>,
+    field: &str,
+    allow_empty: bool,
+    rejecter: &Rejecter,
+) -> Result<bool, Rejection> {
     match value {
         None | Some("Cluster") => Ok(false),
+        Some("") if allow_empty => Ok(false),
         Some("Local") => Ok(true),
         Some(other) => Err(rejecter.reject(
             field,
@@ -800,6 +816,28 @@ mod tests {
                 "{service_type} internal={internal} external={external}"
             );
         }
+    }
+
+    /// The API server reads an empty `type`, `sessionAffinity`, `externalTrafficPolicy` or
+    /// port `protocol` as unset and fills in the default; an empty `internalTrafficPolicy` it
+    /// refuses.
+    #[test]
+    fn empty_strings_mean_the_api_servers_defaults() {
+        let p = &ports(convert(json!({
+            "metadata": {"name": "a"},
+            "spec": {"type": "", "clusterIP": "10.0.0.1", "sessionAffinity": "",
+                     "externalTrafficPolicy": "", "ports": [{"port": 80, "protocol": ""}]}
+        })))[0];
+        assert_eq!(p.service_type, ServiceType::ClusterIp);
+        assert_eq!(p.name.protocol, Protocol::Tcp);
+        assert_eq!(p.session_affinity_seconds, None);
+        assert!(!p.external_policy_local && !p.internal_policy_local);
+        let r = rejection(json!({"metadata": {"name": "a"},
+            "spec": {"clusterIP": "10.0.0.1", "internalTrafficPolicy": "", "ports": [{"port": 80}]}}));
+        assert_eq!(
+            (r.field.as_str(), r.reason),
+            ("spec.internalTrafficPolicy", RejectReason::InvalidValue)
+        );
     }
 
     fn rejection(value: serde_json::Value) -> Rejection {

@@ -54,9 +54,10 @@ pub struct EndpointsTracker {
     slices_by_service: HashMap<NamespacedName, BTreeSet<NamespacedName>>,
     dirty: HashSet<NamespacedName>,
     applied: Arc<EndpointsMap>,
-    /// Trigger times of slice updates since the last sync, for the network-programming
-    /// latency (upstream ignores those older than the tracker, i.e. the initial list).
-    trigger_times: Vec<SystemTime>,
+    /// Trigger times of slice updates since the last sync, per Service, for the
+    /// network-programming latency (upstream ignores those older than the tracker, i.e. the
+    /// initial list).
+    trigger_times: HashMap<NamespacedName, Vec<SystemTime>>,
     started: SystemTime,
 }
 
@@ -69,7 +70,7 @@ impl EndpointsTracker {
             slices_by_service: HashMap::new(),
             dirty: HashSet::new(),
             applied: Arc::default(),
-            trigger_times: Vec::new(),
+            trigger_times: HashMap::new(),
             started: SystemTime::now(),
         }
     }
@@ -82,17 +83,20 @@ impl EndpointsTracker {
         id: NamespacedName,
         slice: Option<&EndpointSlice>,
     ) -> Result<Vec<IgnoredValue>, Rejection> {
-        if let Some(t) = slice.and_then(last_change_trigger_time)
-            && t > self.started
-        {
-            self.trigger_times.push(t);
-        }
         let (view, result) = match slice.map(|s| slice_view(s, self.family)) {
             None => (None, Ok(Vec::new())),
             Some(Ok(Converted { view, ignored })) => (view, Ok(ignored)),
             Some(Err(rejection)) => (None, Err(rejection)),
         };
+        if let (Some(slice), Some(view)) = (slice, &view) {
+            self.record_trigger_time(&id, slice, view);
+        }
         if let Some(old) = self.slices.remove(&id) {
+            if slice.is_none() {
+                // Upstream: a deletion's trigger time says nothing, and the pending ones of
+                // its Service are dropped.
+                self.trigger_times.remove(&old.service);
+            }
             self.forget_slice(&old.service, &id);
         }
         if let Some(view) = view {
@@ -104,6 +108,22 @@ impl EndpointsTracker {
             self.slices.insert(id, Arc::new(view));
         }
         result
+    }
+
+    /// Upstream's sample rule: only a slice of this proxier's family that changes, with a
+    /// trigger time after the tracker started. A re-sent identical slice (a relist) or one
+    /// of the other family is not a programming event.
+    fn record_trigger_time(&mut self, id: &NamespacedName, slice: &EndpointSlice, view: &SliceView) {
+        let Some(t) = last_change_trigger_time(slice).filter(|t| *t > self.started) else {
+            return;
+        };
+        if self.slices.get(id).is_some_and(|cached| **cached == *view) {
+            return;
+        }
+        self.trigger_times
+            .entry(view.service.clone())
+            .or_default()
+            .push(t);
     }
 
     fn forget_slice(&mut self, service: &NamespacedName, slice: &NamespacedName) {
@@ -119,7 +139,9 @@ impl EndpointsTracker {
     /// The trigger times recorded since the last call: the sync that applies the pending
     /// changes measures its network-programming latency from them.
     pub fn take_trigger_times(&mut self) -> Vec<SystemTime> {
-        std::mem::take(&mut self.trigger_times)
+        let mut times: Vec<_> = self.trigger_times.drain().flat_map(|(_, t)| t).collect();
+        times.sort();
+        times
     }
 
     /// Services whose slices changed since the last `take()` (some may turn out unchanged).
@@ -314,6 +336,44 @@ mod tests {
         let eps = endpoints_for(&snap, &port());
         assert_eq!(eps.len(), 1);
         assert!(eps[0].is_local, "web-a's copy: {eps:?}");
+    }
+
+    /// Upstream's `EndpointSliceUpdate`: a trigger time is a sample only for a slice of this
+    /// family that changed, and a slice deletion drops its Service's pending samples.
+    #[test]
+    fn trigger_times_follow_upstreams_sample_rule() {
+        // Trigger times after the tracker started (a fixed future second).
+        let annotated = |ip: &str, family: &str, second: u32| {
+            let mut s = slice("web-a", "web", &[ip], 80);
+            s.address_type = family.into();
+            let stamp = format!("2999-01-01T00:00:{second:02}Z");
+            s.metadata.annotations =
+                Some([(kpr_model::LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_string(), stamp)].into());
+            s
+        };
+        let id = NamespacedName::new("default", "web-a");
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        t.update(id.clone(), Some(&annotated("10.0.0.1", "IPv4", 1)))
+            .unwrap();
+        // The same slice again (a relist): no new sample.
+        t.update(id.clone(), Some(&annotated("10.0.0.1", "IPv4", 1)))
+            .unwrap();
+        // A slice of the other family: no sample.
+        t.update(
+            NamespacedName::new("default", "web-v6"),
+            Some(&annotated("fd00::1", "IPv6", 2)),
+        )
+        .unwrap();
+        assert_eq!(t.take_trigger_times().len(), 1);
+
+        t.update(id.clone(), Some(&annotated("10.0.0.2", "IPv4", 3)))
+            .unwrap();
+        t.update(id, None).unwrap();
+        assert_eq!(
+            t.take_trigger_times(),
+            [],
+            "deleted before the sync: dropped, as upstream"
+        );
     }
 
     #[test]

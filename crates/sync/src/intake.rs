@@ -11,6 +11,7 @@ use std::time::SystemTime;
 use kpr_model::{Converted, IgnoredValue, Rejection, convert_node};
 use kpr_runner::Trigger;
 use kpr_sources::{Event, EventReceiver};
+use kpr_tracking::Recorded;
 use tokio::sync::watch;
 
 use crate::{Shared, missing_sources};
@@ -56,24 +57,30 @@ impl Intake {
     pub(crate) fn apply(&mut self, event: Event) {
         match event {
             Event::Service { id, object } => {
+                // Upstream counts every Service event.
                 self.shared
                     .metrics
                     .sync_proxy_rules_service_changes_total
                     .get_or_create(&self.shared.labels)
                     .inc();
-                let outcome = self.shared.trackers().services.update(id, object.as_deref());
-                let result = outcome.map(|ignored| self.report_ignored(&ignored));
-                self.changed(result);
+                let recorded = self.shared.trackers().services.record(id, object.as_deref());
+                self.recorded(recorded);
             }
             Event::EndpointSlice { id, object } => {
-                self.shared
-                    .metrics
-                    .sync_proxy_rules_endpoint_changes_total
-                    .get_or_create(&self.shared.labels)
-                    .inc();
-                let outcome = self.shared.trackers().endpoints.update(id, object.as_deref());
-                let result = outcome.map(|ignored| self.report_ignored(&ignored));
-                self.changed(result);
+                let recorded = self.shared.trackers().endpoints.record(id, object.as_deref());
+                // Upstream counts the slices of this proxier's family only.
+                let ours = match &object {
+                    Some(slice) => slice.address_type == self.shared.labels.ip_family,
+                    None => recorded.changed,
+                };
+                if ours {
+                    self.shared
+                        .metrics
+                        .sync_proxy_rules_endpoint_changes_total
+                        .get_or_create(&self.shared.labels)
+                        .inc();
+                }
+                self.recorded(recorded);
             }
             Event::Node { object } => self.node_changed(object.as_deref()),
             Event::Synced { source } => {
@@ -121,17 +128,29 @@ impl Intake {
             // zone label only), so other label changes cost no sync.
             trackers.force_full = true;
             drop(trackers);
-            self.changed(Ok(()));
+            self.queue_sync();
             trackers = self.shared.trackers();
         }
         trackers.node = Arc::new(view);
     }
 
-    fn changed(&mut self, result: Result<(), Rejection>) {
-        if let Err(rejection) = result {
-            self.reject(&rejection);
+    /// Reports what a tracker update dropped or rejected, and queues a sync if it changed
+    /// anything: as upstream, a version that changes nothing (sent again by a relist, or a
+    /// slice of the other family) neither syncs nor counts as a queued change for health.
+    fn recorded(&mut self, recorded: Recorded) {
+        match &recorded.outcome {
+            Ok(ignored) => self.report_ignored(ignored),
+            Err(rejection) => self.reject(rejection),
         }
         self.update_pending_gauges();
+        if recorded.changed {
+            self.queue_sync();
+        }
+    }
+
+    /// Marks a change as queued (for health and the queued-timestamp metric) and asks the
+    /// runner for a sync, once every source is in.
+    fn queue_sync(&self) {
         if self.is_ready() {
             self.shared.health.queued_update();
             self.shared

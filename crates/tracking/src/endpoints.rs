@@ -17,7 +17,7 @@ use kpr_model::{
     SliceView, last_change_trigger_time, slice_view,
 };
 
-use crate::Changes;
+use crate::{Changes, Recorded};
 
 /// Matches a slice port to a Service port: same name, same protocol.
 pub type PortKey = (Arc<str>, Protocol);
@@ -83,13 +83,24 @@ impl EndpointsTracker {
         id: NamespacedName,
         slice: Option<&EndpointSlice>,
     ) -> Result<Vec<IgnoredValue>, Rejection> {
-        let (view, result) = match slice.map(|s| slice_view(s, self.family)) {
+        self.record(id, slice).outcome
+    }
+
+    /// [`Self::update`], also saying whether the slice's converted view changed.
+    pub fn record(&mut self, id: NamespacedName, slice: Option<&EndpointSlice>) -> Recorded {
+        let (view, outcome) = match slice.map(|s| slice_view(s, self.family)) {
             None => (None, Ok(Vec::new())),
             Some(Ok(Converted { view, ignored })) => (view, Ok(ignored)),
             Some(Err(rejection)) => (None, Err(rejection)),
         };
+        let changed = self.slices.get(&id).map(|old| &**old) != view.as_ref();
+        if !changed {
+            // The same version again (a relist), or a slice of the other family: nothing to
+            // merge, no latency sample.
+            return Recorded { changed, outcome };
+        }
         if let (Some(slice), Some(view)) = (slice, &view) {
-            self.record_trigger_time(&id, slice, view);
+            self.record_trigger_time(slice, view);
         }
         if let Some(old) = self.slices.remove(&id) {
             if slice.is_none() {
@@ -107,19 +118,15 @@ impl EndpointsTracker {
             self.dirty.insert(view.service.clone());
             self.slices.insert(id, Arc::new(view));
         }
-        result
+        Recorded { changed, outcome }
     }
 
-    /// Upstream's sample rule: only a slice of this proxier's family that changes, with a
-    /// trigger time after the tracker started. A re-sent identical slice (a relist) or one
-    /// of the other family is not a programming event.
-    fn record_trigger_time(&mut self, id: &NamespacedName, slice: &EndpointSlice, view: &SliceView) {
+    /// Upstream's sample rule: a slice of this proxier's family that changed (the caller
+    /// checks), with a trigger time after the tracker started.
+    fn record_trigger_time(&mut self, slice: &EndpointSlice, view: &SliceView) {
         let Some(t) = last_change_trigger_time(slice).filter(|t| *t > self.started) else {
             return;
         };
-        if self.slices.get(id).is_some_and(|cached| **cached == *view) {
-            return;
-        }
         self.trigger_times
             .entry(view.service.clone())
             .or_default()
@@ -374,6 +381,33 @@ mod tests {
             [],
             "deleted before the sync: dropped, as upstream"
         );
+    }
+
+    /// Upstream's `EndpointSliceUpdate` asks for a sync only when the slice changed: not for
+    /// the same version again, nor for a slice of the other family.
+    #[test]
+    fn record_says_whether_the_slice_changed() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        let id = NamespacedName::new("default", "web-a");
+        assert!(
+            t.record(id.clone(), Some(&slice("web-a", "web", &["10.0.0.2"], 80)))
+                .changed
+        );
+        assert!(
+            !t.record(id.clone(), Some(&slice("web-a", "web", &["10.0.0.2"], 80)))
+                .changed
+        );
+        assert!(
+            t.record(id.clone(), Some(&slice("web-a", "web", &["10.0.0.3"], 80)))
+                .changed
+        );
+        let mut v6 = slice("web-v6", "web", &["fd00::1"], 80);
+        v6.address_type = "IPv6".into();
+        let v6_id = NamespacedName::new("default", "web-v6");
+        assert!(!t.record(v6_id.clone(), Some(&v6)).changed);
+        assert!(!t.record(v6_id, None).changed, "never tracked");
+        assert!(t.record(id.clone(), None).changed);
+        assert!(!t.record(id, None).changed, "already gone");
     }
 
     #[test]

@@ -381,3 +381,52 @@ fn the_waiting_text_is_withdrawn_once_every_source_is_in() {
         Some("source api: connection refused")
     );
 }
+
+// === Only real changes queue a sync, as upstream's change trackers decide ===
+
+fn ipv6_slice() -> Event {
+    let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "web-v6", "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv6",
+        "ports": [{"port": 80}],
+        "endpoints": [{"addresses": ["fd00::5"]}]
+    }))
+    .unwrap();
+    Event::EndpointSlice {
+        id: NamespacedName::new("default", "web-v6"),
+        object: Some(Arc::new(slice)),
+    }
+}
+
+/// A version that changes nothing (a relist sends it again; a slice of the other family)
+/// queues no sync, so it can never make the proxy late; upstream does not count the
+/// other-family slice as an endpoint change either.
+#[test]
+fn versions_that_change_nothing_queue_no_sync() {
+    let timeout = Duration::from_millis(1);
+    let (mut intake, shared, registry) = waiting_intake_with_metrics(vec![], timeout);
+    shared.health.updated(); // the sync loop starts
+    intake.apply(service("10.96.0.1"));
+    // A sync applies it.
+    shared.trackers().services.take();
+    shared.health.updated();
+
+    intake.apply(service("10.96.0.1"));
+    intake.apply(ipv6_slice());
+    std::thread::sleep(timeout * 5);
+    assert!(shared.health.healthz().healthy, "nothing was queued");
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains("kubeproxy_sync_proxy_rules_service_changes_total{ip_family=\"IPv4\"} 2"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("kubeproxy_sync_proxy_rules_endpoint_changes_total{"),
+        "{text}"
+    );
+
+    // A real change is queued and becomes late when no sync applies it.
+    intake.apply(service("10.96.0.2"));
+    std::thread::sleep(timeout * 5);
+    assert!(!shared.health.healthz().healthy);
+}

@@ -410,6 +410,35 @@ mod tests {
         assert!(!t.record(id, None).changed, "already gone");
     }
 
+    /// A slice port feeds the Service port of the same name *and* protocol only, as
+    /// upstream's ServicePortName key: a UDP "http" gives a TCP "http" no endpoints.
+    #[test]
+    fn a_port_of_another_protocol_feeds_nothing() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        let mut udp = slice("web-a", "web", &["10.0.0.2"], 80);
+        udp.ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
+        t.update(NamespacedName::new("default", "web-a"), Some(&udp))
+            .unwrap();
+        let snap = t.take().snapshot;
+        assert!(endpoints_for(&snap, &port()).is_empty());
+        let udp_port = ServicePortName::new("default", "web", "http", Protocol::Udp);
+        assert_eq!(endpoints_for(&snap, &udp_port).len(), 1);
+    }
+
+    /// A slice belongs to the Service of its label *in its own namespace*.
+    #[test]
+    fn a_slice_feeds_the_service_of_its_own_namespace() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        let mut other = slice("web-a", "web", &["10.0.0.2"], 80);
+        other.metadata.namespace = Some("other".into());
+        t.update(NamespacedName::new("other", "web-a"), Some(&other))
+            .unwrap();
+        let snap = t.take().snapshot;
+        assert!(endpoints_for(&snap, &port()).is_empty());
+        let theirs = ServicePortName::new("other", "web", "http", Protocol::Tcp);
+        assert_eq!(endpoints_for(&snap, &theirs).len(), 1);
+    }
+
     #[test]
     fn unchanged_merge_is_not_reported() {
         let mut t = EndpointsTracker::new(IpFamily::V4, "me");
@@ -427,6 +456,9 @@ mod tests {
         assert!(changes.snapshot.is_empty());
     }
 
+    /// A slice whose service-name label changes leaves its old Service. (Upstream's cache is
+    /// keyed by the label of each new version, so there the old Service keeps the slice's
+    /// endpoints until the slice is deleted; following the label is deliberate here.)
     #[test]
     fn relabelled_slice_moves_between_services() {
         let mut t = EndpointsTracker::new(IpFamily::V4, "me");

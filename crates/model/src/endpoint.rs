@@ -10,8 +10,10 @@
 //! number or 0, out of range, an unknown protocol, a name no Service port can have): upstream
 //! skips such a port and keeps the slice's other ports, so one bad entry does not take every
 //! endpoint of the Service away. Addresses are read as upstream reads them (`ParseIPSloppy`:
-//! `10.180.00.001` is 10.180.0.1). What identifies the slice (its name, its Service) must be
-//! right, or the whole slice is rejected.
+//! `10.180.00.001` is 10.180.0.1). An address the API server would refuse as an endpoint
+//! (unspecified, loopback, link-local) is dropped too: no manifest may send Service traffic
+//! to the node itself or its metadata service. What identifies the slice (its name, its
+//! Service) must be right, or the whole slice is rejected.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -22,7 +24,7 @@ use crate::ident::{IpFamily, NamespacedName, ObjectKind, Protocol};
 use crate::ignored::{Converted, IgnoredValue};
 use crate::rejection::{RejectReason, Rejecter, Rejection, shown};
 use crate::service::object_id;
-use crate::syntax::{dns1035_label, dns1123_label, dns1123_subdomain, parse_ip_sloppy};
+use crate::syntax::{dns1035_label, dns1123_label, dns1123_subdomain, endpoint_ip, parse_ip_sloppy};
 
 /// The metric label of dropped endpoint addresses.
 const ADDRESSES: &str = "endpoints.addresses";
@@ -276,6 +278,10 @@ fn slice_addresses(
             ));
             continue;
         }
+        if let Err(why) = endpoint_ip(&ip) {
+            ignored.push(rejecter.ignore(ADDRESSES, field, RejectReason::InvalidIp, why));
+            continue;
+        }
         let conditions = endpoint.conditions.as_ref();
         // Upstream: absent ready/serving mean true, absent terminating means false.
         let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
@@ -457,6 +463,50 @@ mod tests {
             .map(|a| a.ip.to_string())
             .collect();
         assert_eq!(ips, ["10.244.1.10", "10.244.1.12"]);
+    }
+
+    /// The API server refuses these as endpoints; a manifest must not point a Service at
+    /// the node's own loopback or at a link-local metadata service.
+    #[test]
+    fn addresses_the_api_server_refuses_as_endpoints_are_dropped() {
+        let converted = view(json!({
+            "metadata": {"name": "s", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "ports": [{"port": 80}],
+            "endpoints": [
+                {"addresses": ["127.0.0.1"]},
+                {"addresses": ["169.254.169.254"]},
+                {"addresses": ["0.0.0.0"]},
+                {"addresses": ["224.0.0.1"]},
+                {"addresses": ["10.0.0.1"]}
+            ]
+        }));
+        let found: Vec<_> = converted
+            .ignored
+            .iter()
+            .map(|w| (w.field.as_str(), w.reason))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("endpoints[0].addresses[0]", RejectReason::InvalidIp),
+                ("endpoints[1].addresses[0]", RejectReason::InvalidIp),
+                ("endpoints[2].addresses[0]", RejectReason::InvalidIp),
+                ("endpoints[3].addresses[0]", RejectReason::InvalidIp),
+            ]
+        );
+        assert!(
+            converted.ignored[0].detail.contains("loopback"),
+            "{}",
+            converted.ignored[0]
+        );
+        let ips: Vec<_> = converted
+            .view
+            .unwrap()
+            .addresses
+            .iter()
+            .map(|a| a.ip.to_string())
+            .collect();
+        assert_eq!(ips, ["10.0.0.1"]);
     }
 
     #[test]

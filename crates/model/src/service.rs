@@ -9,7 +9,8 @@
 //! right, or the whole Service is rejected, as upstream skips such a Service. A malformed
 //! entry of one of the address lists (`spec.externalIPs`, `status.loadBalancer.ingress`,
 //! `spec.loadBalancerSourceRanges`) only drops that entry, as upstream does, and is
-//! reported as an [`IgnoredValue`] next to the view.
+//! reported as an [`IgnoredValue`] next to the view. So is an external IP the API server
+//! refuses (loopback, link-local, unspecified: see [`crate::syntax::endpoint_ip`]).
 //!
 //! An empty string in a field the API server defaults (`type`, `sessionAffinity`,
 //! `externalTrafficPolicy`, a port's `protocol`) means that default, as the API server reads
@@ -28,7 +29,9 @@ use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use crate::ident::{IpFamily, NamespacedName, ObjectKind, Protocol, ServicePortName};
 use crate::ignored::{Converted, IgnoredValue};
 use crate::rejection::{RejectReason, Rejecter, Rejection, shown};
-use crate::syntax::{dns1035_label, dns1123_label, iana_svc_name, parse_cidr_sloppy, parse_ip_sloppy};
+use crate::syntax::{
+    dns1035_label, dns1123_label, endpoint_ip, iana_svc_name, parse_cidr_sloppy, parse_ip_sloppy,
+};
 
 /// Upstream's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
@@ -370,8 +373,18 @@ fn external_ips(
             continue;
         }
         match parse_ip_sloppy(raw) {
-            Some(ip) if family.matches(&ip) && !out.contains(&ip) => out.push(ip),
-            Some(_) => {}
+            Some(ip) if !family.matches(&ip) || out.contains(&ip) => {}
+            // The API server refuses these as external IPs (`ValidateEndpointIP`): traffic
+            // to the node's loopback or link-local addresses must not be captured.
+            Some(ip) => match endpoint_ip(&ip) {
+                Ok(()) => out.push(ip),
+                Err(why) => ignored.push(rejecter.ignore(
+                    EXTERNAL_IPS,
+                    format!("{EXTERNAL_IPS}[{i}]"),
+                    RejectReason::InvalidIp,
+                    why,
+                )),
+            },
             None => ignored.push(rejecter.ignore(
                 EXTERNAL_IPS,
                 format!("{EXTERNAL_IPS}[{i}]"),
@@ -721,6 +734,32 @@ mod tests {
                 ["198.51.100.0/24".parse::<IpNet>().unwrap()]
             );
         }
+    }
+
+    /// The API server refuses loopback, link-local and unspecified external IPs: such an
+    /// entry is dropped, so no Service can capture traffic to the node's own addresses.
+    #[test]
+    fn external_ips_the_api_server_refuses_are_dropped() {
+        let converted = convert(json!({
+            "metadata": {"name": "a"},
+            "spec": {"clusterIP": "10.0.0.1",
+                     "externalIPs": ["127.0.0.1", "169.254.169.254", "0.0.0.0", "192.0.2.1"],
+                     "ports": [{"port": 80}]}
+        }));
+        let fields: Vec<_> = converted
+            .ignored
+            .iter()
+            .map(|w| (w.field.as_str(), w.reason))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                ("spec.externalIPs[0]", RejectReason::InvalidIp),
+                ("spec.externalIPs[1]", RejectReason::InvalidIp),
+                ("spec.externalIPs[2]", RejectReason::InvalidIp),
+            ]
+        );
+        assert_eq!(ports(converted)[0].external_ips, [ip("192.0.2.1")]);
     }
 
     #[test]

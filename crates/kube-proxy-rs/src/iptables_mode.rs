@@ -2,7 +2,7 @@
 
 use ipnet::IpNet;
 use kpr_config::{LocalMode, NODE_PORT_ADDRESSES_PRIMARY, Settings};
-use kpr_conntrack::ConntrackCli;
+use kpr_conntrack::Reconciler;
 use kpr_iptables::{
     CleanupReport, ExecError, IptablesBackend, IptablesCli, IptablesOptions, LocalDetector,
     NodePortAddresses, Variant, cleanup,
@@ -85,8 +85,9 @@ fn nodeport_addresses(entries: &[String]) -> Result<NodePortAddresses, Fatal> {
 /// iptables-wrapper chooses it (the one already holding kube rules, else the default).
 pub fn backend(options: IptablesOptions) -> Result<IptablesBackend, Fatal> {
     let cli = IptablesCli::new(options.family, Variant::Auto);
+    let family = options.family;
     let backend = IptablesBackend::new(options, Box::new(cli)).map_err(|e| Fatal::usage(e.to_string()))?;
-    Ok(backend.with_conntrack(Box::new(ConntrackCli::default())))
+    Ok(backend.with_conntrack(Box::new(Reconciler::netlink(family))))
 }
 
 /// `--cleanup`: removes what kube-proxy (ours or upstream's) left in iptables, for both

@@ -145,8 +145,15 @@ fn server_fatal(error: ServeError) -> Fatal {
 async fn start_sources(settings: &Settings, node_name: &str, rescan: Duration) -> Result<Vec<Source>, Fatal> {
     let mut sources = Vec::new();
     if !settings.manifests.is_empty() {
-        let manifests = ManifestSource::new(settings.manifests.clone(), Some(node_name.to_string()), rescan)
-            .map_err(|e| Fatal::usage(e.to_string()))?;
+        let mut manifests =
+            ManifestSource::new(settings.manifests.clone(), Some(node_name.to_string()), rescan)
+                .map_err(|e| Fatal::usage(e.to_string()))?;
+        if let Some(range) = settings.service_node_port_range.clone() {
+            manifests = manifests.node_port_range(range);
+        }
+        if let Some(bytes) = settings.manifests_max_file_bytes {
+            manifests = manifests.max_file_bytes(bytes);
+        }
         sources.push(Source::Manifests(manifests));
     }
     let api_asked = settings.kubeconfig().is_some() || settings.master.is_some();

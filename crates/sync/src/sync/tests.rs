@@ -284,3 +284,68 @@ async fn the_sync_loop_start_counts_as_updated_and_queued_as_upstreams() {
         "{text}"
     );
 }
+
+/// A backend whose every sync ran a conntrack reconcile that deleted 3 entries.
+struct Reconciling(Arc<Mutex<usize>>);
+
+impl Backend for Reconciling {
+    fn mode(&self) -> &'static str {
+        "iptables"
+    }
+
+    fn sync(&mut self, _request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        *self.0.lock().unwrap() += 1;
+        Ok(SyncReport {
+            conntrack_reconcile: Some(kpr_state::ConntrackReconcile {
+                deleted: 3,
+                duration: Duration::from_millis(3),
+            }),
+            ..SyncReport::default()
+        })
+    }
+}
+
+#[tokio::test]
+async fn conntrack_reconciles_are_counted_and_timed_as_upstream() {
+    let syncs = Arc::new(Mutex::new(0));
+    let (events, rx) = event_channel();
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let settings = ProxySettings {
+        family: IpFamily::V4,
+        node_name: "node1".into(),
+        runner: RunnerConfig {
+            min_interval: Duration::from_millis(20),
+            max_interval: Duration::from_secs(3600),
+        },
+        sources: vec!["manifests"],
+    };
+    let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
+    tokio::spawn(run(
+        settings,
+        Box::new(Reconciling(syncs.clone())),
+        rx,
+        metrics,
+        health,
+    ));
+    events.send(service("a", "10.0.0.1")).await.unwrap();
+    events.send(Event::Synced { source: "manifests" }).await.unwrap();
+    // The metrics are recorded right after the backend returns: wait for them.
+    let mut text = String::new();
+    for _ in 0..500 {
+        text.clear();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        if text.contains("kubeproxy_conntrack_reconciler_sync_duration_seconds_count") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(*syncs.lock().unwrap(), 1, "one sync");
+    for line in [
+        "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 3",
+        "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{le=\"0.004\",ip_family=\"IPv4\"} 1",
+        "kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family=\"IPv4\"} 1",
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
+}

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -125,6 +125,17 @@ fn start_failing(sources: Vec<&'static str>, failures: Vec<(SyncKind, FailedStep
 impl Harness {
     async fn send(&self, event: Event) {
         self.events.send(event).await.unwrap();
+    }
+
+    /// When the sync loop marked itself updated at its start (upstream's `SyncLoop`).
+    async fn loop_started(&self) -> SystemTime {
+        for _ in 0..500 {
+            if let Some(at) = self.health.last_updated() {
+                return at;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the sync loop never marked itself updated");
     }
 
     async fn wait_for_syncs(&self, n: usize) {
@@ -281,6 +292,7 @@ async fn failed_partial_sync_outside_the_restore_is_not_a_restore_failure() {
 #[tokio::test]
 async fn failed_full_sync_is_timed_as_full_and_not_a_partial_failure() {
     let h = start_failing(vec!["manifests"], vec![(SyncKind::Full, FailedStep::Other)]);
+    let loop_started = h.loop_started().await;
     h.send(service("a", "10.0.0.1")).await;
     h.send(Event::Synced { source: "manifests" }).await;
     h.wait_for_syncs(1).await;
@@ -293,7 +305,11 @@ async fn failed_full_sync_is_timed_as_full_and_not_a_partial_failure() {
         0.0,
         "an iptables-save failure is not a restore failure"
     );
-    assert!(h.health.last_updated().is_none());
+    assert_eq!(
+        h.health.last_updated(),
+        Some(loop_started),
+        "a failed sync is no update"
+    );
     assert!(h.health.problem().unwrap().contains("kernel said no"));
 }
 

@@ -247,15 +247,19 @@ impl IptablesBackend {
             (None, None) => self.plan_full(&ruleset)?,
         };
         let payload = render(&ruleset, &plan);
+        if plan.full {
+            // Before the restore, as upstream: the jumps then lead into empty chains until
+            // the restore fills them all at once. Added after it, one by one, a connection
+            // could be DNATed by PREROUTING's jump before POSTROUTING's existed, and keep
+            // its un-masqueraded conntrack entry.
+            self.ensure_jumps()?;
+        }
         self.exec
             .restore(payload.text.as_bytes())
             .map_err(|source| SyncError::Restore {
                 full: plan.full,
                 source,
             })?;
-        if plan.full {
-            self.ensure_jumps(&ruleset)?;
-        }
         let full = plan.full;
         self.record(&ruleset, plan);
         let mut report = report(&ruleset, &payload, full);
@@ -348,9 +352,10 @@ impl IptablesBackend {
         })
     }
 
-    /// The jumps from built-in chains; a target chain this ruleset does not write (kubelet's
-    /// KUBE-FIREWALL) is created empty if missing, as upstream's EnsureChain does.
-    fn ensure_jumps(&self, ruleset: &Ruleset) -> Result<(), SyncError> {
+    /// The jumps from built-in chains, each target chain created empty first if missing (as
+    /// upstream's EnsureChain; the restore that follows fills the ones we write, and never
+    /// touches kubelet's KUBE-FIREWALL when we do not write it).
+    fn ensure_jumps(&self) -> Result<(), SyncError> {
         for jump in jump_rules() {
             let error = |source| SyncError::Jump {
                 table: jump.table,
@@ -358,10 +363,7 @@ impl IptablesBackend {
                 target: jump.target,
                 source,
             };
-            let written = ruleset.table(jump.table).is_some_and(|t| t.contains(jump.target));
-            if !written {
-                self.exec.ensure_chain(jump.table, jump.target).map_err(error)?;
-            }
+            self.exec.ensure_chain(jump.table, jump.target).map_err(error)?;
             self.exec
                 .ensure_rule(jump.table, jump.chain, &jump.args)
                 .map_err(error)?;

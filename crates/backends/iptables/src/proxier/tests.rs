@@ -20,6 +20,8 @@ use crate::options::NodePortAddresses;
 #[derive(Debug, Default)]
 struct Kernel {
     restores: Vec<String>,
+    /// How many jump rules the kernel held when each restore ran.
+    rules_at_restore: Vec<usize>,
     chains: HashSet<(Table, String)>,
     rules: HashSet<(Table, String, Vec<String>)>,
     version: Option<IptablesVersion>,
@@ -66,6 +68,8 @@ impl Iptables for Fake {
         let mut k = self.kernel();
         let text = String::from_utf8_lossy(payload).into_owned();
         k.restores.push(text.clone());
+        let rules = k.rules.len();
+        k.rules_at_restore.push(rules);
         if k.fail_restore {
             return Err(ExecError::Restore {
                 command: "iptables-restore".into(),
@@ -434,4 +438,21 @@ fn kubelet_firewall_jumps_are_ensured_even_without_our_localnet_rule() {
         );
         assert!(k.rules.contains(&jump), "{chain}");
     }
+}
+
+#[test]
+fn full_syncs_ensure_the_jumps_before_the_restore_fills_the_chains() {
+    let fake = Fake::default();
+    let mut b = backend(&fake, IptablesOptions::default());
+    let web = port(name("web"), "10.96.0.10");
+    sync(&mut b, &state(std::slice::from_ref(&web)), &["web"]).unwrap();
+    // Jumps added one by one after the restore would leave a window in which PREROUTING
+    // already DNATs and POSTROUTING does not masquerade yet.
+    assert_eq!(fake.kernel().rules_at_restore, [jump_rules().len()]);
+    sync(&mut b, &state(&[web]), &["web"]).unwrap();
+    assert_eq!(
+        fake.kernel().rules_at_restore.len(),
+        2,
+        "a partial sync restores without touching the jumps"
+    );
 }

@@ -16,10 +16,11 @@ mod common;
 
 use std::net::IpAddr;
 
-use common::{World, check_golden, ep, golden_diff};
+use common::{check_golden, golden_diff};
 use kpr_iptables::{IptablesOptions, LocalDetector, NodePortAddresses, build, render_dry_run};
 use kpr_model::{Protocol, ServicePortName};
 use kpr_naming::ServiceChains;
+use kpr_world::{World, ep};
 use serde_json::{Value, json};
 
 /// Options as a typical cluster runs upstream: pod traffic detected by the cluster CIDR,

@@ -139,10 +139,27 @@ mod tests {
         json!([{"name": "dns", "port": 5353, "protocol": protocol}])
     }
 
+    /// Every frontend of [`dns`]: cluster IP, external IP, load-balancer IP, and the
+    /// NodePort on one of the node's addresses.
+    const DNS_FRONTENDS: [&str; 4] = [
+        "10.96.0.53:53",
+        "192.0.2.9:53",
+        "203.0.113.7:53",
+        "192.168.77.1:30053",
+    ];
+
     fn dns(protocol: &str) -> Value {
         json!({"type": "LoadBalancer", "clusterIP": "10.96.0.53", "externalIPs": ["192.0.2.9"],
                "ports": [{"name": "dns", "port": 53, "protocol": protocol, "targetPort": 5353, "nodePort": 30053}],
                "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}})
+    }
+
+    /// A world with the UDP [`dns`] Service and these endpoints (see [`kpr_world::ep`]).
+    fn dns_with(endpoints: &[&str]) -> World {
+        let mut w = World::new();
+        w.service("dns", dns("UDP"))
+            .slice("dns", dns_port("UDP"), eps(endpoints));
+        w
     }
 
     fn entry(client: &str, to: &str, reply_from: &str) -> UdpEntry {
@@ -168,19 +185,9 @@ mod tests {
 
     #[test]
     fn flows_to_serving_endpoints_stay_terminating_ones_included() {
-        let mut w = World::new();
-        w.service("dns", dns("UDP")).slice(
-            "dns",
-            dns_port("UDP"),
-            eps(&["10.244.1.10", "10.244.1.11 serving terminating"]),
-        );
+        let mut w = dns_with(&["10.244.1.10", "10.244.1.11 serving terminating"]);
         let f = frontends(&mut w);
-        for to in [
-            "10.96.0.53:53",
-            "192.0.2.9:53",
-            "203.0.113.7:53",
-            "192.168.77.1:30053",
-        ] {
+        for to in DNS_FRONTENDS {
             for endpoint in ["10.244.1.10:5353", "10.244.1.11:5353"] {
                 let e = entry("192.168.77.2:40000", to, endpoint);
                 assert!(!f.is_stale(&e), "{e} must stay");
@@ -190,19 +197,9 @@ mod tests {
 
     #[test]
     fn flows_to_endpoints_that_left_or_stopped_serving_are_stale() {
-        let mut w = World::new();
-        w.service("dns", dns("UDP")).slice(
-            "dns",
-            dns_port("UDP"),
-            eps(&["10.244.1.10", "10.244.1.12 notready"]),
-        );
+        let mut w = dns_with(&["10.244.1.10", "10.244.1.12 notready"]);
         let f = frontends(&mut w);
-        for to in [
-            "10.96.0.53:53",
-            "192.0.2.9:53",
-            "203.0.113.7:53",
-            "192.168.77.1:30053",
-        ] {
+        for to in DNS_FRONTENDS {
             for reply_from in [
                 "10.244.1.12:5353", // not serving
                 "10.244.1.99:5353", // gone
@@ -217,9 +214,7 @@ mod tests {
 
     #[test]
     fn other_destinations_are_never_touched() {
-        let mut w = World::new();
-        w.service("dns", dns("UDP"))
-            .slice("dns", dns_port("UDP"), eps(&["10.244.1.10"]));
+        let mut w = dns_with(&["10.244.1.10"]);
         w.service(
             "web",
             json!({"clusterIP": "10.96.0.80", "ports": [{"name": "dns", "port": 53, "protocol": "TCP"}]}),
@@ -239,9 +234,7 @@ mod tests {
 
     #[test]
     fn a_port_without_serving_endpoints_keeps_no_flow() {
-        let mut w = World::new();
-        w.service("dns", dns("UDP"))
-            .slice("dns", dns_port("UDP"), eps(&["10.244.1.10 notready"]));
+        let mut w = dns_with(&["10.244.1.10 notready"]);
         let f = frontends(&mut w);
         assert!(f.is_stale(&entry("192.168.77.2:40000", "10.96.0.53:53", "10.244.1.10:5353")));
         assert!(f.is_stale(&entry(
@@ -298,9 +291,7 @@ mod tests {
 
     #[test]
     fn stale_keeps_the_order_and_drops_the_rest() {
-        let mut w = World::new();
-        w.service("dns", dns("UDP"))
-            .slice("dns", dns_port("UDP"), eps(&["10.244.1.10"]));
+        let mut w = dns_with(&["10.244.1.10"]);
         let f = frontends(&mut w);
         let entries = [
             entry("192.168.77.2:3", "10.96.0.53:53", "10.244.1.99:5353"),
@@ -312,9 +303,7 @@ mod tests {
 
     #[test]
     fn changed_udp_services_give_their_frontends_as_scopes() {
-        let mut w = World::new();
-        w.service("dns", dns("UDP"))
-            .slice("dns", dns_port("UDP"), eps(&["10.244.1.10"]));
+        let mut w = dns_with(&["10.244.1.10"]);
         w.service(
             "web",
             json!({"clusterIP": "10.96.0.80", "ports": [{"name": "dns", "port": 80, "protocol": "TCP"}]}),

@@ -17,8 +17,8 @@ use kpr_model::IpFamily;
 use kpr_netns::{CLIENT_IP, Netns};
 use kpr_world::{World, ep};
 use support::{
-    EXTERNAL_IP, OTHER_VIP, PORT, Route, Seen, VIP, conntrack_entries, dns_service, dns_slice_ports, lab,
-    node_port, pod, send_routes,
+    EXTERNAL_IP, OTHER_VIP, PORT, Route, Seen, VIP, conntrack, conntrack_entries, dns_service,
+    dns_slice_ports, lab, node_port, pod, send_routes,
 };
 
 fn route(
@@ -175,25 +175,17 @@ fn flows_created_before_the_rules_existed_are_dropped_once_the_service_has_endpo
 fn insert(netns: &Netns, client: &str, source_port: &str, to: &str, reply_from: &str) {
     let to: SocketAddr = to.parse().unwrap();
     let reply_from: SocketAddr = reply_from.parse().unwrap();
-    let out = netns
-        .command("conntrack")
-        .args(["-I", "-p", "udp", "-t", "600", "-u", "SEEN_REPLY"])
-        .args(["-s", client, "-d", &to.ip().to_string()])
-        .args(["--sport", source_port, "--dport", &to.port().to_string()])
-        .args(["--reply-src", &reply_from.ip().to_string(), "--reply-dst", client])
-        .args([
-            "--reply-port-src",
-            &reply_from.port().to_string(),
-            "--reply-port-dst",
-            source_port,
-        ])
-        .output()
-        .expect("running the conntrack tool (scripts/ensure-packages installs it)");
-    assert!(
-        out.status.success(),
-        "conntrack -I: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (to_ip, to_port) = (to.ip().to_string(), to.port().to_string());
+    let (reply_ip, reply_port) = (reply_from.ip().to_string(), reply_from.port().to_string());
+    let args = [
+        ["-I", "-p", "udp", "-t", "600", "-u", "SEEN_REPLY"].as_slice(),
+        &["-s", client, "-d", &to_ip],
+        &["--sport", source_port, "--dport", &to_port],
+        &["--reply-src", &reply_ip, "--reply-dst", client],
+        &["--reply-port-src", &reply_port, "--reply-port-dst", source_port],
+    ]
+    .concat();
+    conntrack(netns, &args);
 }
 
 #[test]
@@ -256,12 +248,7 @@ fn ipv6_entries_are_listed_and_deleted_exactly() {
     });
     assert_eq!(listed.entries.len(), 2);
     assert_eq!(report.unwrap().deleted, 1);
-    let out = netns
-        .command("conntrack")
-        .args(["-L", "-f", "ipv6", "-p", "udp"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = conntrack(&netns, &["-L", "-f", "ipv6", "-p", "udp"]);
     assert!(
         text.contains("fd00:244::10") && !text.contains("fd00:244::99"),
         "{text}"

@@ -134,20 +134,27 @@ pub struct Seen {
     pub reply_source: SocketAddr,
 }
 
+/// Runs the `conntrack` tool with `args` in `netns`: its output. Panics (failing the test)
+/// when the tool cannot run or fails.
+pub fn conntrack(netns: &Netns, args: &[&str]) -> String {
+    let out = netns
+        .command("conntrack")
+        .args(args)
+        .output()
+        .expect("running the conntrack tool in the namespace (scripts/ensure-packages installs it)");
+    assert!(
+        out.status.success(),
+        "conntrack {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Every UDP entry in `node`'s table from [`CLIENT_IP`], as the `conntrack` tool lists them.
 /// Panics (failing the test) when the tool cannot run.
 pub fn conntrack_entries(node: &Netns) -> Vec<Seen> {
-    let out = node
-        .command("conntrack")
-        .args(["-L", "-p", "udp", "-f", "ipv4", "-s", &CLIENT_IP.to_string()])
-        .output()
-        .expect("running the conntrack tool in the node namespace (scripts/ensure-packages installs it)");
-    assert!(
-        out.status.success(),
-        "conntrack -L failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut seen: Vec<Seen> = String::from_utf8_lossy(&out.stdout)
+    let client = CLIENT_IP.to_string();
+    let mut seen: Vec<Seen> = conntrack(node, &["-L", "-p", "udp", "-f", "ipv4", "-s", &client])
         .lines()
         .map(parse_conntrack_line)
         .collect();

@@ -2,7 +2,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kpr_model::SERVICE_NAME_LABEL;
+use kpr_model::{IpFamily, SERVICE_NAME_LABEL};
 use serde_json::{Value, json};
 
 use crate::{NAMESPACE, NODE, NODE_IP};
@@ -41,6 +41,14 @@ pub fn slice_object(
             "endpoints": endpoints,
         }),
     )
+}
+
+/// A slice's `addressType` for `family`.
+pub(crate) fn address_type(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "IPv4",
+        IpFamily::V6 => "IPv6",
+    }
 }
 
 /// The proxy's Node ([`NODE`], InternalIP [`NODE_IP`]), in `zone` if one is given.

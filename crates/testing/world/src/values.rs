@@ -6,6 +6,7 @@ use kpr_model::{
 };
 use serde_json::{Value, json};
 
+use crate::objects::address_type;
 use crate::{NODE, ep, node_object, service_object, slice_object};
 
 /// The target port of every endpoint [`endpoint`] makes.
@@ -31,9 +32,8 @@ pub fn endpoint(spec: &str) -> Endpoint {
         Ok(ip) => IpFamily::of(&ip),
         Err(_) => panic!("the endpoint shorthand {spec:?} does not start with an IP address"),
     };
-    let address_type = if family == IpFamily::V4 { "IPv4" } else { "IPv6" };
     let ports = json!([{"name": "p", "port": ENDPOINT_PORT}]);
-    let slice = slice_object("s-1", "s", address_type, ports, vec![endpoint]);
+    let slice = slice_object("s-1", "s", address_type(family), ports, vec![endpoint]);
     let converted = slice_view(&slice, family)
         .unwrap_or_else(|rejection| panic!("the test's slice is rejected: {rejection}"));
     assert!(

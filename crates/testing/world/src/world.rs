@@ -10,6 +10,7 @@ use kpr_state::{DesiredState, PendingSync};
 use kpr_tracking::{EndpointsTracker, ServiceTracker};
 use serde_json::Value;
 
+use crate::objects::address_type;
 use crate::{NAMESPACE, ZONE, node_object, service_object, slice_object};
 
 /// Services and slices as the API would show them, fed through the trackers of one IP
@@ -60,10 +61,7 @@ impl World {
     /// Sets the one slice of `service` (`default/<service>-1`, of this world's family):
     /// `ports` like `[{"name": "http", "port": 8080}]`, endpoints from [`crate::ep`].
     pub fn slice(&mut self, service: &str, ports: Value, endpoints: Vec<Value>) -> &mut Self {
-        let address_type = match self.family {
-            IpFamily::V4 => "IPv4",
-            IpFamily::V6 => "IPv6",
-        };
+        let address_type = address_type(self.family);
         let slice = slice_object(&slice_name(service), service, address_type, ports, endpoints);
         self.apply_slice(&slice);
         self

@@ -3,9 +3,11 @@
 //! Each answers with a fixed text (usually the pod's name), so a client learns which
 //! endpoint the proxy picked, and records who connected, so a test can assert that a
 //! backend got traffic and whether the client's source address survived (masquerading).
+//! A backend [telling the peer](Netns::tcp_backend_telling_peer) puts that address into
+//! each reply, so every single request shows both.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -22,6 +24,10 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a backend waits, after replying, for the client to close.
 const LINGER: Duration = Duration::from_millis(500);
+
+/// Between the name and the peer address in the replies of
+/// [`Netns::tcp_backend_telling_peer`].
+const PEER_SEPARATOR: &str = " from ";
 
 /// A server thread inside a namespace; stops (and is joined) on drop, or when its
 /// namespace is deleted.
@@ -96,7 +102,22 @@ impl Netns {
     pub fn tcp_backend(&self, addr: SocketAddr, reply: &str) -> io::Result<Backend> {
         let reply = format!("{reply}\n").into_bytes();
         self.start_backend(addr, bind_tcp, move |listener, stats| {
-            serve_tcp(listener, &reply, stats)
+            serve_tcp(listener, |_| reply.clone(), stats)
+        })
+    }
+
+    /// Starts a TCP server on `addr` that answers every connection with `"<name> from <peer
+    /// IP>"` and a newline: which backend the proxy picked, and the source address it
+    /// delivered (the client's own when kept, the node's when masqueraded).
+    /// [`split_peer_reply`] reads such a reply back.
+    pub fn tcp_backend_telling_peer(&self, addr: SocketAddr, name: &str) -> io::Result<Backend> {
+        let name = name.to_owned();
+        self.start_backend(addr, bind_tcp, move |listener, stats| {
+            serve_tcp(
+                listener,
+                |peer| format!("{name}{PEER_SEPARATOR}{}\n", peer.ip()).into_bytes(),
+                stats,
+            )
         })
     }
 
@@ -181,12 +202,20 @@ fn bind_udp(addr: SocketAddr) -> io::Result<(UdpSocket, SocketAddr)> {
     Ok((socket, local))
 }
 
-/// Answers at most one pending connection; waits a poll interval when there is none.
-fn serve_tcp(listener: &TcpListener, reply: &[u8], stats: &Stats) -> io::Result<()> {
+/// Reads a (trimmed) reply of [`Netns::tcp_backend_telling_peer`]: the backend's name and
+/// the peer address it saw, or `None` when `reply` is not one.
+pub fn split_peer_reply(reply: &str) -> Option<(&str, IpAddr)> {
+    let (name, peer) = reply.rsplit_once(PEER_SEPARATOR)?;
+    Some((name, peer.parse().ok()?))
+}
+
+/// Answers at most one pending connection with `reply(peer)`; waits a poll interval when
+/// there is none.
+fn serve_tcp(listener: &TcpListener, reply: impl Fn(SocketAddr) -> Vec<u8>, stats: &Stats) -> io::Result<()> {
     match listener.accept() {
         Ok((stream, peer)) => {
             stats.record(peer);
-            answer_tcp(stream, reply)
+            answer_tcp(stream, &reply(peer))
         }
         Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
             std::thread::sleep(POLL);
@@ -270,6 +299,28 @@ mod tests {
                 }
             });
         }
+    }
+
+    #[test]
+    fn a_backend_telling_the_peer_names_itself_and_the_source_it_saw() {
+        let lab = Lab::new(2).unwrap();
+        let addr = SocketAddr::from((pod_ip(0), 8080));
+        let backend = lab.pod(0).tcp_backend_telling_peer(addr, "pod0").unwrap();
+        let reply = lab.pod(1).tcp_request(addr, TIMEOUT).unwrap();
+        assert_eq!(reply, format!("pod0 from {}", pod_ip(1)));
+        assert_eq!(split_peer_reply(&reply), Some(("pod0", IpAddr::from(pod_ip(1)))));
+        assert_eq!(backend.served(), 1);
+    }
+
+    #[test]
+    fn only_replies_telling_a_peer_split() {
+        assert_eq!(
+            split_peer_reply("web from x from 10.0.0.1"),
+            Some(("web from x", IpAddr::from([10, 0, 0, 1])))
+        );
+        assert_eq!(split_peer_reply("pod0"), None);
+        assert_eq!(split_peer_reply("pod0 from nowhere"), None);
+        assert_eq!(split_peer_reply("error: timed out"), None);
     }
 
     #[test]

@@ -3,11 +3,17 @@
 //! Failures stay plain [`io::Error`]s with their kind intact: a test tells "the proxy
 //! rejected it" ([`io::ErrorKind::ConnectionRefused`]) from "nothing answered"
 //! ([`io::ErrorKind::TimedOut`]).
+//!
+//! The `_from` variants send from a chosen source address of the namespace (see
+//! [`crate::Lab::add_client_addresses`]), so one namespace can play several clients: what
+//! source ranges and session affinity decide on.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::http::parse_response;
 use crate::netns::Netns;
@@ -20,6 +26,16 @@ impl Netns {
     /// closes, and returns the reply trimmed. Connecting and reading share `timeout`.
     pub fn tcp_request(&self, addr: SocketAddr, timeout: Duration) -> io::Result<String> {
         self.run(move || tcp_request_here(addr, timeout))
+    }
+
+    /// Like [`Netns::tcp_request`], from `source` (an address of this namespace).
+    pub fn tcp_request_from(
+        &self,
+        source: IpAddr,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> io::Result<String> {
+        self.run(move || tcp_request_from_here(source, addr, timeout))
     }
 
     /// Sends one UDP datagram to `addr` from inside this namespace and returns the first
@@ -42,6 +58,11 @@ pub fn spread(ns: &Netns, addr: SocketAddr, n: usize) -> BTreeMap<String, usize>
     ns.run(move || tally((0..n).map(|_| tcp_request_here(addr, SPREAD_TIMEOUT))))
 }
 
+/// Like [`spread`], from `source` (an address of `ns`).
+pub fn spread_from(ns: &Netns, source: IpAddr, addr: SocketAddr, n: usize) -> BTreeMap<String, usize> {
+    ns.run(move || tally((0..n).map(|_| tcp_request_from_here(source, addr, SPREAD_TIMEOUT))))
+}
+
 /// Like [`spread`], over UDP (one fresh socket, so one fresh conntrack entry, per request).
 pub fn spread_udp(ns: &Netns, addr: SocketAddr, n: usize) -> BTreeMap<String, usize> {
     ns.run(move || tally((0..n).map(|_| udp_request_here(addr, SPREAD_TIMEOUT))))
@@ -61,6 +82,22 @@ fn tcp_request_here(addr: SocketAddr, timeout: Duration) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&reply).trim().to_owned())
 }
 
+fn tcp_request_from_here(source: IpAddr, addr: SocketAddr, timeout: Duration) -> io::Result<String> {
+    let deadline = Instant::now() + timeout;
+    let stream = connect_from(source, addr, timeout)?;
+    let reply = exchange_on(stream, b"", deadline)?;
+    Ok(String::from_utf8_lossy(&reply).trim().to_owned())
+}
+
+/// A TCP connection to `addr` from `source` (port chosen by the kernel): std cannot bind
+/// before connecting, socket2 can.
+fn connect_from(source: IpAddr, addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.bind(&SocketAddr::new(source, 0).into())?;
+    socket.connect_timeout(&addr.into(), timeout)?;
+    Ok(socket.into())
+}
+
 fn http_get_here(addr: SocketAddr, path: &str, timeout: Duration) -> io::Result<(u16, String)> {
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     let raw = exchange_tcp(addr, request.as_bytes(), timeout)?;
@@ -70,7 +107,12 @@ fn http_get_here(addr: SocketAddr, path: &str, timeout: Duration) -> io::Result<
 /// Connects, sends `request`, reads to EOF; all within `timeout`.
 fn exchange_tcp(addr: SocketAddr, request: &[u8], timeout: Duration) -> io::Result<Vec<u8>> {
     let deadline = Instant::now() + timeout;
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    let stream = TcpStream::connect_timeout(&addr, timeout)?;
+    exchange_on(stream, request, deadline)
+}
+
+/// Sends `request` on the connected `stream` and reads to EOF, before `deadline`.
+fn exchange_on(mut stream: TcpStream, request: &[u8], deadline: Instant) -> io::Result<Vec<u8>> {
     stream.set_write_timeout(Some(remaining(deadline)?))?;
     stream.write_all(request)?;
     let mut reply = Vec::new();

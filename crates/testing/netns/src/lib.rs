@@ -9,6 +9,7 @@
 mod addressing;
 mod backend;
 mod client;
+mod client_addresses;
 mod error;
 mod eventually;
 mod http;
@@ -23,8 +24,9 @@ pub use addressing::{
     BRIDGE, CLIENT_IFACE, CLIENT_IP, CLUSTER_CIDR, FIRST_POD_HOST, MAX_PODS, NODE_IFACE, NODE_IP,
     NODE_LINK_PREFIX_LEN, NODE_LINK_SUBNET, POD_GATEWAY, POD_IFACE, POD_PREFIX_LEN, POD_SUBNET, pod_ip,
 };
-pub use backend::Backend;
-pub use client::{SPREAD_TIMEOUT, spread, spread_udp};
+pub use backend::{Backend, split_peer_reply};
+pub use client::{SPREAD_TIMEOUT, spread, spread_from, spread_udp};
+pub use client_addresses::{FIRST_EXTRA_CLIENT_HOST, MAX_EXTRA_CLIENT_ADDRESSES, extra_client_ip};
 pub use error::{Error, Result};
 pub use eventually::eventually;
 pub use lab::Lab;

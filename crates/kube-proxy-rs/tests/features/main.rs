@@ -1,0 +1,56 @@
+//! Every Service feature a cluster relies on, proven with real packets, in every proxy mode.
+//!
+//! Each scenario is a story a user can replay on their own cluster: the Services and
+//! EndpointSlices of one file in `examples/features/`, the real kube-proxy-rs binary in the
+//! node of a namespace lab (`crates/testing/netns`), and real TCP from the outside client,
+//! from pods and from the node. It asserts what a user would see: which pod answered, the
+//! source address that pod saw, and whether a request was answered, refused or dropped
+//! (timed out). Counts are large enough that a chance pass or fail is out of the question
+//! (each scenario says how unlikely); deadlines are ceilings against hangs, never speed
+//! checks.
+//!
+//! The scenarios are functions of the [`Mode`] they run in; [`every_mode!`] turns them into
+//! one test per mode (`session_affinity::iptables::each_client_sticks_to_one_pod`). Adding a
+//! mode to the suite is one line there, plus its [`Mode`] variant.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic fails the test
+
+/// Turns each listed scenario `fn(Mode)` of the calling module into one `#[test]` per proxy
+/// mode, in a submodule named after the mode. The list of modes lives here only.
+macro_rules! every_mode {
+    ($($scenario:ident),+ $(,)?) => {
+        in_mode!(iptables, $crate::mode::Mode::Iptables; $($scenario),+);
+    };
+}
+
+/// The tests of one mode: see [`every_mode!`].
+macro_rules! in_mode {
+    ($module:ident, $mode:expr; $($scenario:ident),+) => {
+        mod $module {
+            $(
+                #[test]
+                fn $scenario() {
+                    super::$scenario($mode)
+                }
+            )+
+        }
+    };
+}
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod manifests;
+mod mode;
+mod stage;
+mod traffic;
+
+mod external_ips;
+mod external_traffic_policy;
+mod internal_traffic_policy;
+mod load_balancer;
+mod session_affinity;
+mod terminating_endpoints;
+mod topology;
+
+use mode::Mode;

@@ -1,0 +1,116 @@
+//! The scenarios' manifests: a file of `examples/features/`, written to the proxy's manifest
+//! directory as users would copy it, then edited the way the cluster would change it (an
+//! endpoint starts terminating, the Node moves to another zone).
+//!
+//! Edits work on the parsed documents and write them back as YAML; the example's comments
+//! only survive until the first edit, which the proxy does not mind.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// One example file and its current state.
+pub struct Manifests {
+    file: &'static str,
+    original: String,
+    docs: Vec<Value>,
+    edited: bool,
+}
+
+impl Manifests {
+    /// `examples/features/<file>`.
+    pub fn example(file: &'static str) -> Self {
+        let path = examples_dir().join(file);
+        let original = std::fs::read_to_string(&path)
+            .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()));
+        let docs = serde_yaml_ng::Deserializer::from_str(&original)
+            .map(|doc| Value::deserialize(doc).unwrap_or_else(|err| panic!("{file}: {err}")))
+            .collect();
+        Self {
+            file,
+            original,
+            docs,
+            edited: false,
+        }
+    }
+
+    /// The file name it is written under.
+    pub fn file(&self) -> &'static str {
+        self.file
+    }
+
+    /// The file's text: the example itself until the first edit.
+    pub fn yaml(&self) -> String {
+        if !self.edited {
+            return self.original.clone();
+        }
+        self.docs
+            .iter()
+            .map(|doc| serde_yaml_ng::to_string(doc).unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n")
+    }
+
+    /// The EndpointSlice of Service `service` (the example has one per Service).
+    pub fn slice(&mut self, service: &str) -> &mut Value {
+        self.find(|doc| {
+            doc["kind"] == "EndpointSlice"
+                && doc["metadata"]["labels"]["kubernetes.io/service-name"] == service
+        })
+        .unwrap_or_else(|| panic!("no EndpointSlice for Service {service}"))
+    }
+
+    /// The endpoint with address `ip` in Service `service`'s slice.
+    pub fn endpoint(&mut self, service: &str, ip: Ipv4Addr) -> &mut Value {
+        let ip = ip.to_string();
+        endpoints(self.slice(service))
+            .iter_mut()
+            .find(|ep| ep["addresses"][0] == ip.as_str())
+            .unwrap_or_else(|| panic!("Service {service} has no endpoint {ip}"))
+    }
+
+    /// Adds the endpoint `endpoint` (as a slice lists it) to Service `service`'s slice.
+    pub fn add_endpoint(&mut self, service: &str, endpoint: Value) {
+        endpoints(self.slice(service)).push(endpoint);
+    }
+
+    /// Removes the endpoint with address `ip` from Service `service`'s slice.
+    pub fn remove_endpoint(&mut self, service: &str, ip: Ipv4Addr) {
+        let ip = ip.to_string();
+        let list = endpoints(self.slice(service));
+        let before = list.len();
+        list.retain(|ep| ep["addresses"][0] != ip.as_str());
+        assert_eq!(list.len() + 1, before, "Service {service} has no endpoint {ip}");
+    }
+
+    /// The Node object.
+    pub fn node(&mut self) -> &mut Value {
+        let file = self.file;
+        self.find(|doc| doc["kind"] == "Node")
+            .unwrap_or_else(|| panic!("{file} has no Node"))
+    }
+
+    /// The first document matching `wanted`, marked as edited.
+    fn find(&mut self, wanted: impl Fn(&Value) -> bool) -> Option<&mut Value> {
+        let doc = self.docs.iter_mut().find(|doc| wanted(doc))?;
+        self.edited = true;
+        Some(doc)
+    }
+}
+
+/// Endpoint conditions in a slice: `{ready, serving, terminating}`.
+pub fn conditions(ready: bool, serving: bool, terminating: bool) -> Value {
+    serde_json::json!({"ready": ready, "serving": serving, "terminating": terminating})
+}
+
+fn endpoints(slice: &mut Value) -> &mut Vec<Value> {
+    slice["endpoints"]
+        .as_array_mut()
+        .expect("the slice lists its endpoints")
+}
+
+fn examples_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/features")
+}

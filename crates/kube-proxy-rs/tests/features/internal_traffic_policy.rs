@@ -46,9 +46,7 @@ fn without_a_local_pod_traffic_is_dropped_until_one_is_scheduled_here(mode: Mode
     let stage = Stage::start(mode, 3, &manifests);
     let remote_cache = at(REMOTE_CACHE, 80);
     // node-cache is served: the rules of this sync are in place.
-    stage
-        .pod(2)
-        .wait_answered_by(at(NODE_CACHE, 80), 20, &["pod0"]);
+    stage.pod(2).wait_answered_by(at(NODE_CACHE, 80), 20, &["pod0"]);
     stage.pod(2).assert_dropped(remote_cache);
     stage.node().assert_dropped(remote_cache);
 

@@ -87,7 +87,13 @@ fn an_ingress_in_proxy_mode_is_left_to_the_load_balancer(mode: Mode) {
             sender.label
         );
     }
+    // The VIP-mode ingress in the dump shows it is the proxy's ruleset, so the absence
+    // of the other one means something.
     let rules = stage.ruleset();
+    assert!(
+        rules.contains(&SHOP_INGRESS.to_string()),
+        "the dump lacks the VIP-mode ingress, so it is not the proxy's:\n{rules}"
+    );
     assert!(
         !rules.contains(&PROXY_INGRESS.to_string()),
         "a rule names the Proxy-mode ingress:\n{rules}"

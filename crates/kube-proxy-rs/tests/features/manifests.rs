@@ -53,6 +53,14 @@ impl Manifests {
             .join("---\n")
     }
 
+    /// Service `name`, as the example states it (read only: reading is no edit).
+    pub fn service(&self, name: &str) -> &Value {
+        self.docs
+            .iter()
+            .find(|doc| doc["kind"] == "Service" && doc["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{} has no Service {name}", self.file))
+    }
+
     /// The EndpointSlice of Service `service` (the example has one per Service).
     pub fn slice(&mut self, service: &str) -> &mut Value {
         self.find(|doc| {

@@ -13,12 +13,10 @@ use crate::stage::Stage;
 use crate::traffic::{Sender, at};
 
 const FILE: &str = "session-affinity.yaml";
-/// NodePorts: sticky (ClientIP, 3 hours), brief (ClientIP, 4 s), plain (no affinity).
+/// NodePorts: sticky (ClientIP, 3 hours), brief (ClientIP, 3 s), plain (no affinity).
 const STICKY: u16 = 30130;
 const BRIEF: u16 = 30131;
 const PLAIN: u16 = 30132;
-/// brief's `timeoutSeconds`.
-const BRIEF_TIMEOUT: Duration = Duration::from_secs(4);
 /// Distinct client addresses. Each lands on one of three pods at random, so all of them on
 /// the same pod has odds of 3^-11.
 const CLIENTS: usize = 12;
@@ -59,11 +57,13 @@ fn each_client_sticks_to_its_pod_while_clients_spread_over_the_pods(mode: Mode) 
         .wait_answered_by(at(NODE_IP, PLAIN), 60, &ALL_PODS);
 }
 
-/// brief forgets a client after 4 quiet seconds. Each client sticks, goes quiet for
-/// longer, then sticks again, and some of them now to another pod: each picks anew (odds
+/// brief forgets a client after 3 quiet seconds. Each client sticks, goes quiet for
+/// a second longer, then sticks again, and some of them now to another pod: each picks anew (odds
 /// of 1/3 to pick the same pod), so all twelve keeping their pod has odds of 3^-12.
 fn stickiness_ends_once_a_client_was_quiet_for_the_timeout(mode: Mode) {
-    let stage = Stage::start(mode, 3, &Manifests::example(FILE));
+    let manifests = Manifests::example(FILE);
+    let timeout = affinity_timeout(&manifests, "brief");
+    let stage = Stage::start(mode, 3, &manifests);
     let clients = stage.add_client_addresses(CLIENTS);
     let brief = at(NODE_IP, BRIEF);
     stage.client().wait_answered(brief, 1);
@@ -76,7 +76,7 @@ fn stickiness_ends_once_a_client_was_quiet_for_the_timeout(mode: Mode) {
     };
     let before = stick_all();
     // Waiting out the timeout is the scenario, not a speed check.
-    std::thread::sleep(BRIEF_TIMEOUT + Duration::from_secs(2));
+    std::thread::sleep(timeout + Duration::from_secs(1));
     let after = stick_all();
 
     let moved = before.iter().zip(&after).filter(|(b, a)| b.1 != a.1).count();
@@ -84,4 +84,13 @@ fn stickiness_ends_once_a_client_was_quiet_for_the_timeout(mode: Mode) {
         moved > 0,
         "no client moved after the timeout:\nbefore {before:?}\nafter  {after:?}"
     );
+}
+
+/// Service `name`'s `sessionAffinityConfig.clientIP.timeoutSeconds`, as the example sets it.
+fn affinity_timeout(manifests: &Manifests, name: &str) -> Duration {
+    let spec = &manifests.service(name)["spec"];
+    let seconds = spec["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("Service {name} sets no affinity timeout: {spec}"));
+    Duration::from_secs(seconds)
 }

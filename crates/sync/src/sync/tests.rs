@@ -13,8 +13,8 @@ use kpr_world::ep;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
-use crate::run;
-use crate::test_support::{metrics_text, service_event, settings, slice_event};
+use crate::test_support::{FAMILY, metrics_text, service_event, settings, slice_event};
+use crate::{FamilyBackend, run};
 
 #[derive(Debug, Default)]
 struct Seen {
@@ -88,7 +88,7 @@ fn start_failing(sources: Vec<&'static str>, failures: Vec<(SyncKind, FailedStep
     let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
     tokio::spawn(run(
         settings(sources),
-        Box::new(Recording(seen.clone())),
+        vec![FamilyBackend::new(FAMILY, Box::new(Recording(seen.clone())))],
         rx,
         metrics,
         health.clone(),
@@ -287,7 +287,8 @@ async fn failed_full_sync_is_timed_as_full_and_not_a_partial_failure() {
         Some(loop_started),
         "a failed sync is no update"
     );
-    assert!(h.health.problem().unwrap().contains("kernel said no"));
+    let why = h.health.proxier_sync_problem(FAMILY).unwrap();
+    assert!(why.contains("kernel said no"), "{why}");
 }
 
 #[tokio::test]
@@ -421,7 +422,7 @@ async fn conntrack_reconciles_are_counted_and_timed_as_upstream() {
     let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
     tokio::spawn(run(
         settings(vec!["manifests"]),
-        Box::new(Reconciling(syncs.clone())),
+        vec![FamilyBackend::new(FAMILY, Box::new(Reconciling(syncs.clone())))],
         rx,
         metrics,
         health,

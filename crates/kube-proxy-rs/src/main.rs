@@ -1,20 +1,22 @@
 //! kube-proxy-rs: a drop-in replacement for Kubernetes' kube-proxy.
 //!
 //! This binary only wires the pipeline together (see ARCHITECTURE.md): flags and config file
-//! (kpr-config) -> sources (kpr-sources) -> sync loop (kpr-sync) -> one backend per mode
-//! (kpr-iptables) -> kernel, with health and metrics served by kpr-servers. Everything that
-//! decides what the rules are lives in the library crates.
+//! (kpr-config) -> sources (kpr-sources) -> the node's facts (node) -> sync loop (kpr-sync)
+//! -> one backend per IP family of the chosen mode (mode: kpr-iptables) -> kernel, with
+//! health and metrics served by kpr-servers. Everything that decides what the rules are
+//! lives in the library crates.
 
 mod conntrack_sysctls;
 mod fatal;
 mod iptables_mode;
 mod logging;
+mod mode;
 mod node;
 mod proxy;
 
 use std::process::ExitCode;
 
-use kpr_config::{ConfigError, ProxyMode, Settings};
+use kpr_config::{ConfigError, Settings};
 
 use crate::fatal::Fatal;
 
@@ -57,14 +59,9 @@ fn run(settings: Settings) -> Result<(), Fatal> {
         return Ok(());
     }
     if settings.cleanup {
-        return iptables_mode::cleanup_everything();
+        return mode::cleanup();
     }
-    if settings.mode != ProxyMode::Iptables {
-        return Err(Fatal::usage(format!(
-            "proxy mode {} is not available in this version of kube-proxy-rs yet; use --proxy-mode=iptables",
-            settings.mode
-        )));
-    }
+    mode::ensure_available(settings.mode)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,4 +1,5 @@
-//! Running the proxy: sources, sync loop, backend and HTTP servers, until SIGTERM.
+//! Running the proxy: sources, the node's facts, sync loop, one backend per IP family and
+//! HTTP servers, until SIGTERM (or, in NodeCIDR mode, until the node's pod CIDRs change).
 //!
 //! Rules stay in the kernel when the process exits, as upstream leaves them: a restart (or a
 //! rolling update of the DaemonSet) must not interrupt traffic. `--cleanup` removes them.
@@ -7,9 +8,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kpr_config::Settings;
+use kpr_config::{LocalMode, Settings};
 use kpr_iptables::ProcSysctl;
 use kpr_metrics::{Metrics, ProxyHealth};
+use kpr_model::NodeView;
 use kpr_runner::RunnerConfig;
 use kpr_servers::{BindPolicy, ServeError, ServerHandle, serve_healthz, serve_metrics};
 use kpr_sources::{
@@ -22,8 +24,8 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::conntrack_sysctls;
 use crate::fatal::Fatal;
-use crate::iptables_mode;
-use crate::node::node_name;
+use crate::mode;
+use crate::node::{self, NodeFacts, NodeIps, NodeWait, PodCidrWatch, node_name};
 
 /// Upstream's oom_score_adj write, best effort: a proxy killed under memory pressure takes
 /// every service on the node down with it.
@@ -46,19 +48,10 @@ fn duration(value: kpr_config::GoDuration, what: &str) -> Result<Duration, Fatal
 }
 
 pub async fn run(settings: Settings) -> Result<(), Fatal> {
-    let options = iptables_mode::options(&settings)?;
-    if settings.init_only {
-        // Upstream's split: a privileged init container prepares the host, then the proxy
-        // itself runs with only NET_ADMIN and NET_RAW.
-        set_conntrack_sysctls(&settings);
-        return kpr_iptables::prepare_host(&options, &ProcSysctl::default())
-            .map_err(|e| Fatal::runtime(format!("--init-only: {e}")));
-    }
     let config = &settings.config;
     let node_name = node_name(&config.hostname_override).map_err(Fatal::runtime)?;
     let sync_period = duration(config.sync_period(), "syncPeriod")?;
     let mut proxy_settings = ProxySettings {
-        family: options.family,
         node_name: node_name.clone(),
         runner: RunnerConfig {
             min_interval: duration(config.min_sync_period(), "minSyncPeriod")?,
@@ -67,36 +60,85 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
         sources: Vec::new(),
     };
     let rescan = duration(config.config_sync_period, "configSyncPeriod")?;
-    let (events_tx, events) = event_channel();
+    let (events_tx, mut events) = event_channel();
     for source in start_sources(&settings, &node_name, rescan).await? {
         proxy_settings.sources.push(source.name());
         tokio::spawn(source.run(events_tx.clone()));
     }
     drop(events_tx);
 
+    // Upstream's start-up order: the Node (node IPs, pod CIDRs), the families the host can
+    // serve, the configuration checked against them, then the proxiers.
+    let waited = node::wait_for_node(&mut events, &node_wait(&settings, &proxy_settings))
+        .await
+        .map_err(|e| Fatal::runtime(e.to_string()))?;
+    let facts = node_facts(&settings, node_name.clone(), waited.node.as_ref());
+    let families = mode::choose_families(facts.ips.primary_family, mode::supported_families(settings.mode))?;
+    mode::check_config(&settings, &facts, &families)?;
+    if settings.init_only {
+        // Upstream's split: a privileged init container prepares the host, then the proxy
+        // itself runs with only NET_ADMIN and NET_RAW.
+        set_conntrack_sysctls(&settings);
+        return mode::init_only(&settings, &facts, &families);
+    }
+    let pod_cidr_watch = (settings.local_mode == LocalMode::NodeCidr).then(|| PodCidrWatch {
+        node_name: node_name.clone(),
+        pod_cidrs: facts.pod_cidrs.clone(),
+    });
+    let (events, restart) = node::forward_events(events, waited.buffered, pod_cidr_watch);
+
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     // Upstream's healthTimeout: two sync periods without applying a queued change.
     let health = Arc::new(ProxyHealth::new(sync_period * 2));
     if settings.dry_run {
-        let state = kpr_sync::initial_state(&proxy_settings, events, metrics, health).await;
-        print!("{}", iptables_mode::dry_run(&state, &options)?);
+        let states = kpr_sync::initial_states(&proxy_settings, &families, events, metrics, health).await;
+        print!("{}", mode::dry_run(&settings, &facts, &states)?);
         return Ok(());
     }
 
     adjust_oom_score(config.oom_score_adj());
     set_conntrack_sysctls(&settings);
-    let backend = iptables_mode::backend(options, sync_period)?;
-    if let Err(error) = backend.init(&ProcSysctl::default()) {
-        tracing::error!(%error, "host setting for localhost NodePorts failed; they may not answer");
-    }
+    let backends = mode::backends(&settings, &facts, &families, sync_period)?;
     let (healthz, metrics_server) = serve_http(&settings, &health, &metrics, registry).await?;
-    tracing::info!(node = %node_name, mode = %settings.mode, "kube-proxy-rs starting");
-    let proxy = kpr_sync::run(proxy_settings, Box::new(backend), events, metrics, health);
+    tracing::info!(node = %node_name, mode = %settings.mode, families = ?families, "kube-proxy-rs starting");
+    let proxy = kpr_sync::run(proxy_settings, backends, events, metrics, health);
     tokio::select! {
         () = proxy => Err(Fatal::runtime("the sync loop stopped: its event sources ended")),
         result = shutdown_signal() => result,
         error = server_failure(healthz, metrics_server) => Err(Fatal::runtime(error.to_string())),
+        why = restart_needed(restart) => Err(Fatal::runtime(why)),
+    }
+}
+
+/// What start-up waits for: the Node's addresses (as long as upstream retries when the API
+/// source can bring the Node later; else the sources' initial state), and with NodeCIDR
+/// local detection its pod CIDRs.
+fn node_wait(settings: &Settings, proxy: &ProxySettings) -> NodeWait {
+    NodeWait {
+        node_name: proxy.node_name.clone(),
+        sources: proxy.sources.iter().copied().collect(),
+        node_ips_for: proxy.sources.contains(&API_SOURCE).then_some(node::NODE_IPS_WAIT),
+        pod_cidrs_for: (settings.local_mode == LocalMode::NodeCidr).then_some(node::POD_CIDRS_WAIT),
+    }
+}
+
+/// The node's facts from `--bind-address` and the Node object, if it came.
+fn node_facts(settings: &Settings, name: String, node: Option<&NodeView>) -> NodeFacts {
+    let raw = node.map(node::node_host_ips).unwrap_or_default();
+    NodeFacts {
+        name,
+        ips: NodeIps::detect(&raw, &settings.config.bind_address),
+        pod_cidrs: node.map(|n| n.pod_cidrs.clone()).unwrap_or_default(),
+    }
+}
+
+/// Resolves with the reason when the node's facts changed in a way only a restart can
+/// follow; never otherwise.
+async fn restart_needed(restart: tokio::sync::oneshot::Receiver<String>) -> String {
+    match restart.await {
+        Ok(why) => why,
+        Err(_) => std::future::pending().await,
     }
 }
 

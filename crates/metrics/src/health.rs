@@ -247,7 +247,9 @@ impl ProxyHealth {
         let last_updated = match (&late, s.last_updated()) {
             // A healthy answer says "recent", as upstream keeps for older clients.
             _ if healthy => current_time.clone(),
-            (Some((_, proxier)), _) => proxier.last_updated.map_or(ZERO_TIME.to_string(), Stamp::go_string),
+            (Some((_, proxier)), _) => proxier
+                .last_updated
+                .map_or(ZERO_TIME.to_string(), Stamp::go_string),
             (None, Some(stamp)) => stamp.go_string(),
             (None, None) => ZERO_TIME.to_string(),
         };

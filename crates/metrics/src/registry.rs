@@ -223,7 +223,7 @@ impl Metrics {
         r.register(
             "ignored_values",
             "Malformed list entries (external IPs, load-balancer ingress, source ranges, EndpointSlice \
-             addresses and ports, Node addresses) dropped from objects that are otherwise used, by kind, \
+             addresses and ports, Node addresses and pod CIDRs) dropped from objects that are otherwise used, by kind, \
              list and reason (kube-proxy-rs)",
             m.ignored_values_total.clone(),
         );

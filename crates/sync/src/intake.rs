@@ -73,10 +73,7 @@ impl Intake {
                         .sync_proxy_rules_service_changes_total
                         .get_or_create(&proxier.labels)
                         .inc();
-                    let recorded = proxier
-                        .trackers()
-                        .services
-                        .record(id.clone(), object.as_deref());
+                    let recorded = proxier.trackers().services.record(id.clone(), object.as_deref());
                     self.recorded(index, recorded, &mut outcomes);
                 }
                 self.report(outcomes);
@@ -85,10 +82,7 @@ impl Intake {
                 let mut outcomes = Outcomes::default();
                 for index in 0..self.shared.proxiers.len() {
                     let proxier = &self.shared.proxiers[index];
-                    let recorded = proxier
-                        .trackers()
-                        .endpoints
-                        .record(id.clone(), object.as_deref());
+                    let recorded = proxier.trackers().endpoints.record(id.clone(), object.as_deref());
                     // Upstream counts the slices of the proxier's own family only.
                     let ours = match &object {
                         Some(slice) => slice.address_type == proxier.labels.ip_family,

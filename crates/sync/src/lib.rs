@@ -127,7 +127,12 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn new(settings: &ProxySettings, families: &[IpFamily], metrics: Metrics, health: Arc<ProxyHealth>) -> Self {
+    pub fn new(
+        settings: &ProxySettings,
+        families: &[IpFamily],
+        metrics: Metrics,
+        health: Arc<ProxyHealth>,
+    ) -> Self {
         Self {
             proxiers: families
                 .iter()
@@ -170,10 +175,8 @@ pub async fn run(
             .get_or_create(&proxier.labels)
             .set(intake::unix_now());
     }
-    let (runners, triggers): (Vec<_>, Vec<_>) = families
-        .iter()
-        .map(|_| SyncRunner::new(settings.runner))
-        .unzip();
+    let (runners, triggers): (Vec<_>, Vec<_>) =
+        families.iter().map(|_| SyncRunner::new(settings.runner)).unzip();
     let (ready_tx, mut ready_rx) = watch::channel(false);
     let intake = Intake::new(
         shared.clone(),
@@ -201,9 +204,7 @@ pub async fn run(
 
 /// Syncs one family whenever its runner says so, each sync on a blocking thread.
 async fn sync_loop(shared: Arc<Shared>, index: usize, backend: FamilyBackend, runner: SyncRunner) {
-    let FamilyBackend {
-        backend, synced, ..
-    } = backend;
+    let FamilyBackend { backend, synced, .. } = backend;
     let backend = Arc::new(Mutex::new(backend));
     let synced = Arc::new(synced);
     runner

@@ -44,7 +44,11 @@ impl Backend for Recording {
         let changed = request.changed.iter().map(ToString::to_string).collect();
         seen.syncs.push((ips, changed));
         if seen.failing {
-            return Err(BackendError::new(SyncKind::Full, FailedStep::Restore, "kernel said no"));
+            return Err(BackendError::new(
+                SyncKind::Full,
+                FailedStep::Restore,
+                "kernel said no",
+            ));
         }
         Ok(SyncReport {
             full: true,
@@ -158,7 +162,10 @@ async fn each_family_programs_its_own_addresses_of_the_same_services() {
     let proxy = DualStack::started(vec![dual_stack_service(), ipv6_only_service()]).await;
     let v4 = proxy.v4.lock().unwrap().syncs[0].clone();
     let v6 = proxy.v6.lock().unwrap().syncs[0].clone();
-    assert_eq!(v4, (vec!["10.0.0.1".to_string()], vec!["default/web".to_string()]));
+    assert_eq!(
+        v4,
+        (vec!["10.0.0.1".to_string()], vec!["default/web".to_string()])
+    );
     // Ports in name order: default/v6only, then default/web.
     assert_eq!(
         v6,
@@ -199,10 +206,7 @@ async fn a_change_of_one_family_syncs_only_that_family() {
 
 #[tokio::test]
 async fn an_object_both_families_reject_is_reported_once() {
-    let bad = service_event(
-        "bad",
-        json!({"clusterIP": "10.0.0.999", "ports": [{"port": 80}]}),
-    );
+    let bad = service_event("bad", json!({"clusterIP": "10.0.0.999", "ports": [{"port": 80}]}));
     let proxy = DualStack::started(vec![bad, dual_stack_service()]).await;
     let text = metrics_text(&proxy.registry);
     assert!(

@@ -67,6 +67,18 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     }
     drop(events_tx);
 
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    // Upstream's healthTimeout: two sync periods without applying a queued change.
+    let health = Arc::new(ProxyHealth::new(sync_period * 2));
+    // Serving before the Node is read (upstream serves after): a proxy waiting for its Node
+    // is starting, which is healthy, and probes should not restart it for that.
+    let servers = if settings.dry_run || settings.init_only {
+        None
+    } else {
+        Some(serve_http(&settings, &health, &metrics, registry).await?)
+    };
+
     // Upstream's start-up order: the Node (node IPs, pod CIDRs), the families the host can
     // serve, the configuration checked against them, then the proxiers.
     let waited = node::wait_for_node(&mut events, &node_wait(&settings, &proxy_settings))
@@ -86,21 +98,16 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
         pod_cidrs: facts.pod_cidrs.clone(),
     });
     let (events, restart) = node::forward_events(events, waited.buffered, pod_cidr_watch);
-
-    let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
-    // Upstream's healthTimeout: two sync periods without applying a queued change.
-    let health = Arc::new(ProxyHealth::new(sync_period * 2));
     if settings.dry_run {
         let states = kpr_sync::initial_states(&proxy_settings, &families, events, metrics, health).await;
         print!("{}", mode::dry_run(&settings, &facts, &states)?);
         return Ok(());
     }
+    let (healthz, metrics_server) = servers.unwrap_or_default();
 
     adjust_oom_score(config.oom_score_adj());
     set_conntrack_sysctls(&settings);
     let backends = mode::backends(&settings, &facts, &families, sync_period)?;
-    let (healthz, metrics_server) = serve_http(&settings, &health, &metrics, registry).await?;
     tracing::info!(node = %node_name, mode = %settings.mode, families = ?families, "kube-proxy-rs starting");
     let proxy = kpr_sync::run(proxy_settings, backends, events, metrics, health);
     tokio::select! {

@@ -135,6 +135,10 @@ impl Recorder<'_> {
     /// Upstream's network programming latency: from the change that triggered an endpoint
     /// update (the slice's annotation) to the end of the sync that programmed it.
     fn record_programming_latency(&self, trigger_times: &[SystemTime]) {
+        // As upstream, a family's series appears with its first sample.
+        if trigger_times.is_empty() {
+            return;
+        }
         let now = SystemTime::now();
         let histogram = self
             .metrics()

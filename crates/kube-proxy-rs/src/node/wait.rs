@@ -7,9 +7,11 @@
 //! sources' event stream (the API source watches it; a Node among the manifests counts too),
 //! so waiting means reading that stream, keeping every event for the sync loop, until the
 //! Node has what is needed or the time is up. A source that can only deliver the Node with
-//! its initial state (the manifests) needs no waiting beyond that state.
+//! its initial state (the manifests) needs no waiting beyond that state. A source's trouble
+//! reports are logged as they come (an API server that cannot be reached is why the Node
+//! does not come); only each source's last report is kept for the sync loop.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
@@ -147,10 +149,20 @@ struct Seen {
     deleting: bool,
     synced: BTreeSet<&'static str>,
     buffered: Vec<Event>,
+    /// Each source's last trouble report (`None`: recovered).
+    trouble: BTreeMap<&'static str, Option<String>>,
 }
 
 impl Seen {
     fn see(&mut self, event: Event, node_name: &str) {
+        if let Event::SourceTrouble { source, problem } = event {
+            match &problem {
+                Some(problem) => tracing::warn!(source, "{problem}"),
+                None => tracing::info!(source, "source recovered"),
+            }
+            self.trouble.insert(source, problem);
+            return;
+        }
         match &event {
             Event::Node { object: Some(node) } => match convert_node(node) {
                 // A malformed Node is the sync loop's to report when it reads this event.
@@ -180,7 +192,14 @@ impl Seen {
         !self.deleting && self.node.as_ref().is_some_and(|n| !n.pod_cidrs.is_empty())
     }
 
-    fn finish(self, wait: &NodeWait) -> Waited {
+    fn finish(mut self, wait: &NodeWait) -> Waited {
+        // The sync loop shows a source still in trouble in /healthz; recovered ones it never
+        // heard of need no report.
+        for (source, problem) in std::mem::take(&mut self.trouble) {
+            if problem.is_some() {
+                self.buffered.push(Event::SourceTrouble { source, problem });
+            }
+        }
         match &self.node {
             Some(node) if !node.addresses.is_empty() => {
                 tracing::info!(node = %node.name, addresses = ?node.addresses, "Successfully retrieved node IP(s)");
@@ -363,6 +382,35 @@ mod tests {
         let (_tx, mut rx) = feed(vec![deleting]).await;
         let error = wait_for_node(&mut rx, &api_wait(true)).await.unwrap_err();
         assert!(matches!(error, WaitError::NoPodCidrs { .. }));
+    }
+
+    /// Trouble is logged as it comes; the sync loop gets each source's last report only, and
+    /// none for a source that recovered.
+    #[tokio::test(start_paused = true)]
+    async fn only_the_last_trouble_of_each_source_is_kept() {
+        let trouble = |source, problem: Option<&str>| Event::SourceTrouble {
+            source,
+            problem: problem.map(str::to_string),
+        };
+        let (_tx, mut rx) = feed(vec![
+            trouble("api", Some("connection refused")),
+            trouble("api", Some("connection reset")),
+            trouble("manifests", Some("cannot read")),
+            trouble("manifests", None),
+            with_address(),
+        ])
+        .await;
+        let waited = wait_for_node(&mut rx, &api_wait(false)).await.unwrap();
+        let kept: Vec<_> = waited
+            .buffered
+            .iter()
+            .filter_map(|event| match event {
+                Event::SourceTrouble { source, problem } => Some((*source, problem.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kept, [("api", Some("connection reset".to_string()))]);
+        assert_eq!(waited.buffered.len(), 2, "the Node and api's last trouble");
     }
 
     #[tokio::test(start_paused = true)]

@@ -264,7 +264,14 @@ fn wire_pod(node: &Netns, pod: &Netns, index: usize) -> Result<()> {
     add_ipv6(pod, pod_ip_v6(index), POD_PREFIX_LEN_V6, POD_IFACE)?;
     pod.ip(&["link", "set", POD_IFACE, "up"])?;
     pod.ip(&["route", "add", "default", "via", &POD_GATEWAY.to_string()])?;
-    pod.ip(&["-6", "route", "add", "default", "via", &POD_GATEWAY_V6.to_string()])?;
+    pod.ip(&[
+        "-6",
+        "route",
+        "add",
+        "default",
+        "via",
+        &POD_GATEWAY_V6.to_string(),
+    ])?;
     Ok(())
 }
 

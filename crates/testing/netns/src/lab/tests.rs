@@ -97,11 +97,20 @@ fn the_same_paths_work_over_ipv6() {
         .node()
         .tcp_backend(v6(std::net::Ipv6Addr::UNSPECIFIED, 8081), "node")
         .unwrap();
-    let udp = lab.pod(1).udp_backend(v6(pod_ip_v6(1), 5353), "pod-1 udp").unwrap();
+    let udp = lab
+        .pod(1)
+        .udp_backend(v6(pod_ip_v6(1), 5353), "pod-1 udp")
+        .unwrap();
 
     let pod0 = lab.pod(0);
-    assert_eq!(pod0.tcp_request(v6(pod_ip_v6(1), 8080), TIMEOUT).unwrap(), "pod-1");
-    assert_eq!(pod0.tcp_request(v6(POD_GATEWAY_V6, 8081), TIMEOUT).unwrap(), "node");
+    assert_eq!(
+        pod0.tcp_request(v6(pod_ip_v6(1), 8080), TIMEOUT).unwrap(),
+        "pod-1"
+    );
+    assert_eq!(
+        pod0.tcp_request(v6(POD_GATEWAY_V6, 8081), TIMEOUT).unwrap(),
+        "node"
+    );
     assert_eq!(
         lab.client().tcp_request(v6(NODE_IP_V6, 8081), TIMEOUT).unwrap(),
         "node"

@@ -1,0 +1,26 @@
+//! Fuzz target bodies, as plain functions of the input bytes.
+//!
+//! Two targets, each a panic-on-violation function so that both libFuzzer (`fuzz/`, on
+//! nightly) and the corpus replay (`tests/corpus.rs`, on stable, in CI) run exactly the same
+//! code:
+//!
+//! - [`manifest`]: bytes as a manifest file through parsing, validation and the catalog,
+//!   then through the trackers and the iptables renderer;
+//! - [`render`]: a structured cluster decoded with `arbitrary` through the model, the
+//!   trackers and the renderer under varied options.
+//!
+//! Both assert that every payload holds only the lines the renderer means to write
+//! ([`check_payload`]): whatever the input, it can never add a rule of its own.
+
+mod manifest;
+mod payload;
+mod pipeline;
+mod render;
+pub mod scenario;
+
+pub use manifest::{PATHS as MANIFEST_PATHS, manifest, manifest_payloads};
+pub use payload::{CHAIN_NAME_MAX, COMMENT_MAX_BYTES, PayloadError, check_payload};
+pub use render::{render, render_scenario};
+
+/// The targets by name, as `fuzz/fuzz_targets/` and `fuzz/corpus/` name them.
+pub const TARGETS: [(&str, fn(&[u8])); 2] = [("manifest", manifest), ("render", render)];

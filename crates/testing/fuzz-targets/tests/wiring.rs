@@ -1,0 +1,131 @@
+//! The targets really carry input to the rules: if a target silently dropped every object,
+//! its payload checks would pass on nothing, so these tests pin that accepted objects come
+//! out as rules and refused ones do not.
+
+use std::path::Path;
+
+use kpr_fuzz_targets::scenario::{
+    Address, Choice, Detector, EndpointInput, NodeInput, NodePortChoice, Number, OptionChoices, PortInput,
+    Scenario, ServiceInput, ServiceRef, SliceInput, SlicePortInput, Text, Threshold,
+};
+use kpr_fuzz_targets::{manifest_payloads, render_scenario};
+
+fn repo_file(path: &str) -> Vec<u8> {
+    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..").join(path);
+    std::fs::read(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
+}
+
+/// Payloads come per path (.yaml, .json), then per family (IPv4, IPv6).
+const YAML_V4: usize = 0;
+const YAML_V6: usize = 1;
+const JSON_V4: usize = 2;
+
+#[test]
+fn a_manifest_example_becomes_rules() {
+    let payloads = manifest_payloads(&repo_file("examples/web.yaml"));
+    assert_eq!(payloads.len(), 4);
+    let v4 = &payloads[YAML_V4];
+    assert!(v4.contains("--comment \"default/web:http cluster IP\""), "{v4}");
+    assert!(v4.contains("-A KUBE-NODEPORTS"), "{v4}");
+    assert!(v4.contains("-j KUBE-SEP-"), "{v4}");
+    assert!(!payloads[YAML_V6].contains("default/web"), "an IPv4 service has no IPv6 rules");
+    assert!(!payloads[JSON_V4].contains("default/web"), "YAML is not JSON");
+}
+
+#[test]
+fn a_json_stream_becomes_rules() {
+    let payloads = manifest_payloads(&repo_file("fuzz/seeds/manifest/stream.json"));
+    assert!(payloads[JSON_V4].contains("default/j1:http cluster IP"), "{}", payloads[JSON_V4]);
+}
+
+#[test]
+fn hostile_names_are_refused_and_a_valid_neighbour_kept() {
+    let payloads = manifest_payloads(&repo_file("fuzz/seeds/manifest/hostile-names.yaml"));
+    let v4 = &payloads[YAML_V4];
+    assert!(!v4.contains("evil") && !v4.contains("a/b/a") && !v4.contains("b/c"), "{v4}");
+    assert!(!v4.contains("-A KUBE-SERVICES -j ACCEPT"), "{v4}");
+    assert!(v4.contains("default/good:http cluster IP"), "a valid neighbour is still programmed: {v4}");
+}
+
+fn web_scenario() -> Scenario {
+    Scenario {
+        ipv6: false,
+        options: OptionChoices {
+            masquerade_all: true,
+            masquerade_bit: 14,
+            random_fully: true,
+            detector: Detector::ClusterCidr,
+            localhost_nodeports: true,
+            nodeport_addresses: NodePortChoice::All,
+            large_cluster_threshold: Threshold::Default,
+        },
+        node: NodeInput {
+            zone: None,
+            addresses: vec![Address::Raw("192.168.0.10".into())],
+            going_away: false,
+        },
+        services: vec![ServiceInput {
+            namespace: None,
+            name: Text::Raw("web".into()),
+            type_: Some(Choice::Raw("NodePort".into())),
+            cluster_ip: Some(Address::Raw("10.96.0.10".into())),
+            cluster_ips: None,
+            ports: vec![PortInput {
+                name: Some(Text::Raw("http".into())),
+                protocol: None,
+                port: Number::Any(80),
+                node_port: Some(Number::Any(30080)),
+                target_port: Some(Number::Any(8080)),
+            }],
+            external_ips: Some(vec![Address::Raw("192.0.2.1".into()), Address::Raw("bad".into())]),
+            ingress: None,
+            source_ranges: None,
+            external_policy: None,
+            internal_policy: None,
+            affinity: Some(Choice::Raw("ClientIP".into())),
+            affinity_timeout: None,
+            health_check_node_port: None,
+            ip_families: None,
+            ip_family_policy: None,
+        }],
+        slices: vec![SliceInput {
+            name: Text::Raw("web-1".into()),
+            service: ServiceRef::Index(0),
+            address_type: Choice::Raw("IPv4".into()),
+            ports: Some(vec![SlicePortInput {
+                name: Some(Text::Raw("http".into())),
+                port: Some(Number::Any(8080)),
+                protocol: None,
+            }]),
+            endpoints: vec![EndpointInput {
+                addresses: vec![Address::Raw("10.244.1.5".into())],
+                ready: Some(true),
+                serving: None,
+                terminating: None,
+                local: Some(false),
+                zone: None,
+                zone_hints: None,
+                node_hints: None,
+            }],
+        }],
+    }
+}
+
+#[test]
+fn a_scenario_becomes_rules() {
+    let payload = render_scenario(&web_scenario());
+    assert!(payload.contains("default/web:http cluster IP"), "{payload}");
+    assert!(payload.contains("-d 192.0.2.1 --dport 80"), "the good external IP: {payload}");
+    assert!(payload.contains("--dport 30080"), "{payload}");
+    assert!(payload.contains("-m recent --name KUBE-SEP-"), "ClientIP affinity: {payload}");
+    assert!(payload.contains("-j DNAT --to-destination 10.244.1.5:8080"), "{payload}");
+}
+
+#[test]
+fn a_scenario_with_a_hostile_name_renders_without_it() {
+    let mut scenario = web_scenario();
+    scenario.services[0].name = Text::Raw("web\n-A KUBE-SERVICES -j ACCEPT".into());
+    let payload = render_scenario(&scenario);
+    assert!(!payload.contains("default/web"), "{payload}");
+    assert!(!payload.contains("-A KUBE-SERVICES -j ACCEPT"), "{payload}");
+}

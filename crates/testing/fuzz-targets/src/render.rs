@@ -28,14 +28,14 @@ pub fn render(data: &[u8]) {
 /// The checks of [`render`] on one decoded scenario; returns the payload.
 pub fn render_scenario(scenario: &Scenario) -> String {
     let family = if scenario.ipv6 { IpFamily::V6 } else { IpFamily::V4 };
-    let node = scenario.node.to_api();
+    let node = scenario.node.to_api(scenario.ipv6);
     // The API holds one object per identity: the last one given wins.
     let services: BTreeMap<NamespacedName, Service> =
-        scenario.services.iter().map(|s| (s.id(), s.to_api())).collect();
+        scenario.services.iter().map(|s| (s.id(), s.to_api(scenario.ipv6))).collect();
     let slices: BTreeMap<NamespacedName, EndpointSlice> = scenario
         .slices
         .iter()
-        .map(|s| s.to_api(&scenario.services))
+        .map(|s| s.to_api(&scenario.services, scenario.ipv6))
         .collect();
 
     let mut forward = Pipeline::new(family);

@@ -2,15 +2,16 @@
 //! node) and iptables options, decoded from raw bytes with `arbitrary`, then spelled as the
 //! API objects a source would deliver.
 //!
-//! Every text field is either picked from a short list of telling values (valid names at the
-//! length limits, names that once broke things: newlines, slashes, quotes, legacy
-//! leading-zero IPs) or taken raw, so the fuzzer reaches deep into rendering quickly and still
-//! tries everything. Numbers likewise: common ports and the edges of the ranges, or any `i32`.
+//! Every text field is drawn from a [`Pool`]: mostly good values (valid, at the length
+//! limits), so most objects pass validation and the fuzzer spends its time in rendering;
+//! sometimes hostile ones (newlines, slashes, quotes, legacy leading-zero IPs, one past a
+//! limit); sometimes any string at all. Numbers and addresses likewise; "near" addresses
+//! are of the scenario's family and from a small range, so objects share and collide.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use arbitrary::Arbitrary;
+use arbitrary::{Arbitrary, Unstructured};
 use k8s_openapi::api::core::v1::{
     ClientIPConfig, LoadBalancerIngress, LoadBalancerStatus, Node, NodeAddress, NodeSpec, NodeStatus, Service,
     ServicePort, ServiceSpec, ServiceStatus, SessionAffinityConfig, Taint,
@@ -24,44 +25,97 @@ use kpr_model::{NamespacedName, SERVICE_NAME_LABEL, ZONE_LABEL};
 
 use crate::pipeline::NODE;
 
-/// Object names and namespaces worth trying.
-const NAMES: &[&str] = &[
-    "web",
-    "db",
-    "default",
-    "kube-system",
-    "a",
-    "a-b",
-    "a.b",
-    "a/b",
-    "b/c",
-    "",
-    "Web",
-    "1abc",
-    "evil\n-A KUBE-SERVICES -j ACCEPT\n#",
-    "quote\"d",
-    "with space",
-    "back\\slash",
-    "tab\there",
-    "nul\0byte",
-    "ünïcode",
-    // 63 characters: the longest DNS label.
-    "abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefgh",
-    // 64 characters: one too many.
-    "abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefghi",
-];
+/// A list of values worth trying for one field: good ones (valid, at the limits) that take
+/// an object deep into rendering, and hostile ones that must be refused cleanly.
+pub struct Pool {
+    pub good: &'static [&'static str],
+    pub hostile: &'static [&'static str],
+}
 
-/// Port names worth trying (IANA service names: at most 15 characters, one letter at least).
-const PORT_NAMES: &[&str] = &[
-    "", "http", "https", "dns", "dns-tcp", "metrics", "p", "abcdefghijklmno", "abcdefghijklmnop", "HTTP",
-    "80", "a--b", "http:80", "a b", "x\ny",
-];
+/// Object names and namespaces.
+pub const NAMES: Pool = Pool {
+    good: &[
+        "web",
+        "db",
+        "default",
+        "kube-system",
+        "a",
+        "a-b",
+        "x1",
+        // 63 characters: the longest DNS label.
+        "abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefgh",
+    ],
+    hostile: &[
+        "",
+        "a.b",
+        "a/b",
+        "b/c",
+        "Web",
+        "1abc",
+        "evil\n-A KUBE-SERVICES -j ACCEPT\n#",
+        "quote\"d",
+        "with space",
+        "back\\slash",
+        "tab\there",
+        "nul\0byte",
+        "ünïcode",
+        // 64 characters: one too many.
+        "abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefghi",
+    ],
+};
 
-/// Zones (and node names for hints) worth trying.
-const ZONES: &[&str] = &["z1", "z2", "zone-a", "", "z\n1", "a-very-long-zone-name-that-goes-on-and-on"];
+/// Port names: IANA service names, at most 15 characters, one letter at least.
+pub const PORT_NAMES: Pool = Pool {
+    good: &["http", "https", "dns", "dns-tcp", "metrics", "p", "abcdefghijklmno"],
+    hostile: &["", "abcdefghijklmnop", "HTTP", "80", "a--b", "http:80", "a b", "x\ny", "-a"],
+};
 
-/// Address texts worth trying, beyond the generated ones.
-const ADDRESSES: &[&str] = &[
+/// Zones, for node labels, endpoints and hints.
+pub const ZONES: Pool = Pool {
+    good: &["z1", "z2", "zone-a"],
+    hostile: &["", "z\n1", "a-very-long-zone-name-that-goes-on-and-on-and-on-past-sixty-three-chars"],
+};
+
+pub const NODES: Pool = Pool {
+    good: &[NODE, "node-b"],
+    hostile: &["", "Node\nA"],
+};
+
+pub const TYPES: Pool = Pool {
+    good: &["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"],
+    hostile: &["", "nodeport", "Headless"],
+};
+pub const PROTOCOLS: Pool = Pool {
+    good: &["TCP", "UDP", "SCTP"],
+    hostile: &["", "tcp", "ICMP"],
+};
+pub const POLICIES: Pool = Pool {
+    good: &["Cluster", "Local"],
+    hostile: &["", "local"],
+};
+pub const AFFINITIES: Pool = Pool {
+    good: &["None", "ClientIP"],
+    hostile: &["", "clientip"],
+};
+pub const FAMILIES: Pool = Pool {
+    good: &["IPv4", "IPv6"],
+    hostile: &["", "ipv4"],
+};
+pub const FAMILY_POLICIES: Pool = Pool {
+    good: &["SingleStack", "PreferDualStack", "RequireDualStack"],
+    hostile: &["", "DualStack"],
+};
+pub const ADDRESS_TYPES: Pool = Pool {
+    good: &["IPv4", "IPv6"],
+    hostile: &["FQDN", "", "ipv4"],
+};
+pub const IP_MODES: Pool = Pool {
+    good: &["VIP", "Proxy"],
+    hostile: &[""],
+};
+
+/// Address texts that are not plain addresses.
+const ODD_ADDRESSES: &[&str] = &[
     "172.30.0.041",
     "10.180.00.001",
     "010.096.000.010",
@@ -70,7 +124,6 @@ const ADDRESSES: &[&str] = &[
     "",
     " 10.0.0.1 ",
     "::ffff:10.0.0.1",
-    "fd00::1",
     "fe80::1%eth0",
     "0.0.0.0",
     "255.255.255.255",
@@ -80,107 +133,173 @@ const ADDRESSES: &[&str] = &[
     "example.com",
 ];
 
-/// CIDR texts worth trying.
-const CIDRS: &[&str] = &[
+/// CIDR texts that are not plain CIDRs.
+const ODD_CIDRS: &[&str] = &[
     "0.0.0.0/0",
     "::/0",
-    "10.0.0.0/8",
-    "192.168.0.10/32",
     " 10.1.0.0/16 ",
     "10.1.0.0/33",
     "10.1.0.1/16",
     "010.001.0.0/16",
-    "fd00::/64",
     "",
     "not a cidr",
 ];
 
-const PORTS: &[i32] = &[80, 443, 53, 8080, 9090, 30080, 32767, 30000, 22, 1, 65535, 0, 65536, -1];
+const PORTS: &[i32] = &[80, 443, 53, 8080, 9090, 30080, 32767, 30000, 1, 65535];
+const ODD_PORTS: &[i32] = &[0, 22, 65536, -1, i32::MAX, i32::MIN];
 
-#[derive(Arbitrary, Debug)]
-pub enum Text {
-    Known(u8),
+/// Draws from a byte which kind of value to build: most of the range for good values, so
+/// most objects pass validation and reach the renderer; some hostile; the rest anything.
+fn draw(u: &mut Unstructured<'_>) -> arbitrary::Result<(u8, Kind)> {
+    let byte: u8 = u.arbitrary()?;
+    let kind = match byte {
+        0..176 => Kind::Good,
+        176..232 => Kind::Hostile,
+        _ => Kind::Raw,
+    };
+    Ok((byte, kind))
+}
+
+enum Kind {
+    Good,
+    Hostile,
+    Raw,
+}
+
+/// One text field: a value from a [`Pool`] or any string.
+#[derive(Clone, Debug)]
+pub enum Pick {
+    Good(u8),
+    Hostile(u8),
     Raw(String),
 }
 
-impl Text {
-    fn pick(&self, list: &[&str]) -> String {
+impl<'a> Arbitrary<'a> for Pick {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(match draw(u)? {
+            (byte, Kind::Good) => Self::Good(byte),
+            (byte, Kind::Hostile) => Self::Hostile(byte),
+            (_, Kind::Raw) => Self::Raw(u.arbitrary()?),
+        })
+    }
+}
+
+impl Pick {
+    pub fn raw(text: &str) -> Self {
+        Self::Raw(text.to_owned())
+    }
+
+    pub fn text(&self, pool: &Pool) -> String {
         match self {
-            Self::Known(i) => list[usize::from(*i) % list.len()].to_owned(),
+            Self::Good(i) => nth(pool.good, *i).to_owned(),
+            Self::Hostile(i) => nth(pool.hostile, *i).to_owned(),
             Self::Raw(raw) => raw.clone(),
         }
     }
 }
 
-#[derive(Arbitrary, Debug)]
+fn nth<T: Copy>(list: &[T], index: u8) -> T {
+    list[usize::from(index) % list.len()]
+}
+
+/// A port number, timeout or other integer field.
+#[derive(Clone, Debug)]
 pub enum Number {
     Common(u8),
+    Odd(u8),
     Any(i32),
 }
 
+impl<'a> Arbitrary<'a> for Number {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(match draw(u)? {
+            (byte, Kind::Good) => Self::Common(byte),
+            (byte, Kind::Hostile) => Self::Odd(byte),
+            (_, Kind::Raw) => Self::Any(u.arbitrary()?),
+        })
+    }
+}
+
 impl Number {
-    fn value(&self) -> i32 {
+    pub fn value(&self) -> i32 {
         match self {
-            Self::Common(i) => PORTS[usize::from(*i) % PORTS.len()],
+            Self::Common(i) => nth(PORTS, *i),
+            Self::Odd(i) => nth(ODD_PORTS, *i),
             Self::Any(n) => *n,
         }
     }
 }
 
-#[derive(Arbitrary, Debug)]
+/// An IP address field. `Near` addresses are of the scenario's family and from a small
+/// range, so objects share and collide.
+#[derive(Clone, Debug)]
 pub enum Address {
+    Near(u8),
     V4([u8; 4]),
-    /// In a small range, so several objects share addresses.
-    V4Near(u8),
     V6([u16; 8]),
-    V6Near(u8),
-    Known(u8),
+    Odd(u8),
     Raw(String),
+}
+
+impl<'a> Arbitrary<'a> for Address {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(match draw(u)? {
+            (_, Kind::Good) => Self::Near(u.arbitrary()?),
+            (byte, Kind::Hostile) if byte % 3 == 0 => Self::V4(u.arbitrary()?),
+            (byte, Kind::Hostile) if byte % 3 == 1 => Self::V6(u.arbitrary()?),
+            (byte, Kind::Hostile) => Self::Odd(byte),
+            (_, Kind::Raw) => Self::Raw(u.arbitrary()?),
+        })
+    }
 }
 
 impl Address {
-    fn text(&self) -> String {
+    pub fn raw(text: &str) -> Self {
+        Self::Raw(text.to_owned())
+    }
+
+    fn text(&self, ipv6: bool) -> String {
         match self {
+            Self::Near(n) if ipv6 => format!("fd00::{n:x}"),
+            Self::Near(n) => format!("10.0.{}.{}", n / 16, n % 16),
             Self::V4(octets) => Ipv4Addr::from(*octets).to_string(),
-            Self::V4Near(n) => format!("10.0.{}.{}", n / 16, n % 16),
             Self::V6(segments) => Ipv6Addr::from(*segments).to_string(),
-            Self::V6Near(n) => format!("fd00::{n:x}"),
-            Self::Known(i) => ADDRESSES[usize::from(*i) % ADDRESSES.len()].to_owned(),
+            Self::Odd(i) => nth(ODD_ADDRESSES, *i).to_owned(),
             Self::Raw(raw) => raw.clone(),
         }
     }
 }
 
-#[derive(Arbitrary, Debug)]
+/// A CIDR field (`loadBalancerSourceRanges`), like [`Address`].
+#[derive(Clone, Debug)]
 pub enum Cidr {
+    Near(u8),
     V4([u8; 4], u8),
     V6([u16; 8], u8),
-    Known(u8),
+    Odd(u8),
     Raw(String),
+}
+
+impl<'a> Arbitrary<'a> for Cidr {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(match draw(u)? {
+            (_, Kind::Good) => Self::Near(u.arbitrary()?),
+            (byte, Kind::Hostile) if byte % 3 == 0 => Self::V4(u.arbitrary()?, u.arbitrary()?),
+            (byte, Kind::Hostile) if byte % 3 == 1 => Self::V6(u.arbitrary()?, u.arbitrary()?),
+            (byte, Kind::Hostile) => Self::Odd(byte),
+            (_, Kind::Raw) => Self::Raw(u.arbitrary()?),
+        })
+    }
 }
 
 impl Cidr {
-    fn text(&self) -> String {
+    fn text(&self, ipv6: bool) -> String {
         match self {
+            Self::Near(n) if ipv6 => format!("fd00:{n:x}::/{}", 48 + n % 80),
+            Self::Near(n) => format!("10.{n}.0.0/{}", 8 + n % 25),
             Self::V4(octets, prefix) => format!("{}/{}", Ipv4Addr::from(*octets), prefix % 34),
             Self::V6(segments, prefix) => format!("{}/{}", Ipv6Addr::from(*segments), prefix % 130),
-            Self::Known(i) => CIDRS[usize::from(*i) % CIDRS.len()].to_owned(),
-            Self::Raw(raw) => raw.clone(),
-        }
-    }
-}
-
-/// A field with a few meaningful values, or anything.
-#[derive(Arbitrary, Debug)]
-pub enum Choice {
-    Known(u8),
-    Raw(String),
-}
-
-impl Choice {
-    fn pick(&self, list: &[&str]) -> String {
-        match self {
-            Self::Known(i) => list[usize::from(*i) % list.len()].to_owned(),
+            Self::Odd(i) => nth(ODD_CIDRS, *i).to_owned(),
             Self::Raw(raw) => raw.clone(),
         }
     }
@@ -232,35 +351,35 @@ pub enum Threshold {
 
 #[derive(Arbitrary, Debug)]
 pub struct NodeInput {
-    pub zone: Option<Text>,
+    pub zone: Option<Pick>,
     pub addresses: Vec<Address>,
     pub going_away: bool,
 }
 
 #[derive(Arbitrary, Debug)]
 pub struct ServiceInput {
-    pub namespace: Option<Text>,
-    pub name: Text,
-    pub type_: Option<Choice>,
+    pub namespace: Option<Pick>,
+    pub name: Pick,
+    pub type_: Option<Pick>,
     pub cluster_ip: Option<Address>,
     pub cluster_ips: Option<Vec<Address>>,
     pub ports: Vec<PortInput>,
     pub external_ips: Option<Vec<Address>>,
     pub ingress: Option<Vec<IngressInput>>,
     pub source_ranges: Option<Vec<Cidr>>,
-    pub external_policy: Option<Choice>,
-    pub internal_policy: Option<Choice>,
-    pub affinity: Option<Choice>,
+    pub external_policy: Option<Pick>,
+    pub internal_policy: Option<Pick>,
+    pub affinity: Option<Pick>,
     pub affinity_timeout: Option<Number>,
     pub health_check_node_port: Option<Number>,
-    pub ip_families: Option<Vec<Choice>>,
-    pub ip_family_policy: Option<Choice>,
+    pub ip_families: Option<Vec<Pick>>,
+    pub ip_family_policy: Option<Pick>,
 }
 
 #[derive(Arbitrary, Debug)]
 pub struct PortInput {
-    pub name: Option<Text>,
-    pub protocol: Option<Choice>,
+    pub name: Option<Pick>,
+    pub protocol: Option<Pick>,
     pub port: Number,
     pub node_port: Option<Number>,
     pub target_port: Option<Number>,
@@ -269,15 +388,15 @@ pub struct PortInput {
 #[derive(Arbitrary, Debug)]
 pub struct IngressInput {
     pub ip: Option<Address>,
-    pub hostname: Option<Text>,
-    pub ip_mode: Option<Choice>,
+    pub hostname: Option<Pick>,
+    pub ip_mode: Option<Pick>,
 }
 
 #[derive(Arbitrary, Debug)]
 pub struct SliceInput {
-    pub name: Text,
+    pub name: Pick,
     pub service: ServiceRef,
-    pub address_type: Choice,
+    pub address_type: Pick,
     pub ports: Option<Vec<SlicePortInput>>,
     pub endpoints: Vec<EndpointInput>,
 }
@@ -286,15 +405,19 @@ pub struct SliceInput {
 #[derive(Arbitrary, Debug)]
 pub enum ServiceRef {
     Index(u8),
-    Other { namespace: Option<Text>, name: Text },
+    Other { namespace: Option<Pick>, name: Pick },
     Unlabelled,
 }
 
 #[derive(Arbitrary, Debug)]
-pub struct SlicePortInput {
-    pub name: Option<Text>,
-    pub port: Option<Number>,
-    pub protocol: Option<Choice>,
+pub enum SlicePortInput {
+    /// Named and typed like port `index` of the owning Service, so endpoints attach to it.
+    Like { index: u8, port: Option<Number> },
+    Own {
+        name: Option<Pick>,
+        port: Option<Number>,
+        protocol: Option<Pick>,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -303,38 +426,37 @@ pub struct EndpointInput {
     pub ready: Option<bool>,
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
-    pub local: Option<bool>,
-    pub zone: Option<Text>,
-    pub zone_hints: Option<Vec<Text>>,
-    pub node_hints: Option<Vec<Text>>,
+    pub node_name: Option<Pick>,
+    pub zone: Option<Pick>,
+    pub zone_hints: Option<Vec<Pick>>,
+    pub node_hints: Option<Vec<Pick>>,
 }
 
-const TYPES: &[&str] = &["ClusterIP", "NodePort", "LoadBalancer", "ExternalName", "", "nodeport"];
-const PROTOCOLS: &[&str] = &["TCP", "UDP", "SCTP", "", "tcp", "ICMP"];
-const POLICIES: &[&str] = &["Cluster", "Local", "", "local"];
-const AFFINITIES: &[&str] = &["None", "ClientIP", "", "clientip"];
-const FAMILIES: &[&str] = &["IPv4", "IPv6", "", "ipv4"];
-const FAMILY_POLICIES: &[&str] = &["SingleStack", "PreferDualStack", "RequireDualStack", ""];
-const ADDRESS_TYPES: &[&str] = &["IPv4", "IPv6", "FQDN", ""];
-const IP_MODES: &[&str] = &["VIP", "Proxy", ""];
+fn texts<T>(list: &Option<Vec<T>>, text: impl Fn(&T) -> String) -> Option<Vec<String>> {
+    list.as_ref().map(|items| items.iter().map(text).collect())
+}
+
+fn pick(field: &Option<Pick>, pool: &Pool) -> Option<String> {
+    field.as_ref().map(|p| p.text(pool))
+}
 
 impl ServiceInput {
     /// `namespace/name` as the API would store it (an absent namespace is `default`).
     pub fn id(&self) -> NamespacedName {
-        let namespace = self.namespace.as_ref().map(|n| n.pick(NAMES));
-        let namespace = namespace.filter(|n| !n.is_empty());
-        NamespacedName::new(namespace.as_deref().unwrap_or("default"), &self.name.pick(NAMES))
+        let namespace = pick(&self.namespace, &NAMES).filter(|n| !n.is_empty());
+        NamespacedName::new(namespace.as_deref().unwrap_or("default"), &self.name.text(&NAMES))
     }
 
-    pub fn to_api(&self) -> Service {
+    pub fn to_api(&self, ipv6: bool) -> Service {
         let id = self.id();
+        let address = |a: &Address| a.text(ipv6);
         let affinity_config = self.affinity_timeout.as_ref().map(|t| SessionAffinityConfig {
             client_ip: Some(ClientIPConfig {
                 timeout_seconds: Some(t.value()),
             }),
         });
         let ingress = self.ingress.as_ref().map(|list| LoadBalancerStatus {
-            ingress: Some(list.iter().map(IngressInput::to_api).collect()),
+            ingress: Some(list.iter().map(|i| i.to_api(ipv6)).collect()),
         });
         Service {
             metadata: ObjectMeta {
@@ -343,19 +465,19 @@ impl ServiceInput {
                 ..ObjectMeta::default()
             },
             spec: Some(ServiceSpec {
-                type_: self.type_.as_ref().map(|t| t.pick(TYPES)),
-                cluster_ip: self.cluster_ip.as_ref().map(Address::text),
-                cluster_ips: texts(&self.cluster_ips, Address::text),
+                type_: pick(&self.type_, &TYPES),
+                cluster_ip: self.cluster_ip.as_ref().map(address),
+                cluster_ips: texts(&self.cluster_ips, address),
                 ports: Some(self.ports.iter().map(PortInput::to_api).collect()),
-                external_ips: texts(&self.external_ips, Address::text),
-                load_balancer_source_ranges: texts(&self.source_ranges, Cidr::text),
-                external_traffic_policy: self.external_policy.as_ref().map(|p| p.pick(POLICIES)),
-                internal_traffic_policy: self.internal_policy.as_ref().map(|p| p.pick(POLICIES)),
-                session_affinity: self.affinity.as_ref().map(|a| a.pick(AFFINITIES)),
+                external_ips: texts(&self.external_ips, address),
+                load_balancer_source_ranges: texts(&self.source_ranges, |c| c.text(ipv6)),
+                external_traffic_policy: pick(&self.external_policy, &POLICIES),
+                internal_traffic_policy: pick(&self.internal_policy, &POLICIES),
+                session_affinity: pick(&self.affinity, &AFFINITIES),
                 session_affinity_config: affinity_config,
                 health_check_node_port: self.health_check_node_port.as_ref().map(Number::value),
-                ip_families: texts(&self.ip_families, |f| f.pick(FAMILIES)),
-                ip_family_policy: self.ip_family_policy.as_ref().map(|p| p.pick(FAMILY_POLICIES)),
+                ip_families: texts(&self.ip_families, |f| f.text(&FAMILIES)),
+                ip_family_policy: pick(&self.ip_family_policy, &FAMILY_POLICIES),
                 ..ServiceSpec::default()
             }),
             status: Some(ServiceStatus {
@@ -366,15 +488,11 @@ impl ServiceInput {
     }
 }
 
-fn texts<T>(list: &Option<Vec<T>>, text: impl Fn(&T) -> String) -> Option<Vec<String>> {
-    list.as_ref().map(|items| items.iter().map(text).collect())
-}
-
 impl PortInput {
     fn to_api(&self) -> ServicePort {
         ServicePort {
-            name: self.name.as_ref().map(|n| n.pick(PORT_NAMES)),
-            protocol: self.protocol.as_ref().map(|p| p.pick(PROTOCOLS)),
+            name: pick(&self.name, &PORT_NAMES),
+            protocol: pick(&self.protocol, &PROTOCOLS),
             port: self.port.value(),
             node_port: self.node_port.as_ref().map(Number::value),
             target_port: self.target_port.as_ref().map(|t| IntOrString::Int(t.value())),
@@ -384,11 +502,11 @@ impl PortInput {
 }
 
 impl IngressInput {
-    fn to_api(&self) -> LoadBalancerIngress {
+    fn to_api(&self, ipv6: bool) -> LoadBalancerIngress {
         LoadBalancerIngress {
-            ip: self.ip.as_ref().map(Address::text),
-            hostname: self.hostname.as_ref().map(|h| h.pick(NAMES)),
-            ip_mode: self.ip_mode.as_ref().map(|m| m.pick(IP_MODES)),
+            ip: self.ip.as_ref().map(|a| a.text(ipv6)),
+            hostname: pick(&self.hostname, &NAMES),
+            ip_mode: pick(&self.ip_mode, &IP_MODES),
             ..LoadBalancerIngress::default()
         }
     }
@@ -396,20 +514,24 @@ impl IngressInput {
 
 impl SliceInput {
     /// The slice's own `namespace/name` (its namespace is its Service's) and the object.
-    pub fn to_api(&self, services: &[ServiceInput]) -> (NamespacedName, EndpointSlice) {
+    pub fn to_api(&self, services: &[ServiceInput], ipv6: bool) -> (NamespacedName, EndpointSlice) {
         let owner = match &self.service {
-            ServiceRef::Index(i) if !services.is_empty() => {
-                Some(services[usize::from(*i) % services.len()].id())
-            }
-            ServiceRef::Index(_) | ServiceRef::Unlabelled => None,
-            ServiceRef::Other { namespace, name } => {
-                let namespace = namespace.as_ref().map_or_else(|| "default".to_owned(), |n| n.pick(NAMES));
-                Some(NamespacedName::new(&namespace, &name.pick(NAMES)))
-            }
+            ServiceRef::Index(i) if !services.is_empty() => Some(&services[usize::from(*i) % services.len()]),
+            ServiceRef::Index(_) | ServiceRef::Other { .. } | ServiceRef::Unlabelled => None,
         };
-        let namespace = owner.as_ref().map_or_else(|| "default".into(), |o| o.namespace.clone());
-        let id = NamespacedName::new(&namespace, &self.name.pick(NAMES));
-        let labels = owner.map(|o| BTreeMap::from([(SERVICE_NAME_LABEL.to_owned(), o.name.to_string())]));
+        let owner_id = match &self.service {
+            ServiceRef::Other { namespace, name } => {
+                let namespace = pick(namespace, &NAMES).unwrap_or_else(|| "default".to_owned());
+                Some(NamespacedName::new(&namespace, &name.text(&NAMES)))
+            }
+            _ => owner.map(ServiceInput::id),
+        };
+        let namespace = owner_id.as_ref().map_or_else(|| "default".into(), |o| o.namespace.clone());
+        let id = NamespacedName::new(&namespace, &self.name.text(&NAMES));
+        let labels = owner_id.map(|o| BTreeMap::from([(SERVICE_NAME_LABEL.to_owned(), o.name.to_string())]));
+        let owner_ports: Vec<ServicePort> = owner
+            .map(|o| o.ports.iter().map(PortInput::to_api).collect())
+            .unwrap_or_default();
         let slice = EndpointSlice {
             metadata: ObjectMeta {
                 name: Some(id.name.to_string()),
@@ -417,64 +539,72 @@ impl SliceInput {
                 labels,
                 ..ObjectMeta::default()
             },
-            address_type: self.address_type.pick(ADDRESS_TYPES),
+            address_type: self.address_type.text(&ADDRESS_TYPES),
             ports: self
                 .ports
                 .as_ref()
-                .map(|ports| ports.iter().map(SlicePortInput::to_api).collect()),
-            endpoints: self.endpoints.iter().map(EndpointInput::to_api).collect(),
+                .map(|ports| ports.iter().map(|p| p.to_api(&owner_ports)).collect()),
+            endpoints: self.endpoints.iter().map(|e| e.to_api(ipv6)).collect(),
         };
         (id, slice)
     }
 }
 
 impl SlicePortInput {
-    fn to_api(&self) -> EndpointPort {
-        EndpointPort {
-            name: self.name.as_ref().map(|n| n.pick(PORT_NAMES)),
-            port: self.port.as_ref().map(Number::value),
-            protocol: self.protocol.as_ref().map(|p| p.pick(PROTOCOLS)),
-            ..EndpointPort::default()
+    fn to_api(&self, owner_ports: &[ServicePort]) -> EndpointPort {
+        match self {
+            Self::Like { index, port } => {
+                let like = owner_ports.get(usize::from(*index) % owner_ports.len().max(1));
+                EndpointPort {
+                    name: like.and_then(|p| p.name.clone()),
+                    protocol: like.and_then(|p| p.protocol.clone()),
+                    port: port.as_ref().map(Number::value).or(like.map(|p| p.port)),
+                    ..EndpointPort::default()
+                }
+            }
+            Self::Own { name, port, protocol } => EndpointPort {
+                name: pick(name, &PORT_NAMES),
+                port: port.as_ref().map(Number::value),
+                protocol: pick(protocol, &PROTOCOLS),
+                ..EndpointPort::default()
+            },
         }
     }
 }
 
 impl EndpointInput {
-    fn to_api(&self) -> Endpoint {
+    fn to_api(&self, ipv6: bool) -> Endpoint {
         let conditions = EndpointConditions {
             ready: self.ready,
             serving: self.serving,
             terminating: self.terminating,
         };
         let hints = (self.zone_hints.is_some() || self.node_hints.is_some()).then(|| EndpointHints {
-            for_zones: texts(&self.zone_hints, |z| z.pick(ZONES))
+            for_zones: texts(&self.zone_hints, |z| z.text(&ZONES))
                 .map(|zones| zones.into_iter().map(|name| ForZone { name }).collect()),
-            for_nodes: texts(&self.node_hints, |n| n.pick(&[NODE, "node-b", ""]))
+            for_nodes: texts(&self.node_hints, |n| n.text(&NODES))
                 .map(|nodes| nodes.into_iter().map(|name| ForNode { name }).collect()),
         });
         Endpoint {
-            addresses: self.addresses.iter().map(Address::text).collect(),
+            addresses: self.addresses.iter().map(|a| a.text(ipv6)).collect(),
             conditions: Some(conditions),
             hints,
-            node_name: self.local.map(|local| if local { NODE } else { "node-b" }.to_owned()),
-            zone: self.zone.as_ref().map(|z| z.pick(ZONES)),
+            node_name: pick(&self.node_name, &NODES),
+            zone: pick(&self.zone, &ZONES),
             ..Endpoint::default()
         }
     }
 }
 
 impl NodeInput {
-    pub fn to_api(&self) -> Node {
-        let labels = self
-            .zone
-            .as_ref()
-            .map(|z| BTreeMap::from([(ZONE_LABEL.to_owned(), z.pick(ZONES))]));
+    pub fn to_api(&self, ipv6: bool) -> Node {
+        let labels = pick(&self.zone, &ZONES).map(|z| BTreeMap::from([(ZONE_LABEL.to_owned(), z)]));
         let addresses = self
             .addresses
             .iter()
             .enumerate()
             .map(|(i, a)| NodeAddress {
-                address: a.text(),
+                address: a.text(ipv6),
                 type_: if i % 2 == 0 { "InternalIP" } else { "ExternalIP" }.to_owned(),
             })
             .collect();

@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use kpr_fuzz_targets::scenario::{
-    Address, Choice, Detector, EndpointInput, NodeInput, NodePortChoice, Number, OptionChoices, PortInput,
-    Scenario, ServiceInput, ServiceRef, SliceInput, SlicePortInput, Text, Threshold,
+    Address, Detector, EndpointInput, NodeInput, NodePortChoice, Number, OptionChoices, Pick, PortInput,
+    Scenario, ServiceInput, ServiceRef, SliceInput, SlicePortInput, Threshold,
 };
 use kpr_fuzz_targets::{manifest_payloads, render_scenario};
 
@@ -61,48 +61,47 @@ fn web_scenario() -> Scenario {
         },
         node: NodeInput {
             zone: None,
-            addresses: vec![Address::Raw("192.168.0.10".into())],
+            addresses: vec![Address::raw("192.168.0.10")],
             going_away: false,
         },
         services: vec![ServiceInput {
             namespace: None,
-            name: Text::Raw("web".into()),
-            type_: Some(Choice::Raw("NodePort".into())),
-            cluster_ip: Some(Address::Raw("10.96.0.10".into())),
+            name: Pick::raw("web"),
+            type_: Some(Pick::raw("NodePort")),
+            cluster_ip: Some(Address::raw("10.96.0.10")),
             cluster_ips: None,
             ports: vec![PortInput {
-                name: Some(Text::Raw("http".into())),
+                name: Some(Pick::raw("http")),
                 protocol: None,
                 port: Number::Any(80),
                 node_port: Some(Number::Any(30080)),
                 target_port: Some(Number::Any(8080)),
             }],
-            external_ips: Some(vec![Address::Raw("192.0.2.1".into()), Address::Raw("bad".into())]),
+            external_ips: Some(vec![Address::raw("192.0.2.1"), Address::raw("bad")]),
             ingress: None,
             source_ranges: None,
             external_policy: None,
             internal_policy: None,
-            affinity: Some(Choice::Raw("ClientIP".into())),
+            affinity: Some(Pick::raw("ClientIP")),
             affinity_timeout: None,
             health_check_node_port: None,
             ip_families: None,
             ip_family_policy: None,
         }],
         slices: vec![SliceInput {
-            name: Text::Raw("web-1".into()),
+            name: Pick::raw("web-1"),
             service: ServiceRef::Index(0),
-            address_type: Choice::Raw("IPv4".into()),
-            ports: Some(vec![SlicePortInput {
-                name: Some(Text::Raw("http".into())),
+            address_type: Pick::raw("IPv4"),
+            ports: Some(vec![SlicePortInput::Like {
+                index: 0,
                 port: Some(Number::Any(8080)),
-                protocol: None,
             }]),
             endpoints: vec![EndpointInput {
-                addresses: vec![Address::Raw("10.244.1.5".into())],
+                addresses: vec![Address::raw("10.244.1.5")],
                 ready: Some(true),
                 serving: None,
                 terminating: None,
-                local: Some(false),
+                node_name: Some(Pick::raw("node-b")),
                 zone: None,
                 zone_hints: None,
                 node_hints: None,
@@ -124,7 +123,7 @@ fn a_scenario_becomes_rules() {
 #[test]
 fn a_scenario_with_a_hostile_name_renders_without_it() {
     let mut scenario = web_scenario();
-    scenario.services[0].name = Text::Raw("web\n-A KUBE-SERVICES -j ACCEPT".into());
+    scenario.services[0].name = Pick::raw("web\n-A KUBE-SERVICES -j ACCEPT");
     let payload = render_scenario(&scenario);
     assert!(!payload.contains("default/web"), "{payload}");
     assert!(!payload.contains("-A KUBE-SERVICES -j ACCEPT"), "{payload}");

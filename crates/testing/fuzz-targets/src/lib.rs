@@ -20,7 +20,7 @@ pub mod scenario;
 
 pub use manifest::{PATHS as MANIFEST_PATHS, manifest, manifest_payloads};
 pub use payload::{CHAIN_NAME_MAX, COMMENT_MAX_BYTES, PayloadError, check_payload};
-pub use render::{render, render_scenario};
+pub use render::{render, render_payload, render_scenario};
 
 /// The targets by name, as `fuzz/fuzz_targets/` and `fuzz/corpus/` name them.
 pub const TARGETS: [(&str, fn(&[u8])); 2] = [("manifest", manifest), ("render", render)];

@@ -77,11 +77,7 @@ fn options(family: IpFamily, node_ips: &[IpAddr]) -> IptablesOptions {
     IptablesOptions {
         family,
         local_detector: LocalDetector::ClusterCidr(cluster_cidr.parse().into_iter().collect()),
-        node_ips: node_ips
-            .iter()
-            .copied()
-            .filter(|ip| family.matches(ip))
-            .collect(),
+        node_ips: node_ips.iter().copied().filter(|ip| family.matches(ip)).collect(),
         ..IptablesOptions::default()
     }
 }

@@ -51,9 +51,7 @@ pub fn check_payload(payload: &str) -> Result<(), PayloadError> {
     }
     let mut reader = Reader::default();
     for (index, line) in payload.lines().enumerate() {
-        reader
-            .line(line)
-            .map_err(|why| error(index + 1, line, &why))?;
+        reader.line(line).map_err(|why| error(index + 1, line, &why))?;
     }
     if let Some(table) = reader.table {
         return Err(error(0, "", &format!("table {table} is never committed")));
@@ -215,10 +213,19 @@ mod tests {
             -A KUBE-SERVICES -j ACCEPT\n#\" -j REJECT\nCOMMIT\n";
         let error = check_payload(injected).unwrap_err();
         assert_eq!(error.line, 3, "{error}");
-        assert_eq!(why("*filter\n-F KUBE-SERVICES\nCOMMIT\n"), "not a line the renderer writes");
-        assert_eq!(why("*raw\nCOMMIT\n"), "expected `*filter`, `*nat` or `*mangle` between tables");
+        assert_eq!(
+            why("*filter\n-F KUBE-SERVICES\nCOMMIT\n"),
+            "not a line the renderer writes"
+        );
+        assert_eq!(
+            why("*raw\nCOMMIT\n"),
+            "expected `*filter`, `*nat` or `*mangle` between tables"
+        );
         assert_eq!(why("*nat\n:KUBE-A - [0:0]\n"), "table nat is never committed");
-        assert_eq!(why("*nat\n:KUBE-A - [0:0]\nCOMMIT"), "payload does not end with a newline");
+        assert_eq!(
+            why("*nat\n:KUBE-A - [0:0]\nCOMMIT"),
+            "payload does not end with a newline"
+        );
     }
 
     #[test]
@@ -231,13 +238,17 @@ mod tests {
         );
         let long = format!("*nat\n:{} - [0:0]\nCOMMIT\n", "K".repeat(29));
         assert!(why(&long).starts_with("bad chain name"));
-        assert_eq!(why("*nat\n:KUBE-A -\nCOMMIT\n"), "declaration not of the form `:CHAIN - [0:0]`");
+        assert_eq!(
+            why("*nat\n:KUBE-A -\nCOMMIT\n"),
+            "declaration not of the form `:CHAIN - [0:0]`"
+        );
     }
 
     #[test]
     fn control_characters_other_than_newline_are_refused() {
         for c in ['\r', '\0', '\t', '\u{1b}', '\u{85}'] {
-            let payload = format!("*nat\n:KUBE-A - [0:0]\n-A KUBE-A -m comment --comment \"a{c}b\" -j X\nCOMMIT\n");
+            let payload =
+                format!("*nat\n:KUBE-A - [0:0]\n-A KUBE-A -m comment --comment \"a{c}b\" -j X\nCOMMIT\n");
             let error = check_payload(&payload).unwrap_err();
             assert_eq!(error.line, 3, "{c:?}");
             assert!(error.why.starts_with("control character"), "{c:?}: {error}");
@@ -247,7 +258,10 @@ mod tests {
     #[test]
     fn quotes_must_balance_and_comments_fit_the_kernel() {
         let rule = |args: &str| format!("*nat\n:KUBE-A - [0:0]\n-A KUBE-A {args}\nCOMMIT\n");
-        assert_eq!(why(&rule("-m comment --comment \"open -j X")), "unclosed double quote");
+        assert_eq!(
+            why(&rule("-m comment --comment \"open -j X")),
+            "unclosed double quote"
+        );
         assert_eq!(why(&rule("-m comment --comment")), "--comment without its text");
         assert_eq!(check_payload(&rule(r#"--comment "say \"hi\" \\" -j X"#)), Ok(()));
         let fits = format!("--comment \"{}\" -j X", "c".repeat(COMMENT_MAX_BYTES));

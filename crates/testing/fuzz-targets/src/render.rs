@@ -20,9 +20,14 @@ use crate::pipeline::{Pipeline, render_checked};
 use crate::scenario::{Detector, NodePortChoice, OptionChoices, Scenario, Threshold, primary_ip};
 
 pub fn render(data: &[u8]) {
-    if let Ok(scenario) = Scenario::arbitrary_take_rest(Unstructured::new(data)) {
-        render_scenario(&scenario);
-    }
+    render_payload(data);
+}
+
+/// The checks of [`render`]; returns the payload, or `None` when the bytes do not decode
+/// to a scenario.
+pub fn render_payload(data: &[u8]) -> Option<String> {
+    let scenario = Scenario::arbitrary_take_rest(Unstructured::new(data)).ok()?;
+    Some(render_scenario(&scenario))
 }
 
 /// The checks of [`render`] on one decoded scenario; returns the payload.
@@ -30,8 +35,11 @@ pub fn render_scenario(scenario: &Scenario) -> String {
     let family = if scenario.ipv6 { IpFamily::V6 } else { IpFamily::V4 };
     let node = scenario.node.to_api(scenario.ipv6);
     // The API holds one object per identity: the last one given wins.
-    let services: BTreeMap<NamespacedName, Service> =
-        scenario.services.iter().map(|s| (s.id(), s.to_api(scenario.ipv6))).collect();
+    let services: BTreeMap<NamespacedName, Service> = scenario
+        .services
+        .iter()
+        .map(|s| (s.id(), s.to_api(scenario.ipv6)))
+        .collect();
     let slices: BTreeMap<NamespacedName, EndpointSlice> = scenario
         .slices
         .iter()
@@ -40,14 +48,24 @@ pub fn render_scenario(scenario: &Scenario) -> String {
 
     let mut forward = Pipeline::new(family);
     forward.node(Some(&node));
-    services.iter().for_each(|(id, s)| forward.service(id.clone(), Some(s)));
-    slices.iter().for_each(|(id, s)| forward.slice(id.clone(), Some(s)));
+    services
+        .iter()
+        .for_each(|(id, s)| forward.service(id.clone(), Some(s)));
+    slices
+        .iter()
+        .for_each(|(id, s)| forward.slice(id.clone(), Some(s)));
     let options = options(&scenario.options, family, forward.node_ips());
     let text = render_checked(&forward.take(), &options);
 
     let mut backward = Pipeline::new(family);
-    slices.iter().rev().for_each(|(id, s)| backward.slice(id.clone(), Some(s)));
-    services.iter().rev().for_each(|(id, s)| backward.service(id.clone(), Some(s)));
+    slices
+        .iter()
+        .rev()
+        .for_each(|(id, s)| backward.slice(id.clone(), Some(s)));
+    services
+        .iter()
+        .rev()
+        .for_each(|(id, s)| backward.service(id.clone(), Some(s)));
     backward.node(Some(&node));
     assert_eq!(
         render_checked(&backward.take(), &options),
@@ -72,8 +90,12 @@ fn options(choices: &OptionChoices, family: IpFamily, node_ips: &[IpAddr]) -> Ip
     let nodeport_addresses = match choices.nodeport_addresses {
         NodePortChoice::All => NodePortAddresses::All,
         NodePortChoice::NodeIp => NodePortAddresses::Cidrs(vec![IpNet::from(primary)]),
-        NodePortChoice::Loopback => NodePortAddresses::Cidrs(net(if ipv6 { "::1/128" } else { "127.0.0.0/8" })),
-        NodePortChoice::Elsewhere => NodePortAddresses::Cidrs(net(if ipv6 { "2001:db8::/64" } else { "203.0.113.0/24" })),
+        NodePortChoice::Loopback => {
+            NodePortAddresses::Cidrs(net(if ipv6 { "::1/128" } else { "127.0.0.0/8" }))
+        }
+        NodePortChoice::Elsewhere => {
+            NodePortAddresses::Cidrs(net(if ipv6 { "2001:db8::/64" } else { "203.0.113.0/24" }))
+        }
     };
     let large_cluster_endpoints_threshold = match choices.large_cluster_threshold {
         Threshold::Default => IptablesOptions::default().large_cluster_endpoints_threshold,

@@ -13,8 +13,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use arbitrary::{Arbitrary, Unstructured};
 use k8s_openapi::api::core::v1::{
-    ClientIPConfig, LoadBalancerIngress, LoadBalancerStatus, Node, NodeAddress, NodeSpec, NodeStatus, Service,
-    ServicePort, ServiceSpec, ServiceStatus, SessionAffinityConfig, Taint,
+    ClientIPConfig, LoadBalancerIngress, LoadBalancerStatus, Node, NodeAddress, NodeSpec, NodeStatus,
+    Service, ServicePort, ServiceSpec, ServiceStatus, SessionAffinityConfig, Taint,
 };
 use k8s_openapi::api::discovery::v1::{
     Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForNode, ForZone,
@@ -66,14 +66,36 @@ pub const NAMES: Pool = Pool {
 
 /// Port names: IANA service names, at most 15 characters, one letter at least.
 pub const PORT_NAMES: Pool = Pool {
-    good: &["http", "https", "dns", "dns-tcp", "metrics", "p", "abcdefghijklmno"],
-    hostile: &["", "abcdefghijklmnop", "HTTP", "80", "a--b", "http:80", "a b", "x\ny", "-a"],
+    good: &[
+        "http",
+        "https",
+        "dns",
+        "dns-tcp",
+        "metrics",
+        "p",
+        "abcdefghijklmno",
+    ],
+    hostile: &[
+        "",
+        "abcdefghijklmnop",
+        "HTTP",
+        "80",
+        "a--b",
+        "http:80",
+        "a b",
+        "x\ny",
+        "-a",
+    ],
 };
 
 /// Zones, for node labels, endpoints and hints.
 pub const ZONES: Pool = Pool {
     good: &["z1", "z2", "zone-a"],
-    hostile: &["", "z\n1", "a-very-long-zone-name-that-goes-on-and-on-and-on-past-sixty-three-chars"],
+    hostile: &[
+        "",
+        "z\n1",
+        "a-very-long-zone-name-that-goes-on-and-on-and-on-past-sixty-three-chars",
+    ],
 };
 
 pub const NODES: Pool = Pool {
@@ -82,8 +104,8 @@ pub const NODES: Pool = Pool {
 };
 
 pub const TYPES: Pool = Pool {
-    good: &["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"],
-    hostile: &["", "nodeport", "Headless"],
+    good: &["ClusterIP", "NodePort", "LoadBalancer"],
+    hostile: &["ExternalName", "", "nodeport", "Headless"],
 };
 pub const PROTOCOLS: Pool = Pool {
     good: &["TCP", "UDP", "SCTP"],
@@ -104,10 +126,6 @@ pub const FAMILIES: Pool = Pool {
 pub const FAMILY_POLICIES: Pool = Pool {
     good: &["SingleStack", "PreferDualStack", "RequireDualStack"],
     hostile: &["", "DualStack"],
-};
-pub const ADDRESS_TYPES: Pool = Pool {
-    good: &["IPv4", "IPv6"],
-    hostile: &["FQDN", "", "ipv4"],
 };
 pub const IP_MODES: Pool = Pool {
     good: &["VIP", "Proxy"],
@@ -148,13 +166,14 @@ const ODD_CIDRS: &[&str] = &[
 const PORTS: &[i32] = &[80, 443, 53, 8080, 9090, 30080, 32767, 30000, 1, 65535];
 const ODD_PORTS: &[i32] = &[0, 22, 65536, -1, i32::MAX, i32::MIN];
 
-/// Draws from a byte which kind of value to build: most of the range for good values, so
-/// most objects pass validation and reach the renderer; some hostile; the rest anything.
+/// Draws from a byte which kind of value to build: good values almost always, as a Service
+/// has a dozen fields and one bad one refuses it whole, so most objects reach the renderer;
+/// hostile values and any value at all are a byte flip away for the fuzzer.
 fn draw(u: &mut Unstructured<'_>) -> arbitrary::Result<(u8, Kind)> {
     let byte: u8 = u.arbitrary()?;
     let kind = match byte {
-        0..176 => Kind::Good,
-        176..232 => Kind::Hostile,
+        0..240 => Kind::Good,
+        240..252 => Kind::Hostile,
         _ => Kind::Raw,
     };
     Ok((byte, kind))
@@ -361,9 +380,10 @@ pub struct ServiceInput {
     pub namespace: Option<Pick>,
     pub name: Pick,
     pub type_: Option<Pick>,
-    pub cluster_ip: Option<Address>,
+    pub cluster_ip: Address,
     pub cluster_ips: Option<Vec<Address>>,
-    pub ports: Vec<PortInput>,
+    /// At least one: a Service without ports is refused.
+    pub ports: (PortInput, Vec<PortInput>),
     pub external_ips: Option<Vec<Address>>,
     pub ingress: Option<Vec<IngressInput>>,
     pub source_ranges: Option<Vec<Cidr>>,
@@ -378,7 +398,8 @@ pub struct ServiceInput {
 
 #[derive(Arbitrary, Debug)]
 pub struct PortInput {
-    pub name: Option<Pick>,
+    /// Good names are never empty: a Service of several ports needs them all named.
+    pub name: Pick,
     pub protocol: Option<Pick>,
     pub port: Number,
     pub node_port: Option<Number>,
@@ -396,17 +417,60 @@ pub struct IngressInput {
 pub struct SliceInput {
     pub name: Pick,
     pub service: ServiceRef,
-    pub address_type: Pick,
+    pub address_type: AddressType,
     pub ports: Option<Vec<SlicePortInput>>,
-    pub endpoints: Vec<EndpointInput>,
+    /// At least one: slices without endpoints come from Services without slices.
+    pub endpoints: (EndpointInput, Vec<EndpointInput>),
 }
 
-/// Which Service a slice belongs to: most usefully one of the scenario's.
-#[derive(Arbitrary, Debug)]
+/// Which Service a slice belongs to: almost always one of the scenario's.
+#[derive(Debug)]
 pub enum ServiceRef {
     Index(u8),
     Other { namespace: Option<Pick>, name: Pick },
     Unlabelled,
+}
+
+impl<'a> Arbitrary<'a> for ServiceRef {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(match draw(u)? {
+            (byte, Kind::Good) => Self::Index(byte),
+            (_, Kind::Hostile) => Self::Other {
+                namespace: u.arbitrary()?,
+                name: u.arbitrary()?,
+            },
+            (_, Kind::Raw) => Self::Unlabelled,
+        })
+    }
+}
+
+/// A slice's `addressType`: almost always the scenario's family.
+#[derive(Debug)]
+pub enum AddressType {
+    Matching,
+    Other(u8),
+    Raw(String),
+}
+
+impl<'a> Arbitrary<'a> for AddressType {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(match draw(u)? {
+            (_, Kind::Good) => Self::Matching,
+            (byte, Kind::Hostile) => Self::Other(byte),
+            (_, Kind::Raw) => Self::Raw(u.arbitrary()?),
+        })
+    }
+}
+
+impl AddressType {
+    fn text(&self, ipv6: bool) -> String {
+        match self {
+            Self::Matching if ipv6 => "IPv6".to_owned(),
+            Self::Matching => "IPv4".to_owned(),
+            Self::Other(i) => nth(&["IPv4", "IPv6", "FQDN", "", "ipv4"], *i).to_owned(),
+            Self::Raw(raw) => raw.clone(),
+        }
+    }
 }
 
 #[derive(Arbitrary, Debug)]
@@ -422,7 +486,8 @@ pub enum SlicePortInput {
 
 #[derive(Arbitrary, Debug)]
 pub struct EndpointInput {
-    pub addresses: Vec<Address>,
+    /// The API requires one address at least; consumers use the first.
+    pub addresses: (Address, Vec<Address>),
     pub ready: Option<bool>,
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
@@ -447,6 +512,10 @@ impl ServiceInput {
         NamespacedName::new(namespace.as_deref().unwrap_or("default"), &self.name.text(&NAMES))
     }
 
+    pub fn ports(&self) -> impl Iterator<Item = &PortInput> {
+        std::iter::once(&self.ports.0).chain(&self.ports.1)
+    }
+
     pub fn to_api(&self, ipv6: bool) -> Service {
         let id = self.id();
         let address = |a: &Address| a.text(ipv6);
@@ -466,9 +535,9 @@ impl ServiceInput {
             },
             spec: Some(ServiceSpec {
                 type_: pick(&self.type_, &TYPES),
-                cluster_ip: self.cluster_ip.as_ref().map(address),
+                cluster_ip: Some(address(&self.cluster_ip)),
                 cluster_ips: texts(&self.cluster_ips, address),
-                ports: Some(self.ports.iter().map(PortInput::to_api).collect()),
+                ports: Some(self.ports().map(PortInput::to_api).collect()),
                 external_ips: texts(&self.external_ips, address),
                 load_balancer_source_ranges: texts(&self.source_ranges, |c| c.text(ipv6)),
                 external_traffic_policy: pick(&self.external_policy, &POLICIES),
@@ -491,7 +560,7 @@ impl ServiceInput {
 impl PortInput {
     fn to_api(&self) -> ServicePort {
         ServicePort {
-            name: pick(&self.name, &PORT_NAMES),
+            name: Some(self.name.text(&PORT_NAMES)),
             protocol: pick(&self.protocol, &PROTOCOLS),
             port: self.port.value(),
             node_port: self.node_port.as_ref().map(Number::value),
@@ -526,11 +595,13 @@ impl SliceInput {
             }
             _ => owner.map(ServiceInput::id),
         };
-        let namespace = owner_id.as_ref().map_or_else(|| "default".into(), |o| o.namespace.clone());
+        let namespace = owner_id
+            .as_ref()
+            .map_or_else(|| "default".into(), |o| o.namespace.clone());
         let id = NamespacedName::new(&namespace, &self.name.text(&NAMES));
         let labels = owner_id.map(|o| BTreeMap::from([(SERVICE_NAME_LABEL.to_owned(), o.name.to_string())]));
         let owner_ports: Vec<ServicePort> = owner
-            .map(|o| o.ports.iter().map(PortInput::to_api).collect())
+            .map(|o| o.ports().map(PortInput::to_api).collect())
             .unwrap_or_default();
         let slice = EndpointSlice {
             metadata: ObjectMeta {
@@ -539,12 +610,15 @@ impl SliceInput {
                 labels,
                 ..ObjectMeta::default()
             },
-            address_type: self.address_type.text(&ADDRESS_TYPES),
+            address_type: self.address_type.text(ipv6),
             ports: self
                 .ports
                 .as_ref()
                 .map(|ports| ports.iter().map(|p| p.to_api(&owner_ports)).collect()),
-            endpoints: self.endpoints.iter().map(|e| e.to_api(ipv6)).collect(),
+            endpoints: std::iter::once(&self.endpoints.0)
+                .chain(&self.endpoints.1)
+                .map(|e| e.to_api(ipv6))
+                .collect(),
         };
         (id, slice)
     }
@@ -586,7 +660,10 @@ impl EndpointInput {
                 .map(|nodes| nodes.into_iter().map(|name| ForNode { name }).collect()),
         });
         Endpoint {
-            addresses: self.addresses.iter().map(|a| a.text(ipv6)).collect(),
+            addresses: std::iter::once(&self.addresses.0)
+                .chain(&self.addresses.1)
+                .map(|a| a.text(ipv6))
+                .collect(),
             conditions: Some(conditions),
             hints,
             node_name: pick(&self.node_name, &NODES),

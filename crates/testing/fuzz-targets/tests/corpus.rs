@@ -9,7 +9,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
-use kpr_fuzz_targets::TARGETS;
+use kpr_fuzz_targets::{TARGETS, manifest_payloads, render_payload};
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../fuzz")
@@ -98,6 +98,58 @@ fn render_corpus_replays() {
     eprintln!("replayed {count} render corpus inputs");
 }
 
+/// How many payloads of a corpus carry service rules, and how many endpoint chains.
+fn reach(payloads: impl Iterator<Item = Vec<String>>) -> (usize, usize) {
+    let (mut services, mut endpoints) = (0, 0);
+    for payload in payloads {
+        let service_rule = |p: &String| p.contains(" cluster IP\" ") || p.contains(" has no endpoints\" ");
+        services += usize::from(payload.iter().any(service_rule));
+        endpoints += usize::from(payload.iter().any(|p| p.contains(":KUBE-SEP-")));
+    }
+    (services, endpoints)
+}
+
+fn corpus(name: &str) -> Vec<Vec<u8>> {
+    let dir = fuzz_dir().join("corpus").join(name);
+    let files = inputs(&dir).unwrap_or_else(|| panic!("{} is missing", dir.display()));
+    files
+        .iter()
+        .map(|f| std::fs::read(f).expect("readable corpus file"))
+        .collect()
+}
+
+/// A corpus that no longer reaches the rules (say, after the scenario's encoding changed)
+/// would replay green while testing nothing: then it is time to grow and minimize it again.
+#[test]
+fn the_corpus_reaches_the_rules() {
+    let manifests = corpus("manifest");
+    let (services, endpoints) = reach(manifests.iter().map(|data| manifest_payloads(data)));
+    eprintln!(
+        "manifest corpus: {} inputs, {services} with service rules, {endpoints} with endpoint chains",
+        manifests.len()
+    );
+    assert!(
+        services > 0 && endpoints > 0,
+        "the manifest corpus never reaches service and endpoint rules"
+    );
+
+    let scenarios = corpus("render");
+    let (services, endpoints) = reach(
+        scenarios
+            .iter()
+            .filter_map(|data| render_payload(data))
+            .map(|p| vec![p]),
+    );
+    eprintln!(
+        "render corpus: {} inputs, {services} with service rules, {endpoints} with endpoint chains",
+        scenarios.len()
+    );
+    assert!(
+        services * 4 >= scenarios.len() && endpoints > 0,
+        "under a quarter of the render corpus reaches service rules, or none reaches endpoints"
+    );
+}
+
 #[test]
 fn crash_regressions_stay_fixed() {
     for (name, target) in TARGETS {
@@ -123,9 +175,16 @@ fn every_target_is_wired_into_cargo_fuzz() {
             manifest.contains(&format!("name = \"{name}\"")),
             "fuzz/Cargo.toml has no [[bin]] {name}"
         );
-        assert!(fuzz_dir().join("corpus").join(name).is_dir(), "no corpus for {name}");
+        assert!(
+            fuzz_dir().join("corpus").join(name).is_dir(),
+            "no corpus for {name}"
+        );
         bins.push(name);
     }
     let declared = manifest.matches("[[bin]]").count();
-    assert_eq!(declared, bins.len(), "fuzz/Cargo.toml declares targets the library lacks");
+    assert_eq!(
+        declared,
+        bins.len(),
+        "fuzz/Cargo.toml declares targets the library lacks"
+    );
 }

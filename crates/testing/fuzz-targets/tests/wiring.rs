@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use kpr_fuzz_targets::scenario::{
-    Address, Detector, EndpointInput, NodeInput, NodePortChoice, Number, OptionChoices, Pick, PortInput,
-    Scenario, ServiceInput, ServiceRef, SliceInput, SlicePortInput, Threshold,
+    Address, AddressType, Detector, EndpointInput, NodeInput, NodePortChoice, Number, OptionChoices, Pick,
+    PortInput, Scenario, ServiceInput, ServiceRef, SliceInput, SlicePortInput, Threshold,
 };
 use kpr_fuzz_targets::{manifest_payloads, render_scenario};
 
@@ -28,23 +28,36 @@ fn a_manifest_example_becomes_rules() {
     assert!(v4.contains("--comment \"default/web:http cluster IP\""), "{v4}");
     assert!(v4.contains("-A KUBE-NODEPORTS"), "{v4}");
     assert!(v4.contains("-j KUBE-SEP-"), "{v4}");
-    assert!(!payloads[YAML_V6].contains("default/web"), "an IPv4 service has no IPv6 rules");
+    assert!(
+        !payloads[YAML_V6].contains("default/web"),
+        "an IPv4 service has no IPv6 rules"
+    );
     assert!(!payloads[JSON_V4].contains("default/web"), "YAML is not JSON");
 }
 
 #[test]
 fn a_json_stream_becomes_rules() {
     let payloads = manifest_payloads(&repo_file("fuzz/seeds/manifest/stream.json"));
-    assert!(payloads[JSON_V4].contains("default/j1:http cluster IP"), "{}", payloads[JSON_V4]);
+    assert!(
+        payloads[JSON_V4].contains("default/j1:http cluster IP"),
+        "{}",
+        payloads[JSON_V4]
+    );
 }
 
 #[test]
 fn hostile_names_are_refused_and_a_valid_neighbour_kept() {
     let payloads = manifest_payloads(&repo_file("fuzz/seeds/manifest/hostile-names.yaml"));
     let v4 = &payloads[YAML_V4];
-    assert!(!v4.contains("evil") && !v4.contains("a/b/a") && !v4.contains("b/c"), "{v4}");
+    assert!(
+        !v4.contains("evil") && !v4.contains("a/b/a") && !v4.contains("b/c"),
+        "{v4}"
+    );
     assert!(!v4.contains("-A KUBE-SERVICES -j ACCEPT"), "{v4}");
-    assert!(v4.contains("\"default/good:http has no endpoints\""), "a valid neighbour is still programmed: {v4}");
+    assert!(
+        v4.contains("\"default/good:http has no endpoints\""),
+        "a valid neighbour is still programmed: {v4}"
+    );
 }
 
 fn web_scenario() -> Scenario {
@@ -68,15 +81,18 @@ fn web_scenario() -> Scenario {
             namespace: None,
             name: Pick::raw("web"),
             type_: Some(Pick::raw("NodePort")),
-            cluster_ip: Some(Address::raw("10.96.0.10")),
+            cluster_ip: Address::raw("10.96.0.10"),
             cluster_ips: None,
-            ports: vec![PortInput {
-                name: Some(Pick::raw("http")),
-                protocol: None,
-                port: Number::Any(80),
-                node_port: Some(Number::Any(30080)),
-                target_port: Some(Number::Any(8080)),
-            }],
+            ports: (
+                PortInput {
+                    name: Pick::raw("http"),
+                    protocol: None,
+                    port: Number::Any(80),
+                    node_port: Some(Number::Any(30080)),
+                    target_port: Some(Number::Any(8080)),
+                },
+                vec![],
+            ),
             external_ips: Some(vec![Address::raw("192.0.2.1"), Address::raw("bad")]),
             ingress: None,
             source_ranges: None,
@@ -91,21 +107,24 @@ fn web_scenario() -> Scenario {
         slices: vec![SliceInput {
             name: Pick::raw("web-1"),
             service: ServiceRef::Index(0),
-            address_type: Pick::raw("IPv4"),
+            address_type: AddressType::Matching,
             ports: Some(vec![SlicePortInput::Like {
                 index: 0,
                 port: Some(Number::Any(8080)),
             }]),
-            endpoints: vec![EndpointInput {
-                addresses: vec![Address::raw("10.244.1.5")],
-                ready: Some(true),
-                serving: None,
-                terminating: None,
-                node_name: Some(Pick::raw("node-b")),
-                zone: None,
-                zone_hints: None,
-                node_hints: None,
-            }],
+            endpoints: (
+                EndpointInput {
+                    addresses: (Address::raw("10.244.1.5"), vec![]),
+                    ready: Some(true),
+                    serving: None,
+                    terminating: None,
+                    node_name: Some(Pick::raw("node-b")),
+                    zone: None,
+                    zone_hints: None,
+                    node_hints: None,
+                },
+                vec![],
+            ),
         }],
     }
 }
@@ -114,10 +133,19 @@ fn web_scenario() -> Scenario {
 fn a_scenario_becomes_rules() {
     let payload = render_scenario(&web_scenario());
     assert!(payload.contains("default/web:http cluster IP"), "{payload}");
-    assert!(payload.contains("-d 192.0.2.1 --dport 80"), "the good external IP: {payload}");
+    assert!(
+        payload.contains("-d 192.0.2.1 --dport 80"),
+        "the good external IP: {payload}"
+    );
     assert!(payload.contains("--dport 30080"), "{payload}");
-    assert!(payload.contains("-m recent --name KUBE-SEP-"), "ClientIP affinity: {payload}");
-    assert!(payload.contains("-j DNAT --to-destination 10.244.1.5:8080"), "{payload}");
+    assert!(
+        payload.contains("-m recent --name KUBE-SEP-"),
+        "ClientIP affinity: {payload}"
+    );
+    assert!(
+        payload.contains("-j DNAT --to-destination 10.244.1.5:8080"),
+        "{payload}"
+    );
 }
 
 #[test]

@@ -7,20 +7,23 @@
 //! - [`manifest`]: bytes as a manifest file through parsing, validation and the catalog,
 //!   then through the trackers and the iptables renderer;
 //! - [`render`]: a structured cluster decoded with `arbitrary` through the model, the
-//!   trackers and the renderer under varied options.
+//!   trackers and the renderer under varied options; with a next state, the real iptables
+//!   backend syncs both into a [`ModelKernel`] and must end where a fresh sync ends.
 //!
 //! Both assert that every payload holds only the lines the renderer means to write
 //! ([`check_payload`]): whatever the input, it can never add a rule of its own.
 
+mod kernel;
 mod manifest;
 mod payload;
 mod pipeline;
 mod render;
 pub mod scenario;
 
+pub use kernel::{ModelKernel, Tables};
 pub use manifest::{PATHS as MANIFEST_PATHS, manifest, manifest_payloads};
 pub use payload::{CHAIN_NAME_MAX, COMMENT_MAX_BYTES, PayloadError, check_payload};
-pub use render::{render, render_payload, render_scenario};
+pub use render::{assert_tables_eq, render, render_payload, render_scenario};
 
 /// The targets by name, as `fuzz/fuzz_targets/` and `fuzz/corpus/` name them.
 pub const TARGETS: [(&str, fn(&[u8])); 2] = [("manifest", manifest), ("render", render)];

@@ -158,7 +158,7 @@ fn rule_args(args: &str) -> Result<(), String> {
 
 /// The argument words of one rule: blanks separate, double quotes group (backslash escapes
 /// the next character inside them); an unclosed quote is an error.
-fn split_args(args: &str) -> Result<Vec<String>, String> {
+pub(crate) fn split_args(args: &str) -> Result<Vec<String>, String> {
     let mut words = Vec::new();
     let mut chars = args.chars();
     let mut word: Option<String> = None;

@@ -80,7 +80,12 @@ impl Pipeline {
 
     /// The desired state after everything fed so far, taken as the sync step takes it.
     pub fn take(&mut self) -> DesiredState {
-        PendingSync::new(self.services.take(), self.endpoints.take(), self.node.clone()).state
+        self.take_pending().state
+    }
+
+    /// Like [`Pipeline::take`], with what changed since the previous take.
+    pub fn take_pending(&mut self) -> PendingSync {
+        PendingSync::new(self.services.take(), self.endpoints.take(), self.node.clone())
     }
 }
 

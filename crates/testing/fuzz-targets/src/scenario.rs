@@ -329,6 +329,18 @@ pub struct Scenario {
     pub ipv6: bool,
     pub options: OptionChoices,
     pub node: NodeInput,
+    /// What changes before the next sync, if there is one.
+    pub then: Option<Change>,
+    pub services: Vec<ServiceInput>,
+    pub slices: Vec<SliceInput>,
+}
+
+/// The next state of the cluster, as edits of the previous one: objects dropped (bit `i` of
+/// a mask drops object `i`), then objects added or replaced.
+#[derive(Arbitrary, Debug)]
+pub struct Change {
+    pub drop_services: u64,
+    pub drop_slices: u64,
     pub services: Vec<ServiceInput>,
     pub slices: Vec<SliceInput>,
 }
@@ -583,9 +595,9 @@ impl IngressInput {
 
 impl SliceInput {
     /// The slice's own `namespace/name` (its namespace is its Service's) and the object.
-    pub fn to_api(&self, services: &[ServiceInput], ipv6: bool) -> (NamespacedName, EndpointSlice) {
+    pub fn to_api(&self, services: &[&ServiceInput], ipv6: bool) -> (NamespacedName, EndpointSlice) {
         let owner = match &self.service {
-            ServiceRef::Index(i) if !services.is_empty() => Some(&services[usize::from(*i) % services.len()]),
+            ServiceRef::Index(i) if !services.is_empty() => Some(services[usize::from(*i) % services.len()]),
             ServiceRef::Index(_) | ServiceRef::Other { .. } | ServiceRef::Unlabelled => None,
         };
         let owner_id = match &self.service {
@@ -593,7 +605,7 @@ impl SliceInput {
                 let namespace = pick(namespace, &NAMES).unwrap_or_else(|| "default".to_owned());
                 Some(NamespacedName::new(&namespace, &name.text(&NAMES)))
             }
-            _ => owner.map(ServiceInput::id),
+            _ => owner.map(|o| o.id()),
         };
         let namespace = owner_id
             .as_ref()

@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use kpr_fuzz_targets::scenario::{
-    Address, AddressType, Detector, EndpointInput, NodeInput, NodePortChoice, Number, OptionChoices, Pick,
-    PortInput, Scenario, ServiceInput, ServiceRef, SliceInput, SlicePortInput, Threshold,
+    Address, AddressType, Change, Detector, EndpointInput, NodeInput, NodePortChoice, Number, OptionChoices,
+    Pick, PortInput, Scenario, ServiceInput, ServiceRef, SliceInput, SlicePortInput, Threshold,
 };
 use kpr_fuzz_targets::{manifest_payloads, render_scenario};
 
@@ -63,6 +63,7 @@ fn hostile_names_are_refused_and_a_valid_neighbour_kept() {
 fn web_scenario() -> Scenario {
     Scenario {
         ipv6: false,
+        then: None,
         options: OptionChoices {
             masquerade_all: true,
             masquerade_bit: 14,
@@ -155,4 +156,36 @@ fn a_scenario_with_a_hostile_name_renders_without_it() {
     let payload = render_scenario(&scenario);
     assert!(!payload.contains("default/web"), "{payload}");
     assert!(!payload.contains("-A KUBE-SERVICES -j ACCEPT"), "{payload}");
+}
+
+/// The next state drops `web` and adds `db` with an endpoint: the backend's partial sync
+/// into the model kernel must leave what a fresh full sync of that state leaves.
+#[test]
+fn a_change_is_synced_into_the_model_kernel() {
+    let mut scenario = web_scenario();
+    let mut db = web_scenario();
+    let mut db_service = db.services.remove(0);
+    db_service.name = Pick::raw("db");
+    db_service.cluster_ip = Address::raw("10.96.0.11");
+    let mut db_slice = db.slices.remove(0);
+    db_slice.name = Pick::raw("db-1");
+    scenario.then = Some(Change {
+        drop_services: 1,
+        drop_slices: 1,
+        services: vec![db_service],
+        slices: vec![db_slice],
+    });
+    let payload = render_scenario(&scenario);
+    assert!(payload.contains("default/web:http cluster IP"), "{payload}");
+}
+
+#[test]
+#[should_panic(expected = "an update left other rules than a fresh sync")]
+fn kernels_that_differ_fail_the_sequence_check() {
+    use kpr_fuzz_targets::{ModelKernel, Tables};
+    let (a, b) = (ModelKernel::default(), ModelKernel::default());
+    use kpr_iptables::Iptables;
+    b.restore(b"*nat\n:KUBE-SVC-X - [0:0]\nCOMMIT\n").unwrap();
+    let (a, b): (Tables, Tables) = (a.tables(), b.tables());
+    kpr_fuzz_targets::assert_tables_eq(&a, &b, "an update left other rules than a fresh sync");
 }

@@ -6,6 +6,7 @@
 //! never swallows the next argument. Lists are comma-separated and may be repeated.
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 use clap::{ArgAction, Parser};
@@ -184,6 +185,12 @@ pub struct Flags {
     /// Print the ruleset that would be applied, then exit.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub dry_run: Option<bool>,
+    /// NodePorts a manifest may use, as the API server's flag: "MIN-MAX" or one port (manifest source only). [default: 30000-32767]
+    #[arg(long, value_name = "MIN-MAX", value_parser = parse_port_range)]
+    pub service_node_port_range: Option<RangeInclusive<u16>>,
+    /// Largest manifest file read; a larger one is rejected and what it defined before is kept. [default: 134217728 (128 MiB)]
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub manifests_max_file_bytes: Option<u64>,
 }
 
 /// Go's `strconv.ParseBool`, which pflag uses for boolean flags.
@@ -193,6 +200,30 @@ pub fn parse_go_bool(text: &str) -> Result<bool, String> {
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
         _ => Err(format!("{text:?} is not a boolean (use true or false)")),
     }
+}
+
+/// The API server's `--service-node-port-range` syntax (apimachinery's `PortRange`):
+/// "MIN-MAX", inclusive at both ends, or a single port; surrounding spaces are ignored. Unlike
+/// upstream, a blank range is refused: it would make every nodePort invalid.
+pub fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
+    let text = text.trim();
+    let port = |part: &str| {
+        part.trim()
+            .parse::<u16>()
+            .map_err(|_| format!("{part:?} is not a port number (0-65535); use MIN-MAX, e.g. 30000-32767"))
+    };
+    if text.is_empty() {
+        return Err("must not be empty; use MIN-MAX, e.g. 30000-32767".into());
+    }
+    let Some((low, high)) = text.split_once('-') else {
+        let single = port(text)?;
+        return Ok(single..=single);
+    };
+    let (low, high) = (port(low)?, port(high)?);
+    if high < low {
+        return Err(format!("end port {high} is below start port {low}"));
+    }
+    Ok(low..=high)
 }
 
 /// Upstream's `MapStringBool` flag value: "A=true,B=false"; blank is an empty map.
@@ -298,6 +329,44 @@ mod tests {
         let flags = parse(&["--manifests", "a.yaml", "--manifests=dir/", "--dry-run"]);
         assert_eq!(flags.manifests, [PathBuf::from("a.yaml"), PathBuf::from("dir/")]);
         assert_eq!(flags.dry_run, Some(true));
+    }
+
+    #[test]
+    fn node_port_range_as_the_api_server_reads_it() {
+        assert_eq!(
+            parse(&["--service-node-port-range=20000-22767"]).service_node_port_range,
+            Some(20000..=22767)
+        );
+        assert_eq!(
+            parse(&["--service-node-port-range", " 30080 "]).service_node_port_range,
+            Some(30080..=30080)
+        );
+        assert_eq!(parse(&[]).service_node_port_range, None);
+        for (bad, why) in [
+            ("32767-30000", "below start port"),
+            ("30000-70000", "not a port number"),
+            ("abc", "not a port number"),
+            ("30000-", "not a port number"),
+            ("", "must not be empty"),
+        ] {
+            assert!(parse_port_range(bad).unwrap_err().contains(why), "{bad:?}");
+            let err = Flags::try_parse_from(["kube-proxy", &format!("--service-node-port-range={bad}")])
+                .unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{bad:?}");
+            assert!(err.to_string().contains("--service-node-port-range"), "{err}");
+        }
+    }
+
+    #[test]
+    fn manifest_file_cap_is_a_positive_byte_count() {
+        let flags = parse(&["--manifests-max-file-bytes=1048576"]);
+        assert_eq!(flags.manifests_max_file_bytes, Some(1_048_576));
+        for bad in ["0", "-1", "1MiB", ""] {
+            let err = Flags::try_parse_from(["kube-proxy", &format!("--manifests-max-file-bytes={bad}")])
+                .unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{bad:?}");
+            assert!(err.to_string().contains("--manifests-max-file-bytes"), "{err}");
+        }
     }
 
     #[test]

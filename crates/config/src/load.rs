@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
@@ -35,6 +36,13 @@ pub struct Settings {
     pub dry_run: bool,
     /// `--manifests` paths (files or directories), in command-line order.
     pub manifests: Vec<PathBuf>,
+    /// `--service-node-port-range`: the nodePorts the manifest source accepts, as the API
+    /// server's flag of that name; `None` leaves the source's default (30000-32767). Not part
+    /// of `KubeProxyConfiguration`, like `--manifests`.
+    pub service_node_port_range: Option<RangeInclusive<u16>>,
+    /// `--manifests-max-file-bytes`: larger manifest files are rejected, their last good
+    /// contents kept; `None` leaves the source's default (128 MiB).
+    pub manifests_max_file_bytes: Option<u64>,
     /// `--master`: overrides the API server address from the kubeconfig.
     pub master: Option<String>,
     /// The `-v` level (from the flag, else the file's `logging.verbosity`).
@@ -85,6 +93,8 @@ pub fn settings_from_flags(flags: Flags) -> Result<Settings, ConfigError> {
         init_only: flags.init_only.unwrap_or(false),
         dry_run: flags.dry_run.unwrap_or(false),
         manifests: flags.manifests,
+        service_node_port_range: flags.service_node_port_range,
+        manifests_max_file_bytes: flags.manifests_max_file_bytes,
         master: flags.master.filter(|m| !m.is_empty()),
         warnings,
     })

@@ -364,3 +364,29 @@ fn written_defaults_read_back_identically() {
     let reread = run(&["--config", path.to_str().unwrap()]).unwrap();
     assert_eq!(reread.config, KubeProxyConfiguration::default());
 }
+
+#[test]
+fn manifest_source_limits_follow_their_flags() {
+    // Unset: the manifest source applies its own defaults.
+    let settings = run(&[]).unwrap();
+    assert_eq!(settings.service_node_port_range, None);
+    assert_eq!(settings.manifests_max_file_bytes, None);
+    let settings = run(&[
+        "--service-node-port-range=20000-20999",
+        "--manifests-max-file-bytes=4096",
+    ])
+    .unwrap();
+    assert_eq!(settings.service_node_port_range, Some(20000..=20999));
+    assert_eq!(settings.manifests_max_file_bytes, Some(4096));
+    // kube-proxy-rs-only settings: the upstream configuration file stays upstream's.
+    assert_eq!(settings.config, KubeProxyConfiguration::default());
+}
+
+#[test]
+fn a_bad_node_port_range_is_a_usage_error_naming_the_flag() {
+    let err = run(&["--service-node-port-range=32767-30000"]).unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    let message = err.to_string();
+    assert!(message.contains("--service-node-port-range"), "{message}");
+    assert!(message.contains("below start port"), "{message}");
+}

@@ -11,7 +11,7 @@ use kpr_config::Settings;
 use kpr_iptables::ProcSysctl;
 use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_runner::RunnerConfig;
-use kpr_servers::{ServeError, ServerHandle, bind_healthz, bind_metrics};
+use kpr_servers::{BindPolicy, ServeError, ServerHandle, serve_healthz, serve_metrics};
 use kpr_sources::{
     API_SOURCE, ApiSource, ClientOptions, EventSender, MANIFESTS_SOURCE, ManifestSource, build_client,
     event_channel,
@@ -100,7 +100,8 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     }
 }
 
-/// The healthz and metrics servers (either may be disabled with a blank address).
+/// The healthz and metrics servers (either may be disabled with a blank address). A busy
+/// port is retried every 5 s as upstream does, or is fatal with `--bind-address-hard-fail`.
 async fn serve_http(
     settings: &Settings,
     health: &Arc<ProxyHealth>,
@@ -108,17 +109,34 @@ async fn serve_http(
     registry: Registry,
 ) -> Result<(Option<ServerHandle>, Option<ServerHandle>), Fatal> {
     let config = &settings.config;
-    let hard_fail = config.bind_address_hard_fail;
-    let healthz = bind_healthz(&config.healthz_bind_address, health.clone(), metrics.clone()).await;
-    let healthz = keep_or_fail(healthz, hard_fail)?;
-    let metrics_server = bind_metrics(
+    let policy = BindPolicy::upstream(config.bind_address_hard_fail);
+    let healthz = serve_healthz(
+        &config.healthz_bind_address,
+        health.clone(),
+        metrics.clone(),
+        policy,
+    )
+    .await
+    .map_err(server_fatal)?;
+    let metrics_server = serve_metrics(
         &config.metrics_bind_address,
         Arc::new(registry),
         settings.mode.as_str(),
         config.to_json_value(),
+        policy,
     )
-    .await;
-    Ok((healthz, keep_or_fail(metrics_server, hard_fail)?))
+    .await
+    .map_err(server_fatal)?;
+    Ok((healthz, metrics_server))
+}
+
+/// Upstream exits when a server cannot start under `--bind-address-hard-fail`; an address
+/// that is not IP:port (validation normally catches it) is the operator's to fix.
+fn server_fatal(error: ServeError) -> Fatal {
+    match error {
+        ServeError::InvalidAddress { .. } => Fatal::usage(error.to_string()),
+        _ => Fatal::runtime(error.to_string()),
+    }
 }
 
 /// The sources this configuration asks for: manifests when `--manifests` is given, the API
@@ -127,8 +145,15 @@ async fn serve_http(
 async fn start_sources(settings: &Settings, node_name: &str, rescan: Duration) -> Result<Vec<Source>, Fatal> {
     let mut sources = Vec::new();
     if !settings.manifests.is_empty() {
-        let manifests = ManifestSource::new(settings.manifests.clone(), Some(node_name.to_string()), rescan)
-            .map_err(|e| Fatal::usage(e.to_string()))?;
+        let mut manifests =
+            ManifestSource::new(settings.manifests.clone(), Some(node_name.to_string()), rescan)
+                .map_err(|e| Fatal::usage(e.to_string()))?;
+        if let Some(range) = settings.service_node_port_range.clone() {
+            manifests = manifests.node_port_range(range);
+        }
+        if let Some(bytes) = settings.manifests_max_file_bytes {
+            manifests = manifests.max_file_bytes(bytes);
+        }
         sources.push(Source::Manifests(manifests));
     }
     let api_asked = settings.kubeconfig().is_some() || settings.master.is_some();
@@ -167,21 +192,6 @@ impl Source {
     }
 }
 
-/// Upstream's `--bind-address-hard-fail`: a server that cannot bind is fatal only when asked.
-fn keep_or_fail(
-    bound: Result<Option<ServerHandle>, ServeError>,
-    hard_fail: bool,
-) -> Result<Option<ServerHandle>, Fatal> {
-    match bound {
-        Ok(handle) => Ok(handle),
-        Err(error) if hard_fail => Err(Fatal::runtime(error.to_string())),
-        Err(error) => {
-            tracing::error!(%error, "serving without it (set --bind-address-hard-fail to make this fatal)");
-            Ok(None)
-        }
-    }
-}
-
 /// SIGTERM (kubelet stopping the pod) or SIGINT ends the process cleanly, rules in place.
 async fn shutdown_signal() -> Result<(), Fatal> {
     let mut term =
@@ -195,7 +205,8 @@ async fn shutdown_signal() -> Result<(), Fatal> {
     Ok(())
 }
 
-/// Resolves only if a running server stops with an error.
+/// Resolves only if a running server stops with an error (with `--bind-address-hard-fail`;
+/// otherwise servers retry on their own).
 async fn server_failure(healthz: Option<ServerHandle>, metrics: Option<ServerHandle>) -> ServeError {
     let wait = |handle: Option<ServerHandle>| async move {
         match handle {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_apiserver::{Options, TestApiServer};
 use kpr_netns::{eventually, pod_ip};
@@ -242,23 +242,99 @@ fn services_of_another_proxy_get_no_rules() {
 }
 
 #[test]
-fn an_unreachable_api_server_at_start_up_is_retried_and_health_says_why() {
+fn an_unreachable_api_server_at_start_up_is_healthy_until_a_queued_change_is_late() {
     let mut c = ApiCluster::new(2);
     c.cluster.tcp_backends(&[0], 8080);
     c.api.apply(&web_service(json!({}), "web", "10.96.0.10")).unwrap();
     c.api.apply(&web_slice("web", &[0])).unwrap();
     c.stop_api();
     c.start_proxy(&["--iptables-sync-period=1s"]);
-    let body = c.cluster.wait_healthz(503);
-    assert!(body.contains("api"), "health does not say why: {body}");
+    // Upstream's start-up: healthy while waiting for the initial lists, however long (here
+    // past the 2 s health timeout); the log says what it waits for.
+    eventually(CONVERGE, POLL, || {
+        let logs = c.cluster.proxy_logs();
+        (logs.matches("source=\"api\"").count() >= 2)
+            .then_some(())
+            .ok_or(logs)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let (status, body) = c.cluster.get(HEALTHZ, "/healthz").unwrap();
+    assert_eq!(status, 200, "waiting for the initial lists is healthy: {body}");
+    assert_eq!(c.cluster.get(HEALTHZ, "/livez").unwrap().0, 200);
     assert!(
         !c.cluster.iptables_save().contains("KUBE-SVC-"),
         "rules before the initial list"
     );
 
     c.restart_api();
-    wait_spread(c.cluster.lab.pod(1), sock(WEB_VIP), 10, &["pod0"]);
+    let client = c.cluster.lab.pod(1);
+    wait_spread(client, sock(WEB_VIP), 10, &["pod0"]);
     c.cluster.wait_healthz(200);
+
+    // A change that cannot be applied (someone else's rule holds our chain) turns it 503
+    // once it is late, saying why, and it recovers when the change goes through.
+    let svc_chain = c
+        .cluster
+        .iptables_save()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(":KUBE-SVC-")
+                .map(|rest| format!("KUBE-SVC-{}", &rest[..16]))
+        })
+        .unwrap();
+    c.cluster
+        .node()
+        .sh(&format!(
+            "iptables -t nat -N HOLDER && iptables -t nat -A HOLDER -j {svc_chain}"
+        ))
+        .unwrap();
+    c.api.delete::<Service>("default", "web").unwrap();
+    let body = c.cluster.wait_healthz(503);
+    assert!(body.contains("\"problem\""), "{body}");
+    c.cluster
+        .node()
+        .sh("iptables -t nat -F HOLDER && iptables -t nat -X HOLDER")
+        .unwrap();
+    c.cluster.wait_healthz(200);
+}
+
+fn node(taints: serde_json::Value) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": NODE_NAME},
+        "spec": {"taints": taints},
+        "status": {"addresses": [{"type": "InternalIP", "address": kpr_netns::NODE_IP.to_string()}]}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_drained_node_stays_ineligible_after_deletion_and_keeps_serving() {
+    let mut c = ApiCluster::new(2);
+    c.cluster.tcp_backends(&[0], 8080);
+    c.api.apply(&web_service(json!({}), "web", "10.96.0.10")).unwrap();
+    c.api.apply(&web_slice("web", &[0])).unwrap();
+    c.api.apply(&node(json!([]))).unwrap();
+    c.start_proxy(&[]);
+    let client = c.cluster.lab.pod(1);
+    wait_spread(client, sock(WEB_VIP), 5, &["pod0"]);
+    c.cluster.wait_healthz(200);
+
+    // The cluster autoscaler marks the node, then deletes it.
+    let taint = json!([{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]);
+    c.api.apply(&node(taint)).unwrap();
+    let body = c.cluster.wait_healthz(503);
+    assert!(body.ends_with("\"nodeEligible\": false}"), "{body}");
+    c.api.delete::<Node>("", NODE_NAME).unwrap();
+    eventually(CONVERGE, POLL, || {
+        let logs = c.cluster.proxy_logs();
+        logs.contains("our Node was deleted").then_some(()).ok_or(logs)
+    });
+    let (status, body) = c.cluster.get(HEALTHZ, "/healthz").unwrap();
+    assert_eq!(status, 503, "deletion made the node eligible again: {body}");
+    assert!(body.ends_with("\"nodeEligible\": false}"), "{body}");
+    assert_eq!(c.cluster.get(HEALTHZ, "/livez").unwrap().0, 200);
+    // The rules stay: the node keeps serving the connections it still gets.
+    wait_spread(client, sock(WEB_VIP), 5, &["pod0"]);
 }
 
 /// The `kubeproxy_network_programming_duration_seconds` histogram, with p50/p99 read off

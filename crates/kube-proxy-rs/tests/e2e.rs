@@ -228,7 +228,12 @@ fn health_turns_503_while_syncs_fail_and_recovers() {
         .unwrap();
     cluster.remove("web.yaml");
     let body = cluster.wait_healthz(503);
-    assert!(body.contains("lastUpdated"), "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_ne!(json["lastUpdated"], json["currentTime"], "{body}");
+    assert!(
+        json["problem"].as_str().unwrap_or_default().contains("restore"),
+        "a late 503 says why: {body}"
+    );
     let failures =
         cluster.metric("kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}");
     assert!(failures.unwrap_or(0.0) >= 1.0, "restore failures: {failures:?}");
@@ -372,4 +377,170 @@ fn conntrack_flags_set_the_nodes_conntrack_timeouts() {
             .unwrap(),
         "60"
     );
+}
+
+/// Go's `time.Time` String(), as upstream prints it: "2024-05-01 12:34:56.789 +0000 UTC m=+1.000000000".
+fn is_go_time(text: &str) -> bool {
+    let fields: Vec<&str> = text.split(' ').collect();
+    let [date, time, offset, zone, monotonic] = fields[..] else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (whole, fraction) = time.split_once('.').unwrap_or((time, "1"));
+    let monotonic = monotonic.strip_prefix("m=+").unwrap_or_default();
+    date.split('-').map(digits).eq([true; 3])
+        && whole.split(':').map(digits).eq([true; 3])
+        && digits(fraction)
+        && (offset.starts_with('+') || offset.starts_with('-'))
+        && digits(&offset[1..])
+        && offset.len() == 5
+        && !zone.is_empty()
+        && monotonic
+            .split_once('.')
+            .is_some_and(|(s, n)| digits(s) && digits(n) && n.len() == 9)
+}
+
+#[test]
+fn healthz_and_livez_answer_with_upstreams_bodies_and_counters() {
+    let mut cluster = web_cluster(&[0], 1, None);
+    cluster.start_proxy(&[]);
+    let (status, body) = cluster.get(HEALTHZ, "/healthz").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let now = json["currentTime"].as_str().unwrap();
+    assert!(is_go_time(now), "{body}");
+    // Healthy: lastUpdated is the current time, as upstream answers; upstream's exact layout.
+    assert_eq!(
+        body,
+        format!("{{\"lastUpdated\": \"{now}\",\"currentTime\": \"{now}\", \"nodeEligible\": true}}")
+    );
+    let (status, body) = cluster.get(HEALTHZ, "/livez").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let now = json["currentTime"].as_str().unwrap();
+    assert_eq!(
+        body,
+        format!("{{\"lastUpdated\": \"{now}\",\"currentTime\": \"{now}\"}}")
+    );
+    let healthz = cluster.metric("kubeproxy_proxy_healthz_total{code=\"200\"}");
+    assert!(healthz.unwrap_or(0.0) >= 1.0, "{healthz:?}");
+    let livez = cluster.metric("kubeproxy_proxy_livez_total{code=\"200\"}");
+    assert!(livez.unwrap_or(0.0) >= 1.0, "{livez:?}");
+}
+
+/// Listeners holding the healthz and metrics ports in the node namespace, as another
+/// program (an old proxy still shutting down) would.
+fn hold_ports(cluster: &Cluster, addresses: &[&str]) -> Vec<std::net::TcpListener> {
+    cluster.node().run(|| {
+        addresses
+            .iter()
+            .map(|a| std::net::TcpListener::bind(a).unwrap())
+            .collect()
+    })
+}
+
+#[test]
+fn busy_healthz_and_metrics_ports_are_retried_until_free() {
+    let mut cluster = web_cluster(&[0], 2, None);
+    let holders = hold_ports(&cluster, &[HEALTHZ, METRICS]);
+    cluster.spawn_proxy(&[], true);
+    // The proxy does its job meanwhile.
+    wait_spread(cluster.lab.pod(1), sock(WEB_VIP), 5, &["pod0"]);
+    // Every attempt is logged; upstream retries every 5 s, so two of each take a while.
+    eventually(CONVERGE, POLL, || {
+        let logs = cluster.proxy_logs();
+        let attempts = |address: &str| logs.matches(&format!("cannot listen on {address}")).count();
+        (attempts(HEALTHZ) >= 2 && attempts(METRICS) >= 2)
+            .then_some(())
+            .ok_or(logs.clone())
+    });
+    drop(holders);
+    cluster.wait_healthz(200);
+    eventually(CONVERGE, POLL, || match cluster.get(METRICS, "/proxyMode") {
+        Ok((200, mode)) if mode == "iptables" => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    let running = cluster.proxy.as_mut().unwrap().try_wait().unwrap();
+    assert_eq!(running, None, "the proxy exited");
+}
+
+#[test]
+fn a_busy_port_with_bind_address_hard_fail_exits_1_naming_it() {
+    let mut cluster = web_cluster(&[0], 1, None);
+    let _holder = hold_ports(&cluster, &[HEALTHZ]);
+    cluster.spawn_proxy(&["--bind-address-hard-fail"], true);
+    let status = eventually(CONVERGE, POLL, || {
+        let proxy = cluster.proxy.as_mut().unwrap();
+        proxy
+            .try_wait()
+            .unwrap()
+            .ok_or_else(|| "still running".to_string())
+    });
+    assert_eq!(status.code(), Some(1), "{}", cluster.proxy_logs());
+    let logs = cluster.proxy_logs();
+    assert!(logs.contains(&format!("cannot listen on {HEALTHZ}")), "{logs}");
+}
+
+/// Where `name` is on this machine's PATH; the test fails (never skips) when it is missing.
+fn installed(name: &str) -> std::path::PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.exists())
+        .unwrap_or_else(|| panic!("{name} is not installed (scripts/ensure-packages installs it)"))
+}
+
+/// `kube-proxy-rs --cleanup` in the node namespace with only `path` to find programs in.
+fn cleanup_with_path(cluster: &Cluster, path: &std::path::Path) -> std::process::Output {
+    cluster.node().run(|| {
+        std::process::Command::new(proxy_binary())
+            .arg("--cleanup")
+            .env("PATH", path)
+            .output()
+            .unwrap()
+    })
+}
+
+#[test]
+fn cleanup_without_the_iptables_tools_fails_and_names_them() {
+    let cluster = Cluster::new(1);
+    let empty = tempfile::tempdir().unwrap();
+    let out = cleanup_with_path(&cluster, empty.path());
+    let logs = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{logs}");
+    for tool in [
+        "iptables-legacy-save",
+        "iptables-nft-save",
+        "ip6tables-legacy-save",
+        "ip6tables-nft-save",
+    ] {
+        assert!(logs.contains(tool), "{tool} not named:\n{logs}");
+    }
+}
+
+#[test]
+fn cleanup_with_only_the_nft_tools_cleans_them_and_names_the_missing_legacy_ones() {
+    let cluster = Cluster::new(1);
+    let node = cluster.node();
+    node.sh(
+        "iptables-nft -t nat -N KUBE-SERVICES && \
+         iptables-nft -t nat -A PREROUTING -m comment --comment 'kubernetes service portals' -j KUBE-SERVICES",
+    )
+    .unwrap();
+    let tools = tempfile::tempdir().unwrap();
+    for family in ["iptables", "ip6tables"] {
+        for suffix in ["", "-save", "-restore"] {
+            let name = format!("{family}-nft{suffix}");
+            std::os::unix::fs::symlink(installed(&name), tools.path().join(&name)).unwrap();
+        }
+    }
+    let out = cleanup_with_path(&cluster, tools.path());
+    let logs = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{logs}");
+    assert!(
+        logs.contains("iptables-legacy-save"),
+        "the skipped flavour is not named:\n{logs}"
+    );
+    let after = node.sh("iptables-nft-save").unwrap();
+    assert!(!after.contains("KUBE-"), "left behind:\n{after}");
 }

@@ -2,21 +2,36 @@
 //!
 //! Healthy means "rules keep up with changes": when a change is queued and no sync has
 //! applied it within the timeout (2 x sync period), the proxy is unhealthy. A proxy with
-//! nothing queued is healthy however long ago it last synced. Start-up counts as a queued
-//! change, so a proxy that never manages its first sync turns unhealthy too. `/healthz`
-//! additionally fails while the node is being deleted, so load balancers drain it.
+//! nothing queued is healthy however long ago it last synced. Start-up is healthy too, as
+//! upstream's: the sync loop marks itself updated when it starts, and nothing is queued until
+//! the sources have delivered their initial state and something changes after that; a proxy
+//! that has not started its sync loop yet has nothing that could be late. `/healthz`
+//! additionally fails while the node is not eligible (being deleted, or tainted by the
+//! cluster autoscaler), so load balancers drain it; `/livez` ignores the node, since kubelet
+//! restarting the pod would help no one.
+//!
+//! The bodies are upstream's, byte for byte apart from the times
+//! (`{"lastUpdated": "...","currentTime": "...", "nodeEligible": true}`), with Go's time
+//! format (see [`go_time`]). One addition: an unhealthy answer also says why syncs are late
+//! (`"problem"`), when we know; healthy answers never carry it.
 
-use std::sync::Mutex;
+mod go_time;
+
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use go_time::{Stamp, ZERO_TIME};
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
-    last_updated: Option<SystemTime>,
-    oldest_queued: Option<SystemTime>,
-    node_going_away: bool,
-    /// Why syncs are not happening, if we know: a failed sync, or a source still waiting.
+    /// Upstream's `lastUpdatedMap` for our one family: the sync loop's start, then every
+    /// successful sync. `None` until the sync loop starts.
+    last_updated: Option<Stamp>,
+    /// Upstream's `oldestPendingQueuedMap`: the first change not yet applied.
+    oldest_queued: Option<Stamp>,
+    /// Eligible while starting, until a Node says otherwise (upstream's initial value).
+    node_eligible: bool,
+    /// Why syncs are not happening, if we know: a failed sync, or a source in trouble.
     problem: Option<String>,
 }
 
@@ -27,32 +42,64 @@ pub struct ProxyHealth {
 }
 
 /// The answer to one health probe.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HealthReport {
-    #[serde(skip)]
     pub healthy: bool,
+    /// Go's `time.Time` text: the current time when healthy (upstream's compatibility rule),
+    /// else the last update.
     pub last_updated: String,
     pub current_time: String,
-    pub node_eligible: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Only `/healthz` reports it.
+    pub node_eligible: Option<bool>,
+    /// Why syncs are late; only in an answer that is unhealthy because they are.
     pub problem: Option<String>,
+}
+
+impl HealthReport {
+    /// 200 or 503, as upstream answers.
+    pub fn status_code(&self) -> u16 {
+        if self.healthy { 200 } else { 503 }
+    }
+
+    /// The JSON body exactly as upstream writes it (its spacing included), plus `problem`.
+    pub fn body(&self) -> String {
+        let mut body = format!(
+            "{{\"lastUpdated\": {},\"currentTime\": {}",
+            json_string(&self.last_updated),
+            json_string(&self.current_time)
+        );
+        if let Some(eligible) = self.node_eligible {
+            body.push_str(&format!(", \"nodeEligible\": {eligible}"));
+        }
+        if let Some(problem) = &self.problem {
+            body.push_str(&format!(", \"problem\": {}", json_string(problem)));
+        }
+        body.push('}');
+        body
+    }
+}
+
+fn json_string(text: &str) -> String {
+    serde_json::Value::String(text.to_owned()).to_string()
 }
 
 impl ProxyHealth {
     /// `timeout` is upstream's healthTimeout: 2 x the sync period.
     pub fn new(timeout: Duration) -> Self {
-        let state = State {
-            oldest_queued: Some(SystemTime::now()),
-            ..State::default()
-        };
+        // Starts Go's monotonic clock, which counts from the process start.
+        let _ = Stamp::now();
         Self {
             timeout,
-            state: Mutex::new(state),
+            state: Mutex::new(State {
+                last_updated: None,
+                oldest_queued: None,
+                node_eligible: true,
+                problem: None,
+            }),
         }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, State> {
         // A panic elsewhere while holding the lock must not take health reporting down too.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -60,24 +107,31 @@ impl ProxyHealth {
     /// A change arrived that the next sync must apply.
     pub fn queued_update(&self) {
         let mut s = self.state();
-        s.oldest_queued.get_or_insert_with(SystemTime::now);
+        s.oldest_queued.get_or_insert_with(Stamp::now);
     }
 
-    /// A sync succeeded: everything queued so far is applied.
+    /// Everything queued so far is applied: a sync succeeded, or the sync loop starts
+    /// (upstream's `Updated` at the top of `SyncLoop`, "in case Sync() never succeeds").
     pub fn updated(&self) {
         let mut s = self.state();
         s.oldest_queued = None;
-        s.last_updated = Some(SystemTime::now());
+        s.last_updated = Some(Stamp::now());
         s.problem = None;
     }
 
-    /// Records why the proxy is not keeping up (shown in the probe body, not deciding health).
+    /// Records why the proxy is not keeping up (shown in unhealthy bodies, not deciding health).
     pub fn set_problem(&self, problem: Option<String>) {
         self.state().problem = problem;
     }
 
-    pub fn set_node_going_away(&self, going_away: bool) {
-        self.state().node_going_away = going_away;
+    /// Upstream's `SyncNode`: eligible unless the Node is being deleted or tainted
+    /// `ToBeDeletedByClusterAutoscaler`.
+    pub fn set_node_eligible(&self, eligible: bool) {
+        self.state().node_eligible = eligible;
+    }
+
+    pub fn node_eligible(&self) -> bool {
+        self.state().node_eligible
     }
 
     /// What is currently known to be wrong, whether or not it has made the proxy late.
@@ -85,96 +139,159 @@ impl ProxyHealth {
         self.state().problem.clone()
     }
 
-    /// Timestamp of the last successful sync, if any.
+    /// When the sync loop started or last synced successfully, if it has started.
     pub fn last_updated(&self) -> Option<SystemTime> {
-        self.state().last_updated
+        self.state().last_updated.map(Stamp::wall)
     }
 
     /// For `/livez`: node eligibility does not matter.
     pub fn livez(&self) -> HealthReport {
-        self.report(SystemTime::now(), false)
+        self.report(Stamp::now(), false)
     }
 
-    /// For `/healthz`: also unhealthy while the node is going away.
+    /// For `/healthz`: also unhealthy while the node is not eligible.
     pub fn healthz(&self) -> HealthReport {
-        self.report(SystemTime::now(), true)
+        self.report(Stamp::now(), true)
     }
 
-    fn report(&self, now: SystemTime, check_node: bool) -> HealthReport {
+    fn report(&self, now: Stamp, check_node: bool) -> HealthReport {
         let s = self.state();
-        let late = s
-            .oldest_queued
-            .is_some_and(|queued| now.duration_since(queued).unwrap_or_default() >= self.timeout);
-        let node_eligible = !s.node_going_away;
+        // Upstream only judges a proxier that has marked itself updated at least once.
+        let late = s.last_updated.is_some()
+            && s.oldest_queued
+                .is_some_and(|queued| now.since(queued) >= self.timeout);
+        let healthy = !late && (s.node_eligible || !check_node);
+        let current_time = now.go_string();
+        let last_updated = match s.last_updated {
+            // A healthy answer says "recent", as upstream keeps for older clients.
+            _ if healthy => current_time.clone(),
+            Some(stamp) => stamp.go_string(),
+            None => ZERO_TIME.to_string(),
+        };
         HealthReport {
-            healthy: !late && (node_eligible || !check_node),
-            last_updated: s.last_updated.map(rfc3339).unwrap_or_default(),
-            current_time: rfc3339(now),
-            node_eligible,
+            healthy,
+            last_updated,
+            current_time,
+            node_eligible: check_node.then_some(s.node_eligible),
             problem: if late { s.problem.clone() } else { None },
         }
     }
-}
-
-fn rfc3339(t: SystemTime) -> String {
-    jiff::Timestamp::try_from(t)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// The health state and a moment well past its timeout.
+    fn after_timeout(h: &ProxyHealth) -> Stamp {
+        Stamp::now().later(h.timeout + Duration::from_secs(1))
+    }
+
     #[test]
-    fn healthy_until_a_queued_change_is_late() {
-        let h = ProxyHealth::new(Duration::from_millis(50));
+    fn healthy_while_starting_even_when_nothing_ever_syncs() {
+        let h = ProxyHealth::new(TIMEOUT);
+        let later = after_timeout(&h);
+        assert!(h.report(later, true).healthy, "before the sync loop starts");
+        h.updated(); // the sync loop starts
+        assert!(h.report(after_timeout(&h), true).healthy, "nothing queued");
+    }
+
+    #[test]
+    fn a_queued_change_not_applied_within_the_timeout_is_late() {
+        let h = ProxyHealth::new(TIMEOUT);
         h.updated();
-        assert!(h.healthz().healthy);
         h.queued_update();
         assert!(h.healthz().healthy, "not late yet");
-        std::thread::sleep(Duration::from_millis(60));
         h.set_problem(Some("iptables-restore failed".into()));
+        let late = h.report(after_timeout(&h), true);
+        assert!(!late.healthy);
+        assert_eq!(late.problem.as_deref(), Some("iptables-restore failed"));
+        assert!(!h.report(after_timeout(&h), false).healthy, "livez too");
+        h.updated();
+        assert!(h.report(after_timeout(&h), true).healthy);
+        assert_eq!(h.problem(), None, "a good sync clears the problem");
+    }
+
+    #[test]
+    fn only_the_oldest_queued_change_counts() {
+        let h = ProxyHealth::new(TIMEOUT);
+        h.updated();
+        h.queued_update();
+        let first = h.state().oldest_queued;
+        h.queued_update();
+        assert_eq!(h.state().oldest_queued, first);
+    }
+
+    #[test]
+    fn a_queued_change_before_the_sync_loop_starts_is_not_judged() {
+        let h = ProxyHealth::new(TIMEOUT);
+        h.queued_update();
+        assert!(h.report(after_timeout(&h), true).healthy);
+    }
+
+    #[test]
+    fn ineligible_node_fails_healthz_not_livez() {
+        let h = ProxyHealth::new(TIMEOUT);
+        h.updated();
+        assert!(h.node_eligible(), "eligible while starting");
+        h.set_node_eligible(false);
+        let healthz = h.healthz();
+        assert!(!healthz.healthy);
+        assert_eq!(healthz.node_eligible, Some(false));
+        assert_eq!(healthz.problem, None, "syncs are not late");
+        let livez = h.livez();
+        assert!(livez.healthy);
+        assert_eq!(livez.node_eligible, None);
+    }
+
+    #[test]
+    fn healthy_bodies_are_upstreams_with_last_updated_equal_to_current_time() {
+        let h = ProxyHealth::new(TIMEOUT);
+        h.updated();
+        let healthz = h.healthz();
+        assert_eq!(healthz.last_updated, healthz.current_time);
+        let t = &healthz.current_time;
+        assert_eq!(
+            healthz.body(),
+            format!("{{\"lastUpdated\": \"{t}\",\"currentTime\": \"{t}\", \"nodeEligible\": true}}")
+        );
+        let livez = h.livez();
+        let t = &livez.current_time;
+        assert_eq!(
+            livez.body(),
+            format!("{{\"lastUpdated\": \"{t}\",\"currentTime\": \"{t}\"}}")
+        );
+        // Go's time.Time String(): date, time, offset, zone, monotonic reading.
+        let fields: Vec<&str> = t.split(' ').collect();
+        assert_eq!(fields.len(), 5, "{t}");
+        assert!(fields[4].starts_with("m=+"), "{t}");
+    }
+
+    #[test]
+    fn unhealthy_body_keeps_the_last_update_and_says_why() {
+        let h = ProxyHealth::new(TIMEOUT);
+        h.updated();
+        let synced = h.state().last_updated.unwrap();
+        h.queued_update();
+        h.set_problem(Some("restore said \"no\"".into()));
+        let now = after_timeout(&h);
+        let report = h.report(now, true);
+        assert_eq!(report.last_updated, synced.go_string());
+        assert_ne!(report.last_updated, report.current_time);
+        let body: serde_json::Value = serde_json::from_str(&report.body()).unwrap();
+        assert_eq!(body["nodeEligible"], true);
+        assert_eq!(body["problem"], "restore said \"no\"");
+        assert_eq!(body["currentTime"], now.go_string());
+    }
+
+    #[test]
+    fn ineligible_before_any_update_reports_gos_zero_time() {
+        let h = ProxyHealth::new(TIMEOUT);
+        h.set_node_eligible(false);
         let report = h.healthz();
-        assert!(!report.healthy);
-        assert_eq!(report.problem.as_deref(), Some("iptables-restore failed"));
-        h.updated();
-        assert!(h.healthz().healthy);
-    }
-
-    #[test]
-    fn idle_proxy_stays_healthy() {
-        let h = ProxyHealth::new(Duration::from_millis(10));
-        h.updated();
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(h.healthz().healthy);
-    }
-
-    #[test]
-    fn never_synced_turns_unhealthy() {
-        let h = ProxyHealth::new(Duration::from_millis(10));
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(!h.healthz().healthy);
-        assert_eq!(h.healthz().last_updated, "");
-    }
-
-    #[test]
-    fn node_going_away_fails_healthz_not_livez() {
-        let h = ProxyHealth::new(Duration::from_secs(60));
-        h.updated();
-        h.set_node_going_away(true);
-        assert!(!h.healthz().healthy);
-        assert!(!h.healthz().node_eligible);
-        assert!(h.livez().healthy);
-    }
-
-    #[test]
-    fn body_uses_upstream_field_names() {
-        let h = ProxyHealth::new(Duration::from_secs(60));
-        h.updated();
-        let json = serde_json::to_value(h.healthz()).unwrap();
-        assert!(json["lastUpdated"].as_str().unwrap().ends_with('Z'));
-        assert!(json["currentTime"].is_string());
-        assert_eq!(json["nodeEligible"], true);
+        assert_eq!(report.status_code(), 503);
+        assert_eq!(report.last_updated, "0001-01-01 00:00:00 +0000 UTC");
     }
 }

@@ -76,6 +76,8 @@ pub struct Metrics {
     pub rejected_objects_total: Family<RejectedLabels, Counter>,
     /// Not upstream: malformed list entries dropped from objects that were used otherwise.
     pub ignored_values_total: Family<IgnoredLabels, Counter>,
+    pub conntrack_reconciler_sync_duration_seconds: Family<FamilyLabels, Histogram>,
+    pub conntrack_reconciler_deleted_entries_total: Family<FamilyLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -113,6 +115,8 @@ impl Metrics {
             proxy_livez_total: Family::default(),
             rejected_objects_total: Family::default(),
             ignored_values_total: Family::default(),
+            conntrack_reconciler_sync_duration_seconds: Family::new_with_constructor(sync_duration_histogram),
+            conntrack_reconciler_deleted_entries_total: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kubeproxy");
         r.register(
@@ -200,6 +204,16 @@ impl Metrics {
             "proxy_livez",
             "Cumulative proxy livez HTTP status",
             m.proxy_livez_total.clone(),
+        );
+        r.register(
+            "conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            m.conntrack_reconciler_sync_duration_seconds.clone(),
+        );
+        r.register(
+            "conntrack_reconciler_deleted_entries",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            m.conntrack_reconciler_deleted_entries_total.clone(),
         );
         r.register(
             "rejected_objects",
@@ -296,5 +310,29 @@ mod tests {
         let series = "kubeproxy_ignored_values_total{kind=\"Service\",field=\"spec.externalIPs\",reason=\"invalid_ip\"} 2";
         assert!(text.contains(series), "missing {series} in\n{text}");
         assert!(!text.contains("svc-1"), "no object names in labels");
+    }
+
+    #[test]
+    fn exports_the_conntrack_reconciler_metrics_as_upstream() {
+        let mut registry = Registry::default();
+        let m = Metrics::new(&mut registry);
+        let v4 = FamilyLabels { ip_family: "IPv4" };
+        m.conntrack_reconciler_sync_duration_seconds
+            .get_or_create(&v4)
+            .observe(0.003);
+        m.conntrack_reconciler_deleted_entries_total
+            .get_or_create(&v4)
+            .inc_by(18);
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        for line in [
+            "# TYPE kubeproxy_conntrack_reconciler_sync_duration_seconds histogram",
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{le=\"0.004\",ip_family=\"IPv4\"} 1",
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{le=\"16.384\",ip_family=\"IPv4\"} 1",
+            "# TYPE kubeproxy_conntrack_reconciler_deleted_entries counter",
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 18",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
     }
 }

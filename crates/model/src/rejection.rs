@@ -28,6 +28,10 @@ pub enum RejectReason {
     WrongIpFamily,
     /// The document could not be parsed as the object it claims to be.
     Malformed,
+    /// Another object already holds what this one asks for (a nodePort, a cluster IP).
+    Conflict,
+    /// Over a size limit (a manifest file's bytes, an EndpointSlice's endpoints).
+    TooLarge,
 }
 
 impl RejectReason {
@@ -42,6 +46,8 @@ impl RejectReason {
             Self::DuplicatePort => "duplicate_port",
             Self::WrongIpFamily => "wrong_ip_family",
             Self::Malformed => "malformed",
+            Self::Conflict => "conflict",
+            Self::TooLarge => "too_large",
         }
     }
 }

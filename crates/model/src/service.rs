@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use crate::ident::{IpFamily, NamespacedName, ObjectKind, Protocol, ServicePortName};
 use crate::ignored::{Converted, IgnoredValue};
 use crate::rejection::{RejectReason, Rejecter, Rejection, shown};
-use crate::syntax::{dns1035_label, dns1123_label, iana_svc_name, parse_cidr_sloppy, parse_ip_sloppy};
+use crate::syntax::{dns1035_label, dns1123_label, parse_cidr_sloppy, parse_ip_sloppy};
 
 /// Upstream's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
@@ -176,7 +176,9 @@ fn convert_ports(
                 ));
             }
         } else {
-            rejecter.name(&format!("{field}.name"), name, iana_svc_name)?;
+            // Service port names are DNS-1123 labels (upstream's validateServicePort); only
+            // container ports and named targetPorts must be IANA service names.
+            rejecter.name(&format!("{field}.name"), name, dns1123_label)?;
         }
         if !seen_names.insert(name) {
             return Err(rejecter.reject(
@@ -915,10 +917,10 @@ mod tests {
         }
         let port_names = [
             ("HTTP", "spec.ports[0].name"),
-            ("dns--tcp", "spec.ports[0].name"),
+            ("-http", "spec.ports[0].name"),
             ("http:80", "spec.ports[0].name"),
-            ("8080", "spec.ports[0].name"),
-            ("a-very-long-name1", "spec.ports[0].name"),
+            ("http_alt", "spec.ports[0].name"),
+            ("a/b", "spec.ports[0].name"),
         ];
         for (name, field) in port_names {
             let r = rejection(json!({"metadata": {"name": "web"},
@@ -928,6 +930,18 @@ mod tests {
                 (field, RejectReason::InvalidValue),
                 "for {name}"
             );
+        }
+    }
+
+    #[test]
+    fn service_port_names_are_dns_labels_not_iana_names() {
+        // Upstream validates Service port names as DNS-1123 labels: longer and digit-only
+        // names that are not IANA service names are real and must keep working.
+        for name in ["http-metrics-port", "8080", "dns--tcp"] {
+            let svc = service(json!({"metadata": {"name": "web"},
+                "spec": {"clusterIP": "10.0.0.1", "ports": [{"name": name, "port": 80}]}}));
+            let converted = service_view(&svc, IpFamily::V4).expect("accepted");
+            assert_eq!(&*ports(converted)[0].name.port, name);
         }
     }
 }

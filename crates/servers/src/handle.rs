@@ -1,9 +1,9 @@
-//! A running server: its address, its shutdown switch, and its errors.
+//! A running server: its address once bound, its shutdown switch, and its errors.
 
 use std::io;
 use std::net::SocketAddr;
 
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 #[derive(Debug, thiserror::Error)]
@@ -23,45 +23,56 @@ pub enum ServeError {
     #[error("{server} server on {address} stopped with an error: {source}")]
     Serve {
         server: &'static str,
-        address: SocketAddr,
+        address: String,
         source: io::Error,
     },
     #[error("{server} server task on {address} ended abnormally: {detail}")]
     Task {
         server: &'static str,
-        address: SocketAddr,
+        address: String,
         detail: String,
     },
 }
 
-/// A server serving on a spawned task. Dropping the handle stops the server too, so keep it
-/// for as long as the server should run.
+/// A server serving (or still trying to bind) on a spawned task. Dropping the handle stops
+/// the server too, so keep it for as long as the server should run.
 #[derive(Debug)]
 pub struct ServerHandle {
     server: &'static str,
-    local_addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<io::Result<()>>>,
+    address: String,
+    bound: watch::Receiver<Option<SocketAddr>>,
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<Result<(), ServeError>>>,
 }
 
 impl ServerHandle {
     pub(crate) fn new(
         server: &'static str,
-        local_addr: SocketAddr,
-        stop: oneshot::Sender<()>,
-        task: JoinHandle<io::Result<()>>,
+        address: String,
+        bound: watch::Receiver<Option<SocketAddr>>,
+        stop: watch::Sender<bool>,
+        task: JoinHandle<Result<(), ServeError>>,
     ) -> Self {
         Self {
             server,
-            local_addr,
-            stop: Some(stop),
+            address,
+            bound,
+            stop,
             task: Some(task),
         }
     }
 
-    /// The address actually bound (useful with port 0).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+    /// The address actually listened on (useful with port 0); `None` while the port is
+    /// still busy and the server keeps retrying.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        *self.bound.borrow()
+    }
+
+    /// Waits until the server listens and returns the address; `None` if it stopped first.
+    pub async fn listening(&self) -> Option<SocketAddr> {
+        let mut bound = self.bound.clone();
+        let address = bound.wait_for(Option::is_some).await.ok()?;
+        *address
     }
 
     /// "healthz" or "metrics".
@@ -71,30 +82,28 @@ impl ServerHandle {
 
     /// Stops accepting, lets requests in flight finish, and waits for the task.
     pub async fn shutdown(mut self) -> Result<(), ServeError> {
-        if let Some(stop) = self.stop.take() {
-            // The task may already be gone; then there is nothing to stop.
-            let _ = stop.send(());
-        }
+        self.stop.send_replace(true);
         self.wait().await
     }
 
-    /// Waits until the server stops by itself (it only does on an error).
+    /// Waits until the server stops by itself (it only does on a fatal error).
     pub async fn wait(&mut self) -> Result<(), ServeError> {
         let Some(task) = self.task.take() else {
             return Ok(());
         };
         match task.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(source)) => Err(ServeError::Serve {
-                server: self.server,
-                address: self.local_addr,
-                source,
-            }),
+            Ok(result) => result,
             Err(join_error) => Err(ServeError::Task {
                 server: self.server,
-                address: self.local_addr,
+                address: self.address.clone(),
                 detail: join_error.to_string(),
             }),
         }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
     }
 }

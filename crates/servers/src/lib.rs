@@ -3,9 +3,10 @@
 //! Load balancers, kubelet probes and Prometheus already point at upstream's ports and paths,
 //! so the healthz server (default `0.0.0.0:10256`: `/healthz`, `/livez`) and the metrics
 //! server (default `127.0.0.1:10249`: `/metrics`, `/proxyMode`, `/configz`, `/healthz`) keep
-//! upstream's paths, status codes, headers and bodies. Binding is its own step with its own
-//! error, so the binary can honour `--bind-address-hard-fail`; serving then runs on a spawned
-//! task until its [`ServerHandle`] is shut down or dropped.
+//! upstream's paths, status codes, headers and bodies. A port that is busy is retried every
+//! 5 s as upstream does ([`BindPolicy`]), or, with `--bind-address-hard-fail`, reported as an
+//! error before serving starts; serving runs on a spawned task until its [`ServerHandle`] is
+//! shut down or dropped.
 
 mod handle;
 mod healthz;
@@ -13,8 +14,9 @@ mod listen;
 mod metrics_server;
 
 pub use handle::{ServeError, ServerHandle};
-pub use healthz::bind_healthz;
-pub use metrics_server::{CONFIGZ_GROUP, OPENMETRICS_CONTENT_TYPE, bind_metrics};
+pub use healthz::serve_healthz;
+pub use listen::{BindPolicy, UPSTREAM_RETRY_INTERVAL};
+pub use metrics_server::{CONFIGZ_GROUP, OPENMETRICS_CONTENT_TYPE, serve_metrics};
 
 #[cfg(test)]
 mod test_client;

@@ -1,15 +1,50 @@
-//! Binding a listener from a configured "IP:port", with errors that name the address.
+//! Listening on a configured "IP:port" the way upstream does.
+//!
+//! Upstream runs each server under `wait.Until(..., 5s)`: a port that is busy (an old
+//! kube-proxy still shutting down, another program) is retried every 5 s, logged each time,
+//! and the server comes up as soon as the port is free; the proxy keeps programming rules
+//! meanwhile. With `--bind-address-hard-fail` the first failure is fatal instead. A server
+//! that stops with an error is restarted under the same rule.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::Router;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 
 use crate::handle::{ServeError, ServerHandle};
 
-/// Binds `address`; `Ok(None)` when it is blank (the server is disabled).
-pub(crate) async fn bind(server: &'static str, address: &str) -> Result<Option<TcpListener>, ServeError> {
+/// Upstream's pause between attempts.
+pub const UPSTREAM_RETRY_INTERVAL: Duration = Duration::from_secs(5);
+
+/// What happens when a server cannot listen or stops with an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BindPolicy {
+    /// `--bind-address-hard-fail`: return the error (the proxy exits) instead of retrying.
+    pub hard_fail: bool,
+    pub retry_interval: Duration,
+}
+
+impl BindPolicy {
+    /// Upstream's behaviour: retry every 5 s unless `hard_fail`.
+    pub fn upstream(hard_fail: bool) -> Self {
+        Self {
+            hard_fail,
+            retry_interval: UPSTREAM_RETRY_INTERVAL,
+        }
+    }
+}
+
+/// Serves `router` on `address` from a spawned task; `Ok(None)` when the address is blank
+/// (the server is disabled). The first bind happens before this returns, so a hard-failing
+/// policy reports a busy port here; otherwise the task keeps trying.
+pub(crate) async fn start(
+    server: &'static str,
+    address: &str,
+    router: Router,
+    policy: BindPolicy,
+) -> Result<Option<ServerHandle>, ServeError> {
     let address = address.trim();
     if address.is_empty() {
         return Ok(None);
@@ -19,35 +54,125 @@ pub(crate) async fn bind(server: &'static str, address: &str) -> Result<Option<T
         address: address.to_string(),
         reason: format!("{e} (expected IP:port, e.g. 0.0.0.0:10256 or [::]:10256)"),
     })?;
-    let listener = TcpListener::bind(socket_addr)
-        .await
-        .map_err(|source| ServeError::Bind {
-            server,
-            address: address.to_string(),
-            source,
-        })?;
-    Ok(Some(listener))
+    let (bound_tx, bound_rx) = watch::channel(None);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let serving = Serving {
+        server,
+        address: address.to_string(),
+        socket_addr,
+        router,
+        policy,
+        bound: bound_tx,
+        stop: stop_rx,
+    };
+    let first = match TcpListener::bind(socket_addr).await {
+        Ok(listener) => {
+            // Known at once, so callers can read the port (e.g. of "IP:0") right away.
+            serving.bound.send_replace(listener.local_addr().ok());
+            Some(listener)
+        }
+        Err(source) if policy.hard_fail => return Err(serving.bind_error(source)),
+        Err(source) => {
+            serving.log_retry(&serving.bind_error(source));
+            None
+        }
+    };
+    let task = tokio::spawn(serving.run(first));
+    Ok(Some(ServerHandle::new(
+        server,
+        address.to_string(),
+        bound_rx,
+        stop_tx,
+        task,
+    )))
 }
 
-/// Serves `router` on `listener` from a spawned task until the handle says stop.
-pub(crate) fn spawn(
+/// One server's task: bind (again) when needed, serve until told to stop.
+struct Serving {
     server: &'static str,
-    listener: TcpListener,
+    address: String,
+    socket_addr: SocketAddr,
     router: Router,
-) -> Result<ServerHandle, ServeError> {
-    let local_addr = listener.local_addr().map_err(|source| ServeError::Bind {
-        server,
-        address: "(bound socket)".to_string(),
-        source,
-    })?;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                // A dropped handle counts as "stop" too.
-                let _ = stopped.await;
-            })
-            .await
-    });
-    Ok(ServerHandle::new(server, local_addr, stop, task))
+    policy: BindPolicy,
+    bound: watch::Sender<Option<SocketAddr>>,
+    stop: watch::Receiver<bool>,
+}
+
+impl Serving {
+    async fn run(self, mut listener: Option<TcpListener>) -> Result<(), ServeError> {
+        loop {
+            let ready = match listener.take() {
+                Some(ready) => ready,
+                None => match self.bind_after_pause().await {
+                    Some(ready) => ready,
+                    None => return Ok(()),
+                },
+            };
+            match self.serve(ready).await {
+                Ok(()) => return Ok(()),
+                Err(error) if self.policy.hard_fail => return Err(error),
+                Err(error) => self.log_retry(&error),
+            }
+        }
+    }
+
+    /// Pauses, then binds, until it works; `None` when told to stop meanwhile.
+    async fn bind_after_pause(&self) -> Option<TcpListener> {
+        loop {
+            if self.stopped_within(self.policy.retry_interval).await {
+                return None;
+            }
+            match TcpListener::bind(self.socket_addr).await {
+                Ok(listener) => return Some(listener),
+                Err(source) => self.log_retry(&self.bind_error(source)),
+            }
+        }
+    }
+
+    /// Serves until told to stop (`Ok`) or until serving fails.
+    async fn serve(&self, listener: TcpListener) -> Result<(), ServeError> {
+        let local = listener.local_addr().map_err(|source| self.bind_error(source))?;
+        tracing::info!(server = self.server, address = %local, "serving");
+        self.bound.send_replace(Some(local));
+        let mut stop = self.stop.clone();
+        let stopped = async move {
+            // A dropped handle counts as "stop" too.
+            let _ = stop.wait_for(|stop| *stop).await;
+        };
+        let result = axum::serve(listener, self.router.clone())
+            .with_graceful_shutdown(stopped)
+            .await;
+        self.bound.send_replace(None);
+        result.map_err(|source| ServeError::Serve {
+            server: self.server,
+            address: self.address.clone(),
+            source,
+        })
+    }
+
+    /// Sleeps `pause`; true if told to stop before or during it.
+    async fn stopped_within(&self, pause: Duration) -> bool {
+        let mut stop = self.stop.clone();
+        let told = tokio::select! {
+            () = tokio::time::sleep(pause) => false,
+            _ = stop.wait_for(|stop| *stop) => true,
+        };
+        told || *self.stop.borrow()
+    }
+
+    fn bind_error(&self, source: std::io::Error) -> ServeError {
+        ServeError::Bind {
+            server: self.server,
+            address: self.address.clone(),
+            source,
+        }
+    }
+
+    fn log_retry(&self, error: &ServeError) {
+        tracing::error!(
+            server = self.server,
+            "{error}; retrying in {:?} (--bind-address-hard-fail makes this fatal)",
+            self.policy.retry_interval
+        );
+    }
 }

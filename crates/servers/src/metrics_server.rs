@@ -13,7 +13,7 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 
 use crate::handle::{ServeError, ServerHandle};
-use crate::listen::{bind, spawn};
+use crate::listen::{BindPolicy, start};
 
 /// The key `/configz` puts the configuration under, as upstream does.
 pub const CONFIGZ_GROUP: &str = "kubeproxy.config.k8s.io";
@@ -28,17 +28,16 @@ struct MetricsState {
     configz: Arc<str>,
 }
 
-/// Binds `address` (e.g. "127.0.0.1:10249"; blank disables it) and serves on a task.
-/// `config` is the effective KubeProxyConfiguration, shown by `/configz`.
-pub async fn bind_metrics(
+/// Serves on `address` (e.g. "127.0.0.1:10249"; blank disables it) from a spawned task,
+/// binding as `policy` says. `config` is the effective KubeProxyConfiguration, shown by
+/// `/configz`.
+pub async fn serve_metrics(
     address: &str,
     registry: Arc<Registry>,
     proxy_mode: &str,
     config: serde_json::Value,
+    policy: BindPolicy,
 ) -> Result<Option<ServerHandle>, ServeError> {
-    let Some(listener) = bind("metrics", address).await? else {
-        return Ok(None);
-    };
     let configz = serde_json::json!({ CONFIGZ_GROUP: config }).to_string();
     let state = MetricsState {
         registry,
@@ -54,7 +53,7 @@ pub async fn bind_metrics(
         .route("/configz", get(configz_handler))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state);
-    spawn("metrics", listener, router).map(Some)
+    start("metrics", address, router, policy).await
 }
 
 async fn metrics(State(s): State<MetricsState>) -> Response {
@@ -82,10 +81,38 @@ fn with_content_type(mut response: Response, content_type: &'static str) -> Resp
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use kpr_metrics::Metrics;
 
     use super::*;
     use crate::test_client::get;
+
+    /// Retries fast, so a test does not wait upstream's 5 s.
+    fn retrying() -> BindPolicy {
+        BindPolicy {
+            hard_fail: false,
+            retry_interval: Duration::from_millis(20),
+        }
+    }
+
+    async fn serve_on(address: &str, policy: BindPolicy) -> Result<Option<ServerHandle>, ServeError> {
+        serve_metrics(
+            address,
+            Arc::new(Registry::default()),
+            "iptables",
+            serde_json::Value::Null,
+            policy,
+        )
+        .await
+    }
+
+    /// A ceiling against hangs, not a speed check.
+    async fn within<T>(future: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(30), future)
+            .await
+            .expect("hung")
+    }
 
     #[tokio::test]
     async fn serves_metrics_mode_configz_and_healthz() {
@@ -96,11 +123,11 @@ mod tests {
             .get_or_create(&kpr_metrics::FamilyLabels { ip_family: "IPv4" })
             .inc();
         let config = serde_json::json!({"mode": "iptables"});
-        let server = bind_metrics("127.0.0.1:0", Arc::new(registry), "iptables", config)
+        let server = serve_metrics("127.0.0.1:0", Arc::new(registry), "iptables", config, retrying())
             .await
             .unwrap()
             .unwrap();
-        let addr = server.local_addr();
+        let addr = server.local_addr().unwrap();
 
         let reply = get(addr, "/metrics").await;
         assert_eq!(reply.status, 200);
@@ -121,18 +148,40 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn port_in_use_is_a_bind_error_naming_the_address() {
+    async fn busy_port_with_hard_fail_is_an_error_naming_the_address() {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = taken.local_addr().unwrap().to_string();
-        let err = bind_metrics(
-            &address,
-            Arc::new(Registry::default()),
-            "iptables",
-            serde_json::Value::Null,
-        )
-        .await
-        .unwrap_err();
+        let policy = BindPolicy {
+            hard_fail: true,
+            ..retrying()
+        };
+        let err = serve_on(&address, policy).await.unwrap_err();
         assert!(matches!(err, ServeError::Bind { .. }), "{err}");
         assert!(err.to_string().contains(&address), "{err}");
+    }
+
+    #[tokio::test]
+    async fn busy_port_is_retried_and_served_once_free() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let wanted = taken.local_addr().unwrap();
+        let server = serve_on(&wanted.to_string(), retrying()).await.unwrap().unwrap();
+        assert_eq!(
+            server.local_addr(),
+            None,
+            "cannot be listening: the port is taken"
+        );
+        drop(taken);
+        let listening = within(server.listening()).await;
+        assert_eq!(listening, Some(wanted));
+        assert_eq!(get(wanted, "/proxyMode").await.body, "iptables");
+        within(server.shutdown()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_server_still_waiting_for_its_port_stops_when_told() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = taken.local_addr().unwrap().to_string();
+        let server = serve_on(&address, retrying()).await.unwrap().unwrap();
+        within(server.shutdown()).await.unwrap();
     }
 }

@@ -21,8 +21,13 @@ impl Reply {
 }
 
 pub(crate) async fn get(addr: SocketAddr, path: &str) -> Reply {
+    request(addr, "GET", path).await
+}
+
+pub(crate) async fn request(addr: SocketAddr, method: &str, path: &str) -> Reply {
     let mut stream = TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let request =
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut raw = String::new();
     stream.read_to_string(&mut raw).await.unwrap();

@@ -34,8 +34,9 @@ pub enum Event {
     Node { object: Option<Arc<Node>> },
     /// The source has delivered its complete initial state.
     Synced { source: &'static str },
-    /// Input that could not become an object at all (e.g. a file that is not YAML).
-    /// Objects that parse but are invalid are rejected later, by the trackers.
+    /// Input refused by the source: a file that is not YAML or is too large, or (from the
+    /// manifest source, which applies the API server's rules) an invalid or conflicting
+    /// object. Objects that reach the trackers and are invalid there are rejected by them.
     Rejected(Rejection),
     /// The source cannot currently deliver changes (e.g. the API server is unreachable), or,
     /// with `None`, it can again. Shown by `/healthz` when syncs fall behind.

@@ -331,3 +331,84 @@ async fn the_source_stops_when_nobody_listens() {
         .expect("run returns once the receiver is gone")
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_file_that_grows_past_the_cap_keeps_its_last_good_contents() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("web.yaml");
+    let one = format!("{}{}", service("web", "10.96.0.10"), slice(&["10.244.0.1"]));
+    fs::write(&file, &one).unwrap();
+    let source = ManifestSource::new(vec![dir.path().to_path_buf()], None, RESYNC)
+        .unwrap()
+        .max_file_bytes(2048);
+    let (sender, events) = event_channel();
+    let mut running = Running {
+        events,
+        task: tokio::spawn(source.run(sender)),
+    };
+    until(&mut running, &synced()).await;
+
+    // The new slice is padded past the cap: refused, the old one stays (no deletion).
+    let padded = format!("{one}# {}\n", "x".repeat(4096));
+    let padded = padded.replace("[10.244.0.1]", "[10.244.0.2]");
+    write_atomically(&file, &padded);
+    let rejected = format!("!Manifest {} too_large", file.display());
+    assert_eq!(
+        until(&mut running, &rejected).await,
+        std::slice::from_ref(&rejected)
+    );
+
+    let two = format!("{}{}", service("web", "10.96.0.10"), slice(&["10.244.0.3"]));
+    write_atomically(&file, &two);
+    let events = until(&mut running, "+EndpointSlice shop/web-1 [10.244.0.3]").await;
+    assert_eq!(events, ["+EndpointSlice shop/web-1 [10.244.0.3]"]);
+}
+
+#[tokio::test]
+async fn an_edit_that_breaks_a_rule_keeps_the_last_good_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("web.yaml");
+    fs::write(&file, service("web", "10.96.0.10")).unwrap();
+    let mut running = start(vec![dir.path().to_path_buf()], None);
+    until(&mut running, &synced()).await;
+
+    write_atomically(&file, &service("web", "10.96.0.1O"));
+    assert_eq!(
+        until(&mut running, "!Service shop/web invalid_ip").await,
+        ["!Service shop/web invalid_ip"]
+    );
+    // Fixed: an update, not a re-creation after a deletion.
+    write_atomically(&file, &service("web", "10.96.0.11"));
+    assert_eq!(
+        until(&mut running, "+Service shop/web").await,
+        ["+Service shop/web"]
+    );
+}
+
+#[tokio::test]
+async fn the_node_port_range_is_the_sources_to_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let node_port = |name: &str, ip: &str, port: u16| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\nspec: {{type: NodePort, clusterIP: {ip}, ports: [{{port: 80, nodePort: {port}}}]}}\n---\n"
+        )
+    };
+    let text = format!(
+        "{}{}",
+        node_port("low", "10.96.0.80", 8080),
+        node_port("usual", "10.96.0.81", 30080)
+    );
+    fs::write(dir.path().join("svc.yaml"), text).unwrap();
+    let source = ManifestSource::new(vec![dir.path().to_path_buf()], None, RESYNC)
+        .unwrap()
+        .node_port_range(8000..=8999);
+    let (sender, events) = event_channel();
+    let mut running = Running {
+        events,
+        task: tokio::spawn(source.run(sender)),
+    };
+    assert_eq!(
+        until(&mut running, &synced()).await,
+        ["!Service shop/usual invalid_port", "+Service shop/low", &synced()]
+    );
+}

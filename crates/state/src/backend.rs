@@ -92,6 +92,16 @@ pub struct SyncReport {
     pub no_local_internal: usize,
     /// Service ports with externalTrafficPolicy Local and no local endpoint.
     pub no_local_external: usize,
+    /// The conntrack reconcile after the sync, if one ran (`conntrack_reconciler_*`).
+    pub conntrack_reconcile: Option<ConntrackReconcile>,
+}
+
+/// One reconcile of the UDP conntrack entries after a sync.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConntrackReconcile {
+    /// Stale entries deleted.
+    pub deleted: u64,
+    pub duration: std::time::Duration,
 }
 
 pub trait Backend: Send {

@@ -76,17 +76,30 @@ impl Intake {
         }
     }
 
+    /// Upstream's node handlers: the health server's `SyncNode` and the proxier's topology
+    /// labels. A deleted Node keeps the eligibility its last version had (upstream calls
+    /// `SyncNode` with the deleted object), so a node drained before deletion stays out of
+    /// load balancers; its labels are forgotten, as the proxier's `OnNodeDelete` does. The
+    /// rules stay either way.
     fn node_changed(&mut self, node: Option<&k8s_openapi::api::core::v1::Node>) {
         let view = match node.map(node_view) {
             Some(Ok(view)) => view,
             Some(Err(rejection)) => return self.reject(&rejection),
-            // Our Node was deleted: keep its name, forget everything else about it.
-            None => kpr_model::NodeView {
-                name: self.shared.trackers().node.name.clone(),
-                ..Default::default()
-            },
+            None => {
+                let last = self.shared.trackers().node.clone();
+                tracing::info!(
+                    node = %last.name,
+                    eligible = !last.going_away,
+                    "our Node was deleted; keeping its last eligibility, rules stay"
+                );
+                kpr_model::NodeView {
+                    name: last.name.clone(),
+                    going_away: last.going_away,
+                    ..Default::default()
+                }
+            }
         };
-        self.shared.health.set_node_going_away(view.going_away);
+        self.shared.health.set_node_eligible(!view.going_away);
         let mut trackers = self.shared.trackers();
         if trackers.node.labels != view.labels {
             // Topology hints depend on the zone label: every service may route differently.
@@ -191,90 +204,4 @@ pub(crate) fn unix_now() -> f64 {
 }
 
 #[cfg(test)]
-mod ignored_tests {
-    //! Dropped list entries: logged and counted at intake, once per object version.
-
-    use std::time::Duration;
-
-    use k8s_openapi::api::core::v1::Service;
-    use kpr_metrics::{Metrics, ProxyHealth};
-    use kpr_model::{IpFamily, NamespacedName};
-    use kpr_runner::{RunnerConfig, SyncRunner};
-    use prometheus_client::encoding::text::encode;
-    use prometheus_client::registry::Registry;
-    use serde_json::json;
-
-    use super::*;
-    use crate::ProxySettings;
-
-    fn intake() -> (Intake, Arc<Shared>, Registry) {
-        let mut registry = Registry::default();
-        let metrics = Metrics::new(&mut registry);
-        let settings = ProxySettings {
-            family: IpFamily::V4,
-            node_name: "node1".into(),
-            runner: RunnerConfig {
-                min_interval: Duration::from_millis(20),
-                max_interval: Duration::from_secs(3600),
-            },
-            sources: vec![],
-        };
-        let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
-        let shared = Arc::new(Shared::new(&settings, metrics, health));
-        let (_runner, trigger) = SyncRunner::new(settings.runner);
-        let (ready, _) = watch::channel(false);
-        (
-            Intake::new(shared.clone(), BTreeSet::new(), trigger, ready),
-            shared,
-            registry,
-        )
-    }
-
-    fn service_event(external_ips: serde_json::Value) -> Event {
-        let object: Service = serde_json::from_value(json!({
-            "metadata": {"name": "web", "namespace": "default"},
-            "spec": {"clusterIP": "10.0.0.1", "externalIPs": external_ips, "ports": [{"port": 80}]}
-        }))
-        .unwrap();
-        Event::Service {
-            id: NamespacedName::new("default", "web"),
-            object: Some(Arc::new(object)),
-        }
-    }
-
-    fn metrics_text(registry: &Registry) -> String {
-        let mut text = String::new();
-        encode(&mut text, registry).unwrap();
-        text
-    }
-
-    #[test]
-    fn a_bad_entry_is_counted_per_object_version_and_the_object_is_kept() {
-        let (mut intake, shared, registry) = intake();
-        intake.apply(service_event(json!(["192.0.2.1", "192.0.2.x", "also bad"])));
-        let counted = |n: u32| {
-            format!(
-                "kubeproxy_ignored_values_total{{kind=\"Service\",field=\"spec.externalIPs\",reason=\"invalid_ip\"}} {n}"
-            )
-        };
-        let text = metrics_text(&registry);
-        assert!(text.contains(&counted(2)), "{text}");
-        assert!(
-            !text.contains("kubeproxy_rejected_objects_total{"),
-            "the Service itself is not rejected:\n{text}"
-        );
-        let snapshot = shared.trackers().services.take().snapshot;
-        assert_eq!(
-            snapshot[&NamespacedName::new("default", "web")][0].external_ips,
-            ["192.0.2.1".parse::<std::net::IpAddr>().unwrap()]
-        );
-        // Syncing does not report again; only a new version of the object does.
-        shared.trackers().services.take();
-        assert!(metrics_text(&registry).contains(&counted(2)));
-        intake.apply(service_event(json!(["192.0.2.x"])));
-        assert!(metrics_text(&registry).contains(&counted(3)));
-        // A fixed version reports nothing.
-        intake.apply(service_event(json!(["192.0.2.2"])));
-        assert!(metrics_text(&registry).contains(&counted(3)));
-    }
-}
+mod tests;

@@ -7,7 +7,10 @@
 //!   take the pending changes and snapshots, release the lock, let the backend program the
 //!   kernel, then record metrics and health.
 //!
-//! No sync runs before every source has delivered its initial state.
+//! No sync runs before every source has delivered its initial state. Health follows
+//! upstream's start-up rule: the loop counts as updated when it starts, and changes are only
+//! queued (and can only become late) once every source is in, so a proxy still waiting for
+//! its sources answers `/healthz` 200; why it waits is logged.
 
 mod intake;
 mod sync;
@@ -87,7 +90,16 @@ pub async fn run(
     metrics: Metrics,
     health: Arc<ProxyHealth>,
 ) {
+    // Upstream's SyncLoop marks the proxier updated as it starts, "in case Sync() never
+    // succeeds": from here on a queued change that is not applied in time makes it unhealthy.
+    health.updated();
     let shared = Arc::new(Shared::new(&settings, metrics, health));
+    // And, as upstream, it synthesizes a "last change queued" time while the sources list.
+    shared
+        .metrics
+        .sync_proxy_rules_last_queued_timestamp_seconds
+        .get_or_create(&shared.labels)
+        .set(intake::unix_now());
     let (runner, trigger) = SyncRunner::new(settings.runner);
     let (ready_tx, mut ready_rx) = watch::channel(false);
     let intake = Intake::new(

@@ -113,7 +113,22 @@ fn record_success(shared: &Shared, report: &SyncReport, started: Instant) {
             })
             .set(count as i64);
     }
+    record_conntrack_reconcile(shared, report);
     shared.health.updated();
+}
+
+/// Upstream's `conntrack_reconciler_*`: observed for every reconcile the backend ran.
+fn record_conntrack_reconcile(shared: &Shared, report: &SyncReport) {
+    let Some(reconcile) = &report.conntrack_reconcile else {
+        return;
+    };
+    let m = &shared.metrics;
+    m.conntrack_reconciler_sync_duration_seconds
+        .get_or_create(&shared.labels)
+        .observe(reconcile.duration.as_secs_f64());
+    m.conntrack_reconciler_deleted_entries_total
+        .get_or_create(&shared.labels)
+        .inc_by(reconcile.deleted);
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use kpr_conntrack::{Conntrack, stale_udp_flows};
+use kpr_conntrack::Conntrack;
 use kpr_model::NamespacedName;
 use kpr_naming::{chain, is_service_chain};
 use kpr_state::{Backend, BackendError, SyncReport, SyncRequest, TableCount};
@@ -103,7 +103,7 @@ pub struct IptablesBackend {
     applied: Option<Applied>,
     synced_once: bool,
     full_sync_period: Duration,
-    /// Forgets stale UDP flows after each successful sync; `None` leaves conntrack alone.
+    /// Reconciles UDP conntrack entries around syncs; `None` leaves conntrack alone.
     conntrack: Option<Box<dyn Conntrack>>,
 }
 
@@ -137,6 +137,7 @@ impl IptablesBackend {
     }
 
     /// Deletes stale UDP conntrack entries after each successful sync, as upstream does.
+    /// A failed sync is reported to it too (its changes got no cleanup).
     pub fn with_conntrack(mut self, conntrack: Box<dyn Conntrack>) -> Self {
         self.conntrack = Some(conntrack);
         self
@@ -294,17 +295,20 @@ impl Backend for IptablesBackend {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        let report = self
-            .sync_rules(request)
-            .map_err(|e| Box::new(e) as BackendError)?;
-        if let Some(conntrack) = &self.conntrack {
+        let result = self.sync_rules(request);
+        match (result, &mut self.conntrack) {
             // Only once the new rules are in, or the deleted flows would be re-created by
             // the old ones.
-            for error in conntrack.delete(&stale_udp_flows(request)) {
-                tracing::warn!("failed to clear a stale UDP conntrack entry: {error}");
+            (Ok(mut report), Some(conntrack)) => {
+                report.conntrack_reconcile = conntrack.after_sync(request);
+                Ok(report)
             }
+            (Err(error), Some(conntrack)) => {
+                conntrack.sync_failed();
+                Err(Box::new(error))
+            }
+            (result, None) => result.map_err(|e| Box::new(e) as BackendError),
         }
-        Ok(report)
     }
 }
 
@@ -371,5 +375,6 @@ fn report(ruleset: &Ruleset, payload: &Payload, full: bool) -> SyncReport {
         tables: vec![count(Table::Filter), count(Table::Nat)],
         no_local_internal: ruleset.no_local_internal,
         no_local_external: ruleset.no_local_external,
+        conntrack_reconcile: None,
     }
 }

@@ -15,6 +15,7 @@ use kpr_netns::{Backend, Lab, Netns, ProcessGuard, eventually, pod_ip};
 pub const NODE_NAME: &str = "node1";
 pub const HEALTHZ: &str = "127.0.0.1:10256";
 pub const METRICS: &str = "127.0.0.1:10249";
+const LAST_SYNC: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
 /// Long enough for a loaded 2-core CI machine; a ceiling against hangs, not a speed check.
 pub const CONVERGE: Duration = Duration::from_secs(30);
 pub const POLL: Duration = Duration::from_millis(100);
@@ -83,15 +84,27 @@ impl Cluster {
         }
     }
 
-    /// Starts the proxy on the manifest directory in the node namespace and waits until
-    /// `/healthz` says it synced.
+    /// Starts the proxy on the manifest directory in the node namespace and waits until it
+    /// has synced once.
     pub fn start_proxy(&mut self, extra: &[&str]) {
         self.start_proxy_with(extra, true);
     }
 
     /// Starts the proxy with `extra` flags, on the manifest directory if `manifests`, and
-    /// waits until its healthz port answers.
+    /// waits until its healthz port answers (and, on manifests, until its first sync).
     pub fn start_proxy_with(&mut self, extra: &[&str], manifests: bool) {
+        self.spawn_proxy(extra, manifests);
+        if manifests {
+            // /healthz is 200 from the start, as upstream's: the first sync shows in the metrics.
+            self.wait_healthz(200);
+            self.wait_first_sync();
+        } else {
+            self.wait_listening();
+        }
+    }
+
+    /// Starts the proxy like [`Cluster::start_proxy_with`] without waiting for anything.
+    pub fn spawn_proxy(&mut self, extra: &[&str], manifests: bool) {
         let mut command = Command::new(proxy_binary());
         command.arg(format!("--hostname-override={NODE_NAME}"));
         if manifests {
@@ -105,11 +118,16 @@ impl Cluster {
             .args(extra)
             .env("RUST_LOG", "debug");
         self.proxy = Some(self.lab.spawn(self.lab.node(), command).unwrap());
-        if manifests {
-            self.wait_healthz(200);
-        } else {
-            self.wait_listening();
-        }
+    }
+
+    /// Waits until a sync has succeeded (upstream's last-sync timestamp metric is set).
+    pub fn wait_first_sync(&self) {
+        eventually(CONVERGE, POLL, || {
+            match self.metric(&format!("{LAST_SYNC}{{ip_family=\"IPv4\"}}")) {
+                Some(t) if t > 0.0 => Ok(()),
+                other => Err(format!("{LAST_SYNC}: {other:?}\n{}", self.proxy_logs())),
+            }
+        });
     }
 
     /// Waits until the healthz server answers at all (200 or 503).

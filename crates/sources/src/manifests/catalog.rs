@@ -5,9 +5,15 @@
 //! differences are reported, and a file whose bytes did not change is not even parsed
 //! again, so rescanning thousands of Services costs a read and a comparison.
 //!
+//! Every decoded object passes the API server's rules (`validate`) before it can become an
+//! event, and Services that ask for the same nodePort or cluster IP are settled as the API
+//! server's allocators would (`claims`).
+//!
 //! Bad input keeps the last good state, as a failed `kubectl apply` leaves the cluster:
-//! a file that is not YAML keeps everything it defined, a document that does not decode
-//! keeps that one object's previous version.
+//! a file that is not YAML, or is over the size cap, keeps everything it defined; a
+//! document that does not decode or breaks a rule keeps that one object's previous version;
+//! a Service whose new version conflicts with another keeps its previous version when that
+//! one conflicts with nothing. Each rejection is reported once, when it first happens.
 //!
 //! When two files define the same object, the file whose path sorts last wins (paths
 //! compare component by component), and a warning names both.
@@ -18,12 +24,16 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kpr_model::{ObjectKind, RejectReason, Rejection};
 use tracing::{debug, info, warn};
 
-use super::object::{ManifestObject, ObjectKey};
+use super::claims::{self, Contender, Outcome, Rank};
+use super::object::{ManifestObject, ObjectKey, shown_path};
 use super::parse::{FileObjects, ParsedFile, parse_manifest};
+use super::validate::{ValidationRules, validate_file};
 use crate::Event;
 
 /// How long a file that was emptied must stay empty before its objects are deleted.
@@ -35,6 +45,11 @@ pub enum FileRead {
     Bytes(Vec<u8>),
     /// The file exists but could not be read (e.g. permissions): what it defined stays.
     Unreadable(String),
+    /// The file is larger than `limit` bytes and was not read: what it defined stays.
+    TooLarge {
+        size: u64,
+        limit: u64,
+    },
 }
 
 /// Everything one scan found.
@@ -62,28 +77,49 @@ impl Snapshot {
 #[derive(Debug)]
 pub struct ManifestCatalog {
     node_name: Option<String>,
+    rules: ValidationRules,
     files: BTreeMap<PathBuf, FileEntry>,
     published: BTreeMap<ObjectKey, ManifestObject>,
     /// Files seen empty that defined objects before, and since when.
     emptied_at: BTreeMap<PathBuf, Instant>,
+    /// The conflict last reported for each Service, so a standing conflict is reported once.
+    reported_conflicts: BTreeMap<ObjectKey, Rejection>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct FileEntry {
     /// Kept so that an unchanged file is recognised without parsing it.
     bytes: Vec<u8>,
-    objects: BTreeMap<ObjectKey, ManifestObject>,
+    objects: BTreeMap<ObjectKey, Placed>,
+    /// The size last reported as over the cap, so an oversized file is reported once per size.
+    oversized: Option<u64>,
+}
+
+/// An object and its position in its file (see [`super::Placement`]).
+#[derive(Clone, Debug)]
+struct Placed {
+    object: ManifestObject,
+    ordinal: usize,
 }
 
 impl ManifestCatalog {
-    /// `node_name` selects the only Node object that is reported.
+    /// `node_name` selects the only Node object that is reported; objects are checked with
+    /// the default [`ValidationRules`].
     pub fn new(node_name: Option<String>) -> Self {
         Self {
             node_name,
+            rules: ValidationRules::default(),
             files: BTreeMap::new(),
             published: BTreeMap::new(),
             emptied_at: BTreeMap::new(),
+            reported_conflicts: BTreeMap::new(),
         }
+    }
+
+    /// The same catalog, checking objects with `rules`.
+    pub fn with_rules(mut self, rules: ValidationRules) -> Self {
+        self.rules = rules;
+        self
     }
 
     /// When a rescan should check again whether an emptied file is still empty.
@@ -94,8 +130,8 @@ impl ManifestCatalog {
             .map(|since| *since + EMPTY_FILE_GRACE)
     }
 
-    /// Moves to what `snapshot` shows; returns rejections for newly read files, then one
-    /// event per new or changed object and one per deleted object.
+    /// Moves to what `snapshot` shows; returns rejections for newly read files and new
+    /// conflicts, then one event per new or changed object and one per deleted object.
     pub fn apply(&mut self, snapshot: Snapshot) -> Vec<Event> {
         let mut events = Vec::new();
         let mut changed = self.forget_removed_files(&snapshot);
@@ -103,7 +139,13 @@ impl ManifestCatalog {
             changed |= self.update_file(path, read, snapshot.taken_at, &mut events);
         }
         if changed {
-            let merged = merge(&self.files);
+            let (merged, conflicts) = settle_claims(merge(&self.files), &self.published);
+            for (key, rejection) in &conflicts {
+                if self.reported_conflicts.get(key) != Some(rejection) {
+                    events.push(Event::Rejected(rejection.clone()));
+                }
+            }
+            self.reported_conflicts = conflicts;
             events.extend(diff(&self.published, &merged));
             self.published = merged;
         }
@@ -122,7 +164,7 @@ impl ManifestCatalog {
         self.files.retain(|path, _| {
             let keep = still_listed(path);
             if !keep {
-                info!(file = %path.display(), "manifest file removed; deleting its objects");
+                info!(file = %shown_path(path), "manifest file removed; deleting its objects");
             }
             keep
         });
@@ -142,11 +184,18 @@ impl ManifestCatalog {
         let bytes = match read {
             FileRead::Bytes(bytes) => bytes,
             FileRead::Unreadable(reason) => {
-                warn!(file = %path.display(), reason, "cannot read manifest file; keeping what it defined");
+                warn!(file = %shown_path(&path), reason, "cannot read manifest file; keeping what it defined");
+                return false;
+            }
+            FileRead::TooLarge { size, limit } => {
+                self.oversized(path, size, limit, events);
                 return false;
             }
         };
-        if self.files.get(&path).is_some_and(|entry| entry.bytes == bytes) {
+        if let Some(entry) = self.files.get_mut(&path)
+            && entry.bytes == bytes
+        {
+            entry.oversized = None;
             self.emptied_at.remove(&path);
             return false;
         }
@@ -164,10 +213,40 @@ impl ManifestCatalog {
                 events.push(Event::Rejected(rejection));
                 previous
             }
-            ParsedFile::Documents(file) => keep_last_good(file, previous, events),
+            ParsedFile::Documents(mut file) => {
+                validate_file(&path, &mut file, &self.rules);
+                keep_last_good(file, previous, events)
+            }
         };
-        self.files.insert(path, FileEntry { bytes, objects });
+        let entry = FileEntry {
+            bytes,
+            objects,
+            oversized: None,
+        };
+        self.files.insert(path, entry);
         true
+    }
+
+    /// A file over the size cap keeps what it defined (nothing, if it is new); reported
+    /// once for each size it is seen at.
+    fn oversized(&mut self, path: PathBuf, size: u64, limit: u64, events: &mut Vec<Event>) {
+        self.emptied_at.remove(&path);
+        let file = shown_path(&path);
+        let entry = self.files.entry(path).or_default();
+        if entry.oversized == Some(size) {
+            return;
+        }
+        entry.oversized = Some(size);
+        events.push(Event::Rejected(Rejection::new(
+            ObjectKind::Manifest,
+            file,
+            "file",
+            RejectReason::TooLarge,
+            format!(
+                "{size} bytes is over the limit of {limit} bytes (--manifests-max-file-bytes); \
+                 keeping what this file defined before"
+            ),
+        )));
     }
 
     /// True while a file that defined something has been empty for less than the grace.
@@ -179,7 +258,7 @@ impl ManifestCatalog {
         }
         let since = *self.emptied_at.entry(path.to_path_buf()).or_insert(taken_at);
         if taken_at < since + EMPTY_FILE_GRACE {
-            debug!(file = %path.display(), "manifest file is empty; waiting in case it is being written");
+            debug!(file = %shown_path(path), "manifest file is empty; waiting in case it is being written");
             return true;
         }
         self.emptied_at.remove(path);
@@ -191,45 +270,108 @@ impl ManifestCatalog {
 /// document was rejected.
 fn keep_last_good(
     file: FileObjects,
-    mut previous: BTreeMap<ObjectKey, ManifestObject>,
+    mut previous: BTreeMap<ObjectKey, Placed>,
     events: &mut Vec<Event>,
-) -> BTreeMap<ObjectKey, ManifestObject> {
+) -> BTreeMap<ObjectKey, Placed> {
     let FileObjects {
-        mut objects,
+        objects,
+        placements,
         failed,
         rejections,
     } = file;
     events.extend(rejections.into_iter().map(Event::Rejected));
+    let mut kept: BTreeMap<ObjectKey, Placed> = objects
+        .into_iter()
+        .map(|(key, object)| {
+            let ordinal = placements.get(&key).map_or(usize::MAX, |p| p.ordinal);
+            (key, Placed { object, ordinal })
+        })
+        .collect();
     for key in failed {
-        if objects.contains_key(&key) {
+        if kept.contains_key(&key) {
             continue;
         }
         if let Some(old) = previous.remove(&key) {
             warn!(object = %key, "keeping the last good version of a rejected object");
-            objects.insert(key, old);
+            kept.insert(key, old);
         }
     }
-    objects
+    kept
+}
+
+/// One object of the merged view, and the file it comes from.
+struct Merged<'a> {
+    placed: &'a Placed,
+    path: &'a Path,
 }
 
 /// All files' objects in one map; for an object in several files, the last path wins.
-fn merge(files: &BTreeMap<PathBuf, FileEntry>) -> BTreeMap<ObjectKey, ManifestObject> {
-    let mut merged = BTreeMap::new();
-    let mut origin: BTreeMap<&ObjectKey, &Path> = BTreeMap::new();
+fn merge(files: &BTreeMap<PathBuf, FileEntry>) -> BTreeMap<ObjectKey, Merged<'_>> {
+    let mut merged: BTreeMap<ObjectKey, Merged<'_>> = BTreeMap::new();
     for (path, entry) in files {
-        for (key, object) in &entry.objects {
-            if let Some(earlier) = origin.insert(key, path) {
+        for (key, placed) in &entry.objects {
+            let this = Merged { placed, path };
+            if let Some(earlier) = merged.insert(key.clone(), this) {
                 warn!(
                     object = %key,
-                    ignored = %earlier.display(),
-                    used = %path.display(),
+                    ignored = %shown_path(earlier.path),
+                    used = %shown_path(path),
                     "object defined in two manifest files; the path that sorts last wins"
                 );
             }
-            merged.insert(key.clone(), object.clone());
         }
     }
     merged
+}
+
+/// Settles nodePorts and cluster IPs between the merged Services (see `claims`): a Service
+/// whose newest version conflicts keeps its `published` version or is left out. Returns the
+/// objects to publish and the conflicts.
+fn settle_claims(
+    merged: BTreeMap<ObjectKey, Merged<'_>>,
+    published: &BTreeMap<ObjectKey, ManifestObject>,
+) -> (
+    BTreeMap<ObjectKey, ManifestObject>,
+    BTreeMap<ObjectKey, Rejection>,
+) {
+    let published_service = |key: &ObjectKey| match published.get(key) {
+        Some(ManifestObject::Service(service)) => Some(service),
+        _ => None,
+    };
+    let contenders: Vec<Contender<'_>> = merged
+        .iter()
+        .filter_map(|(key, merged)| {
+            let ManifestObject::Service(candidate) = &merged.placed.object else {
+                return None;
+            };
+            Some(Contender {
+                key,
+                candidate,
+                published: published_service(key).map(|service| &**service),
+                rank: Rank::new(candidate, merged.path.to_path_buf(), merged.placed.ordinal),
+            })
+        })
+        .collect();
+    let outcomes = claims::settle(&contenders);
+    let decided: Vec<(ObjectKey, Outcome)> = contenders.iter().map(|c| c.key.clone()).zip(outcomes).collect();
+    let mut result: BTreeMap<ObjectKey, ManifestObject> = merged
+        .into_iter()
+        .map(|(key, merged)| (key, merged.placed.object.clone()))
+        .collect();
+    let mut conflicts = BTreeMap::new();
+    for (key, outcome) in decided {
+        let (rejection, kept) = match outcome {
+            Outcome::Candidate => continue,
+            Outcome::Published(rejection) => (rejection, published_service(&key)),
+            Outcome::Absent(rejection) => (rejection, None),
+        };
+        match kept {
+            Some(service) => result.insert(key.clone(), ManifestObject::Service(Arc::clone(service))),
+            None => result.remove(&key),
+        };
+        conflicts.insert(key, rejection);
+    }
+    (result, conflicts)
 }
 
 /// Events for new and changed objects, then for deleted ones.

@@ -5,6 +5,7 @@
 //! behind `Arc` so an unchanged object costs a pointer comparison on a rescan, not a
 //! deep comparison.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -46,11 +47,13 @@ impl ObjectKey {
     }
 
     /// `ns/name` for namespaced objects, `name` for Nodes: what log lines and rejections show.
+    /// Control characters are escaped: the name may be the very thing being rejected, and a
+    /// newline in it must not start a forged log line.
     pub fn display_name(&self) -> String {
         if self.id.namespace.is_empty() {
-            self.id.name.to_string()
+            printable(&self.id.name).into_owned()
         } else {
-            self.id.to_string()
+            format!("{}/{}", printable(&self.id.namespace), printable(&self.id.name))
         }
     }
 }
@@ -59,6 +62,29 @@ impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.kind, self.display_name())
     }
+}
+
+/// `text` with control characters escaped (`\n`, `\u{1b}`), for untrusted names and paths
+/// shown in logs and rejections.
+pub(crate) fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A path as log lines and rejections show it: a file name inside a watched directory is
+/// as untrusted as the file's contents.
+pub(crate) fn shown_path(path: &std::path::Path) -> String {
+    printable(&path.display().to_string()).into_owned()
 }
 
 /// One decoded object, as read from a manifest.
@@ -109,6 +135,23 @@ mod tests {
         assert_eq!(node.to_string(), "Node worker-1");
         let svc = ObjectKey::new(ObjectKind::Service, "shop", "web");
         assert_eq!(svc.to_string(), "Service shop/web");
+    }
+
+    #[test]
+    fn names_with_control_characters_display_escaped() {
+        let evil = ObjectKey::new(
+            ObjectKind::Service,
+            "default",
+            "evil\n-A KUBE-SERVICES -j ACCEPT\n#",
+        );
+        assert_eq!(
+            evil.display_name(),
+            "default/evil\\n-A KUBE-SERVICES -j ACCEPT\\n#"
+        );
+        assert!(!evil.to_string().contains('\n'));
+        let node = ObjectKey::new(ObjectKind::Node, "", "n\u{1b}[2J");
+        assert_eq!(node.display_name(), "n\\u{1b}[2J");
+        assert_eq!(printable("plain/name"), "plain/name");
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //! `kind: List` and the typed lists (`ServiceList`, ...) that `kubectl get -o yaml` writes.
 //! Kinds the proxy does not use are skipped; a document that cannot become the object it
 //! claims to be is rejected on its own, so one typo never hides the rest of the file.
+//!
+//! A file that is not UTF-8 text, or whose YAML aliases would expand it far beyond its size
+//! (`bounded`), is refused whole before any object is built from it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -13,12 +16,13 @@ use k8s_openapi::Resource;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_model::{ObjectKind, RejectReason, Rejection};
-use serde::Deserialize;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, DeserializeSeed};
 use serde_json::{Map, Value};
 use tracing::{debug, warn};
 
-use super::object::{ManifestObject, ObjectKey};
+use super::object::{ManifestObject, ObjectKey, shown_path};
+
+mod bounded;
 
 /// Where Services and EndpointSlices without `metadata.namespace` live, as with `kubectl apply`.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -38,9 +42,21 @@ pub enum ParsedFile {
 pub struct FileObjects {
     /// Decoded objects; a later document with the same identity replaces an earlier one.
     pub objects: BTreeMap<ObjectKey, ManifestObject>,
+    /// Where in the file each of `objects` was defined.
+    pub placements: BTreeMap<ObjectKey, Placement>,
     /// Identities whose document was rejected: their previous good version stays.
     pub failed: BTreeSet<ObjectKey>,
     pub rejections: Vec<Rejection>,
+}
+
+/// Where in its file an object was defined: named in rejections, and the last tie-breaker
+/// between Services that claim the same nodePort or cluster IP in one scan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Counts objects in file order, list items included.
+    pub ordinal: usize,
+    /// `document 2` or `document 1, items[3]`.
+    pub label: String,
 }
 
 /// Parses one file. `node_name` selects the only Node that is kept (none when `None`).
@@ -53,6 +69,7 @@ pub fn parse_manifest(path: &Path, bytes: &[u8], node_name: Option<&str>) -> Par
         path,
         node_name,
         out: FileObjects::default(),
+        next_ordinal: 0,
     };
     for (index, document) in documents.into_iter().enumerate() {
         decoder.decode(&format!("document {}", index + 1), document, None);
@@ -63,6 +80,18 @@ pub fn parse_manifest(path: &Path, bytes: &[u8], node_name: Option<&str>) -> Par
 // === Documents ===
 
 fn read_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, Rejection> {
+    if let Err(error) = std::str::from_utf8(bytes) {
+        return Err(Rejection::new(
+            ObjectKind::Manifest,
+            shown_path(path),
+            "file",
+            RejectReason::Malformed,
+            format!(
+                "not UTF-8 text (invalid byte at offset {}), keeping what this file defined before",
+                error.valid_up_to()
+            ),
+        ));
+    }
     if path.extension().is_some_and(|ext| ext == "json") {
         json_documents(path, bytes)
     } else {
@@ -71,11 +100,13 @@ fn read_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, Rejection> {
 }
 
 /// YAML documents, each converted to JSON values the way the API server sees them.
-/// A syntax error anywhere makes the whole file malformed.
+/// A syntax error anywhere makes the whole file malformed, and so does a file whose aliases
+/// expand it beyond its budget.
 fn yaml_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, Rejection> {
     let mut documents = Vec::new();
+    let budget = bounded::budget_for(bytes.len());
     for document in serde_yaml_ng::Deserializer::from_slice(bytes) {
-        match Value::deserialize(document) {
+        match (bounded::BoundedValue { budget: &budget }).deserialize(document) {
             Ok(value) => documents.push(value),
             Err(error) => {
                 let position = error.location().map(|at| (at.line(), at.column()));
@@ -113,7 +144,7 @@ fn malformed_file(
     };
     Rejection::new(
         ObjectKind::Manifest,
-        path.display().to_string(),
+        shown_path(path),
         field,
         RejectReason::Malformed,
         format!("not valid YAML/JSON, keeping what this file defined before: {error}"),
@@ -154,6 +185,8 @@ struct FileDecoder<'a> {
     path: &'a Path,
     node_name: Option<&'a str>,
     out: FileObjects,
+    /// The next object's [`Placement::ordinal`].
+    next_ordinal: usize,
 }
 
 impl FileDecoder<'_> {
@@ -196,14 +229,14 @@ impl FileDecoder<'_> {
             return;
         }
         let Some((object_kind, supported_version)) = supported_kind(&kind) else {
-            debug!(file = %self.path.display(), document = label, kind, "ignoring a kind the proxy does not use");
+            debug!(file = %shown_path(self.path), document = label, kind, "ignoring a kind the proxy does not use");
             return;
         };
         let Some(key) = self.identity(label, object_kind, map) else {
             return;
         };
         if object_kind == ObjectKind::Node && self.node_name != Some(&*key.id.name) {
-            debug!(file = %self.path.display(), node = %key.id.name, "ignoring a Node that is not this node");
+            debug!(file = %shown_path(self.path), node = %key, "ignoring a Node that is not this node");
             return;
         }
         if api_version != supported_version {
@@ -268,8 +301,14 @@ impl FileDecoder<'_> {
 
     fn insert(&mut self, label: &str, key: ObjectKey, object: ManifestObject) {
         if self.out.objects.insert(key.clone(), object).is_some() {
-            warn!(file = %self.path.display(), document = label, object = %key, "object defined twice in one file; the later document wins");
+            warn!(file = %shown_path(self.path), document = label, object = %key, "object defined twice in one file; the later document wins");
         }
+        let placement = Placement {
+            ordinal: self.next_ordinal,
+            label: label.to_owned(),
+        };
+        self.next_ordinal += 1;
+        self.out.placements.insert(key.clone(), placement);
         // A good document after a bad one for the same object settles it.
         self.out.failed.remove(&key);
     }
@@ -281,13 +320,7 @@ impl FileDecoder<'_> {
         } else {
             format!("{label}: {field}")
         };
-        let rejection = Rejection::new(
-            ObjectKind::Manifest,
-            self.path.display().to_string(),
-            field,
-            reason,
-            detail,
-        );
+        let rejection = Rejection::new(ObjectKind::Manifest, shown_path(self.path), field, reason, detail);
         self.out.rejections.push(rejection);
     }
 
@@ -300,7 +333,7 @@ impl FileDecoder<'_> {
         reason: RejectReason,
         detail: String,
     ) {
-        let detail = format!("{detail} (in {}, {label})", self.path.display());
+        let detail = format!("{detail} (in {}, {label})", shown_path(self.path));
         let rejection = Rejection::new(key.kind, key.display_name(), field, reason, detail);
         self.out.rejections.push(rejection);
         self.out.failed.insert(key);

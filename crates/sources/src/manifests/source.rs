@@ -8,6 +8,7 @@
 //! while to parse, and the runtime's workers have better things to do.
 
 use std::io;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{error, info, warn};
 
 use super::catalog::ManifestCatalog;
-use super::scan::scan;
+use super::scan::{DEFAULT_MAX_FILE_BYTES, scan};
+use super::validate::ValidationRules;
 use super::watch::DirWatcher;
 use crate::{Event, EventSender};
 
@@ -53,6 +55,8 @@ pub struct ManifestSource {
     watch_dirs: Vec<PathBuf>,
     node_name: Option<String>,
     resync: Duration,
+    rules: ValidationRules,
+    max_file_bytes: u64,
 }
 
 impl ManifestSource {
@@ -88,7 +92,23 @@ impl ManifestSource {
             watch_dirs,
             node_name,
             resync,
+            rules: ValidationRules::default(),
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
         })
+    }
+
+    /// NodePorts outside `range` are rejected (`--service-node-port-range`; default
+    /// 30000-32767, as the API server's).
+    pub fn node_port_range(mut self, range: RangeInclusive<u16>) -> Self {
+        self.rules.node_port_range = range;
+        self
+    }
+
+    /// Files larger than `bytes` are rejected and what they defined before is kept
+    /// (`--manifests-max-file-bytes`; default 128 MiB).
+    pub fn max_file_bytes(mut self, bytes: u64) -> Self {
+        self.max_file_bytes = bytes;
+        self
     }
 
     /// Sends the initial state, [`Event::Synced`] once, then every change, until the
@@ -103,7 +123,7 @@ impl ManifestSource {
             }
         };
         let mut ticker = self.ticker(watcher.is_some());
-        let mut catalog = ManifestCatalog::new(self.node_name.clone());
+        let mut catalog = ManifestCatalog::new(self.node_name.clone()).with_rules(self.rules.clone());
 
         let Some(next) = self.rescan_and_send(catalog, &events).await else {
             return;
@@ -145,8 +165,9 @@ impl ManifestSource {
         events: &EventSender,
     ) -> Option<ManifestCatalog> {
         let targets = Arc::clone(&self.targets);
+        let max_file_bytes = self.max_file_bytes;
         let work = tokio::task::spawn_blocking(move || {
-            let changes = catalog.apply(scan(&targets));
+            let changes = catalog.apply(scan(&targets, max_file_bytes));
             (catalog, changes)
         });
         let (catalog, changes) = match work.await {

@@ -178,10 +178,18 @@ async fn failed_sync_is_retried_and_reported() {
     h.send(service("a", "10.0.0.1")).await;
     h.send(Event::Synced { source: "manifests" }).await;
     h.wait_for_syncs(1).await;
-    assert!(h.health.last_updated().is_none());
+    // The sync loop's start counts as updated (upstream's SyncLoop); the failure does not.
+    let started = h.health.last_updated().expect("set when the sync loop starts");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        h.health.last_updated(),
+        Some(started),
+        "a failed sync is no update"
+    );
     // Backoff starts at 1 s (the floor for tiny min intervals).
     h.wait_for_syncs(2).await;
-    assert!(h.health.last_updated().is_some(), "retry succeeded");
+    let retried = h.health.last_updated().unwrap();
+    assert!(retried > started, "retry succeeded");
     let text = h.metrics_text();
     assert!(
         text.contains("kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"} 1")
@@ -255,4 +263,89 @@ async fn source_trouble_is_shown_by_health_when_late() {
     // Not late yet (timeout 60 s), so healthy and no problem shown; the text is kept.
     assert!(h.health.healthz().healthy);
     assert!(h.health.problem().unwrap().contains("connection refused"));
+}
+
+#[tokio::test]
+async fn the_sync_loop_start_counts_as_updated_and_queued_as_upstreams() {
+    let h = start(vec!["manifests", "api"], 0);
+    // No source is in yet: nothing has synced, but the loop has started.
+    for _ in 0..500 {
+        if h.health.last_updated().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(h.health.last_updated().is_some(), "not marked updated at start");
+    assert!(h.health.healthz().healthy);
+    assert!(h.seen.lock().unwrap().syncs.is_empty());
+    let text = h.metrics_text();
+    assert!(
+        text.contains("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"}"),
+        "{text}"
+    );
+}
+
+/// A backend whose every sync ran a conntrack reconcile that deleted 3 entries.
+struct Reconciling(Arc<Mutex<usize>>);
+
+impl Backend for Reconciling {
+    fn mode(&self) -> &'static str {
+        "iptables"
+    }
+
+    fn sync(&mut self, _request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        *self.0.lock().unwrap() += 1;
+        Ok(SyncReport {
+            conntrack_reconcile: Some(kpr_state::ConntrackReconcile {
+                deleted: 3,
+                duration: Duration::from_millis(3),
+            }),
+            ..SyncReport::default()
+        })
+    }
+}
+
+#[tokio::test]
+async fn conntrack_reconciles_are_counted_and_timed_as_upstream() {
+    let syncs = Arc::new(Mutex::new(0));
+    let (events, rx) = event_channel();
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let settings = ProxySettings {
+        family: IpFamily::V4,
+        node_name: "node1".into(),
+        runner: RunnerConfig {
+            min_interval: Duration::from_millis(20),
+            max_interval: Duration::from_secs(3600),
+        },
+        sources: vec!["manifests"],
+    };
+    let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
+    tokio::spawn(run(
+        settings,
+        Box::new(Reconciling(syncs.clone())),
+        rx,
+        metrics,
+        health,
+    ));
+    events.send(service("a", "10.0.0.1")).await.unwrap();
+    events.send(Event::Synced { source: "manifests" }).await.unwrap();
+    // The metrics are recorded right after the backend returns: wait for them.
+    let mut text = String::new();
+    for _ in 0..500 {
+        text.clear();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        if text.contains("kubeproxy_conntrack_reconciler_sync_duration_seconds_count") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(*syncs.lock().unwrap(), 1, "one sync");
+    for line in [
+        "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 3",
+        "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{le=\"0.004\",ip_family=\"IPv4\"} 1",
+        "kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family=\"IPv4\"} 1",
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
 }

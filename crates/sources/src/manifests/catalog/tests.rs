@@ -5,10 +5,11 @@ use kpr_model::{ObjectKind, RejectReason};
 
 use super::{EMPTY_FILE_GRACE, FileRead, ManifestCatalog, Snapshot};
 use crate::Event;
+use crate::manifests::ValidationRules;
 
 fn service(name: &str, cluster_ip: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{clusterIP: {cluster_ip}}}\n---\n"
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{clusterIP: {cluster_ip}, ports: [{{port: 80}}]}}\n---\n"
     )
 }
 
@@ -334,4 +335,255 @@ fn a_file_that_is_empty_from_the_start_or_removed_needs_no_grace() {
     assert!(catalog.next_recheck().is_some());
     assert_eq!(summary(&catalog.apply(snapshot(&[]))), ["-Service default/b"]);
     assert_eq!(catalog.next_recheck(), None);
+}
+
+// === Validation, conflicts and size caps ===
+
+fn node_port_service(name: &str, cluster_ip: &str, node_port: u16, created: Option<&str>) -> String {
+    let created = created.map_or(String::new(), |t| format!(", creationTimestamp: \"{t}\""));
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}{created}}}\nspec: {{type: NodePort, clusterIP: {cluster_ip}, ports: [{{port: 80, nodePort: {node_port}}}]}}\n---\n"
+    )
+}
+
+fn rejections(events: &[Event]) -> Vec<&kpr_model::Rejection> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Rejected(r) => Some(r),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_motivating_repro_is_refused_and_its_neighbours_keep_working() {
+    let mut catalog = ManifestCatalog::new(None);
+    let text = format!(
+        "{}{}{}{}{}",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: \"evil\\n-A KUBE-SERVICES -j ACCEPT\\n#\"}\nspec: {clusterIP: 10.0.0.66, ports: [{port: 80}]}\n---\n",
+        node_port_service("ssh", "10.0.0.22", 22, None),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: a/b, namespace: x}\nspec: {clusterIP: 10.0.0.71, ports: [{port: 80}]}\n---\n",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: b/c, namespace: a}\nspec: {clusterIP: 10.0.0.72, ports: [{port: 80}]}\n---\n",
+        service("web", "10.0.0.1"),
+    );
+    let events = catalog.apply(snapshot(&[("/m/a.yaml", &text)]));
+    assert_eq!(
+        summary(&events),
+        [
+            "!Service a/b/c metadata.name invalid_value",
+            "!Service default/evil\\n-A KUBE-SERVICES -j ACCEPT\\n# metadata.name invalid_value",
+            "!Service default/ssh spec.ports[0].nodePort invalid_port",
+            "!Service x/a/b metadata.name invalid_value",
+            "+Service default/web 10.0.0.1",
+        ]
+    );
+    let detail = &rejections(&events)[2].detail;
+    assert!(
+        detail.contains("22 is outside the node port range 30000-32767"),
+        "{detail}"
+    );
+    assert!(detail.ends_with("(in /m/a.yaml, document 2)"), "{detail}");
+}
+
+#[test]
+fn an_edit_that_breaks_a_valid_object_keeps_its_last_good_version() {
+    let mut catalog = ManifestCatalog::new(None);
+    let good = format!("{}{}", service("web", "10.0.0.1"), service("db", "10.0.0.2"));
+    catalog.apply(snapshot(&[("/m/a.yaml", &good)]));
+
+    // A typo in the IP, and a port out of range: both Services stay as they were.
+    let typo = format!(
+        "{}{}",
+        service("web", "10.0.0.1O"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: db}\nspec: {clusterIP: 10.0.0.2, ports: [{port: 80000}]}\n"
+    );
+    let events = catalog.apply(snapshot(&[("/m/a.yaml", &typo)]));
+    assert_eq!(
+        summary(&events),
+        [
+            "!Service default/db spec.ports[0].port invalid_port",
+            "!Service default/web spec.clusterIP invalid_ip",
+        ]
+    );
+    // Reported once: the same bytes again say nothing.
+    assert!(catalog.apply(snapshot(&[("/m/a.yaml", &typo)])).is_empty());
+
+    // Another edit that still carries the typo keeps the last good version too, and the
+    // fix is published.
+    let half_fixed = format!("{}{}", service("web", "10.0.0.1O"), service("db", "10.0.0.3"));
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &half_fixed)]))),
+        [
+            "!Service default/web spec.clusterIP invalid_ip",
+            "+Service default/db 10.0.0.3"
+        ]
+    );
+    let fixed = format!("{}{}", service("web", "10.0.0.9"), service("db", "10.0.0.3"));
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &fixed)]))),
+        ["+Service default/web 10.0.0.9"]
+    );
+}
+
+#[test]
+fn the_node_port_range_follows_the_rules() {
+    let rules = ValidationRules {
+        node_port_range: 20000..=20999,
+    };
+    let mut catalog = ManifestCatalog::new(None).with_rules(rules);
+    let text = format!(
+        "{}{}",
+        node_port_service("low", "10.0.0.1", 20080, None),
+        node_port_service("default-range", "10.0.0.2", 30080, None)
+    );
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &text)]))),
+        [
+            "!Service default/default-range spec.ports[0].nodePort invalid_port",
+            "+Service default/low 10.0.0.1"
+        ]
+    );
+}
+
+#[test]
+fn a_node_port_taken_later_is_refused_and_the_holder_keeps_it() {
+    let mut catalog = ManifestCatalog::new(None);
+    let web = node_port_service("web", "10.0.0.1", 30080, None);
+    catalog.apply(snapshot(&[("/m/a.yaml", &web)]));
+
+    // A newer Service in another file asks for the same port: refused, the holder unmoved,
+    // even though its path sorts first and it claims to be older.
+    let older = node_port_service("api", "10.0.0.2", 30080, Some("2015-01-01T00:00:00Z"));
+    let events = catalog.apply(snapshot(&[("/m/a.yaml", &web), ("/m/0.yaml", &older)]));
+    assert_eq!(
+        summary(&events),
+        ["!Service default/api spec.ports[0].nodePort conflict"]
+    );
+    assert_eq!(
+        rejections(&events)[0].detail,
+        "node port 30080 is already used by Service default/web; this Service is not programmed"
+    );
+    // A standing conflict is not reported again when something else changes.
+    let db = service("db", "10.0.0.3");
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[
+            ("/m/a.yaml", &web),
+            ("/m/0.yaml", &older),
+            ("/m/db.yaml", &db)
+        ]))),
+        ["+Service default/db 10.0.0.3"]
+    );
+    // The winner goes away: the loser is programmed on the same scan.
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/0.yaml", &older), ("/m/db.yaml", &db)]))),
+        ["+Service default/api 10.0.0.2", "-Service default/web"]
+    );
+}
+
+#[test]
+fn a_conflicting_edit_keeps_the_last_good_version() {
+    let mut catalog = ManifestCatalog::new(None);
+    let web = node_port_service("web", "10.0.0.1", 30080, None);
+    let api = node_port_service("api", "10.0.0.2", 30081, None);
+    catalog.apply(snapshot(&[("/m/a.yaml", &format!("{web}{api}"))]));
+
+    // api edited onto web's port and web's cluster IP: refused, api stays on 30081.
+    let api_clash = node_port_service("api", "10.0.0.1", 30080, None);
+    let events = catalog.apply(snapshot(&[("/m/a.yaml", &format!("{web}{api_clash}"))]));
+    assert_eq!(
+        summary(&events),
+        ["!Service default/api spec.ports[0].nodePort conflict"]
+    );
+    assert!(
+        rejections(&events)[0]
+            .detail
+            .ends_with("keeping this Service's last good version"),
+        "{:?}",
+        rejections(&events)
+    );
+    // web moves away from 30080 in the next edit: api's pending edit now goes through.
+    let web_moved = node_port_service("web", "10.0.0.5", 30090, None);
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &format!("{web_moved}{api_clash}"))]))),
+        ["+Service default/api 10.0.0.1", "+Service default/web 10.0.0.5"]
+    );
+}
+
+#[test]
+fn among_new_services_the_older_creation_timestamp_wins() {
+    let mut catalog = ManifestCatalog::new(None);
+    let newer = node_port_service("newer", "10.0.0.1", 30080, Some("2025-06-01T00:00:00Z"));
+    let older = node_port_service("older", "10.0.0.2", 30080, Some("2024-06-01T00:00:00Z"));
+    let events = catalog.apply(snapshot(&[("/m/a.yaml", &newer), ("/m/b.yaml", &older)]));
+    assert_eq!(
+        summary(&events),
+        [
+            "!Service default/newer spec.ports[0].nodePort conflict",
+            "+Service default/older 10.0.0.2"
+        ]
+    );
+    // Without timestamps, the path that sorts first, then the earlier document.
+    let mut catalog = ManifestCatalog::new(None);
+    let first = node_port_service("first", "10.0.0.1", 30080, None);
+    let second = node_port_service("second", "10.0.0.1", 30081, None);
+    let events = catalog.apply(snapshot(&[("/m/b.yaml", &format!("{first}{second}"))]));
+    assert_eq!(
+        summary(&events),
+        [
+            "!Service default/second spec.clusterIP conflict",
+            "+Service default/first 10.0.0.1"
+        ]
+    );
+}
+
+#[test]
+fn a_file_over_the_cap_keeps_its_last_good_contents() {
+    let mut catalog = ManifestCatalog::new(None);
+    let web = service("web", "10.0.0.1");
+    catalog.apply(snapshot(&[("/m/a.yaml", &web)]));
+    let too_large = |size| {
+        let mut snapshot = Snapshot::new(Instant::now());
+        snapshot
+            .files
+            .insert("/m/a.yaml".into(), FileRead::TooLarge { size, limit: 1024 });
+        snapshot
+    };
+    let events = catalog.apply(too_large(5000));
+    assert_eq!(summary(&events), ["!Manifest /m/a.yaml file too_large"]);
+    assert_eq!(
+        rejections(&events)[0].detail,
+        "5000 bytes is over the limit of 1024 bytes (--manifests-max-file-bytes); keeping what this file defined before"
+    );
+    // Once per size; a new size is reported again.
+    assert!(catalog.apply(too_large(5000)).is_empty());
+    assert_eq!(summary(&catalog.apply(too_large(6000))).len(), 1);
+    // Back under the cap with the same contents: nothing changed. Then a real edit.
+    assert!(catalog.apply(snapshot(&[("/m/a.yaml", &web)])).is_empty());
+    assert_eq!(summary(&catalog.apply(too_large(5000))).len(), 1);
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &service("web", "10.0.0.2"))]))),
+        ["+Service default/web 10.0.0.2"]
+    );
+    // A new file that is too large defines nothing, and its removal deletes nothing.
+    let mut snapshot = snapshot(&[("/m/a.yaml", &service("web", "10.0.0.2"))]);
+    snapshot.files.insert(
+        "/m/big.yaml".into(),
+        FileRead::TooLarge {
+            size: 9999,
+            limit: 1024,
+        },
+    );
+    assert_eq!(
+        summary(&catalog.apply(snapshot)),
+        ["!Manifest /m/big.yaml file too_large"]
+    );
+    assert!(
+        catalog
+            .apply(snapshot_at(
+                &[("/m/a.yaml", &service("web", "10.0.0.2"))],
+                Instant::now()
+            ))
+            .is_empty()
+    );
 }

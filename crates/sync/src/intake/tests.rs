@@ -1,0 +1,199 @@
+//! Intake on its own: Node events into health and the trackers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use kpr_metrics::{Metrics, ProxyHealth};
+use kpr_model::{IpFamily, NamespacedName};
+use kpr_runner::{RunnerConfig, SyncRunner};
+use kpr_sources::Event;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::{ProxySettings, Shared};
+
+use super::Intake;
+
+/// An intake whose sources have not reported `Synced` yet.
+fn waiting_intake(sources: Vec<&'static str>, health_timeout: Duration) -> (Intake, Arc<Shared>) {
+    let (intake, shared, _registry) = waiting_intake_with_metrics(sources, health_timeout);
+    (intake, shared)
+}
+
+/// Like [`waiting_intake`], with the registry its metrics are in.
+fn waiting_intake_with_metrics(
+    sources: Vec<&'static str>,
+    health_timeout: Duration,
+) -> (Intake, Arc<Shared>, Registry) {
+    let settings = ProxySettings {
+        family: IpFamily::V4,
+        node_name: "node1".into(),
+        runner: RunnerConfig {
+            min_interval: Duration::from_millis(20),
+            max_interval: Duration::from_secs(3600),
+        },
+        sources,
+    };
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let health = Arc::new(ProxyHealth::new(health_timeout));
+    let shared = Arc::new(Shared::new(&settings, metrics, health));
+    let (_runner, trigger) = SyncRunner::new(settings.runner);
+    let (ready, _) = watch::channel(false);
+    let expected = settings.sources.iter().copied().collect();
+    let intake = Intake::new(shared.clone(), expected, trigger, ready);
+    (intake, shared, registry)
+}
+
+fn intake() -> (Intake, Arc<Shared>) {
+    let (mut intake, shared) = waiting_intake(vec!["manifests"], Duration::from_secs(60));
+    intake.apply(Event::Synced { source: "manifests" });
+    (intake, shared)
+}
+
+fn service(ip: &str) -> Event {
+    let object: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"clusterIP": ip, "ports": [{"port": 80}]}
+    }))
+    .unwrap();
+    Event::Service {
+        id: NamespacedName::new("default", "web"),
+        object: Some(Arc::new(object)),
+    }
+}
+
+#[test]
+fn changes_are_only_queued_once_every_source_is_in() {
+    let timeout = Duration::from_millis(1);
+    let (mut intake, shared) = waiting_intake(vec!["manifests", "api"], timeout);
+    shared.health.updated(); // the sync loop starts
+    intake.apply(Event::Synced { source: "manifests" });
+    intake.apply(service("10.96.0.1"));
+    std::thread::sleep(timeout * 5);
+    let waiting = shared.health.healthz();
+    assert!(
+        waiting.healthy,
+        "waiting for the api source is healthy, as upstream"
+    );
+
+    intake.apply(Event::Synced { source: "api" });
+    intake.apply(service("10.96.0.2"));
+    std::thread::sleep(timeout * 5);
+    assert!(
+        !shared.health.healthz().healthy,
+        "a change queued after start-up and never applied is late"
+    );
+}
+
+fn node(taints: serde_json::Value) -> Event {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "node1", "labels": {"topology.kubernetes.io/zone": "z1"}},
+        "spec": {"taints": taints},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.10"}]}
+    }))
+    .unwrap();
+    Event::Node {
+        object: Some(Arc::new(node)),
+    }
+}
+
+fn autoscaler_taint() -> serde_json::Value {
+    json!([{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}])
+}
+
+#[test]
+fn a_drained_node_stays_ineligible_once_deleted() {
+    let (mut intake, shared) = intake();
+    intake.apply(node(json!([])));
+    assert!(shared.health.node_eligible());
+    intake.apply(node(autoscaler_taint()));
+    assert!(!shared.health.node_eligible());
+
+    intake.apply(Event::Node { object: None });
+    assert!(!shared.health.node_eligible(), "deletion made it eligible again");
+    assert!(!shared.health.healthz().healthy);
+    assert_eq!(shared.health.healthz().node_eligible, Some(false));
+    let trackers = shared.trackers();
+    assert_eq!(trackers.node.name, "node1");
+    assert!(
+        trackers.node.labels.is_empty(),
+        "labels forgotten as upstream's OnNodeDelete"
+    );
+    assert!(
+        trackers.force_full,
+        "the zone went away: every service is re-rendered"
+    );
+}
+
+#[test]
+fn a_deleted_node_keeps_the_eligibility_of_its_last_version() {
+    // Upstream's SyncNode(deleted object): no taint and no deletionTimestamp on the last
+    // version means still eligible.
+    let (mut intake, shared) = intake();
+    intake.apply(node(json!([])));
+    intake.apply(Event::Node { object: None });
+    assert!(shared.health.node_eligible());
+    assert!(shared.health.healthz().healthy);
+}
+
+#[test]
+fn a_node_that_comes_back_is_judged_afresh() {
+    let (mut intake, shared) = intake();
+    intake.apply(node(autoscaler_taint()));
+    intake.apply(Event::Node { object: None });
+    intake.apply(node(json!([])));
+    assert!(shared.health.node_eligible());
+}
+
+// === Dropped list entries: logged and counted at intake, once per object version ===
+
+fn service_event(external_ips: serde_json::Value) -> Event {
+    let object: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"clusterIP": "10.0.0.1", "externalIPs": external_ips, "ports": [{"port": 80}]}
+    }))
+    .unwrap();
+    Event::Service {
+        id: NamespacedName::new("default", "web"),
+        object: Some(Arc::new(object)),
+    }
+}
+
+fn metrics_text(registry: &Registry) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+    text
+}
+
+#[test]
+fn a_bad_entry_is_counted_per_object_version_and_the_object_is_kept() {
+    let (mut intake, shared, registry) = waiting_intake_with_metrics(vec![], Duration::from_secs(60));
+    intake.apply(service_event(json!(["192.0.2.1", "192.0.2.x", "also bad"])));
+    let counted = |n: u32| {
+        format!(
+            "kubeproxy_ignored_values_total{{kind=\"Service\",field=\"spec.externalIPs\",reason=\"invalid_ip\"}} {n}"
+        )
+    };
+    let text = metrics_text(&registry);
+    assert!(text.contains(&counted(2)), "{text}");
+    assert!(
+        !text.contains("kubeproxy_rejected_objects_total{"),
+        "the Service itself is not rejected:\n{text}"
+    );
+    let snapshot = shared.trackers().services.take().snapshot;
+    assert_eq!(
+        snapshot[&NamespacedName::new("default", "web")][0].external_ips,
+        ["192.0.2.1".parse::<std::net::IpAddr>().unwrap()]
+    );
+    // Syncing does not report again; only a new version of the object does.
+    shared.trackers().services.take();
+    assert!(metrics_text(&registry).contains(&counted(2)));
+    intake.apply(service_event(json!(["192.0.2.x"])));
+    assert!(metrics_text(&registry).contains(&counted(3)));
+    // A fixed version reports nothing.
+    intake.apply(service_event(json!(["192.0.2.2"])));
+    assert!(metrics_text(&registry).contains(&counted(3)));
+}

@@ -64,7 +64,7 @@ pub const NAMES: Pool = Pool {
     ],
 };
 
-/// Port names: IANA service names, at most 15 characters, one letter at least.
+/// Port names: DNS-1123 labels, as upstream's validateServicePort checks them.
 pub const PORT_NAMES: Pool = Pool {
     good: &[
         "http",
@@ -73,18 +73,20 @@ pub const PORT_NAMES: Pool = Pool {
         "dns-tcp",
         "metrics",
         "p",
-        "abcdefghijklmno",
+        "80",
+        "http-metrics-port",
+        "abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefgh",
     ],
     hostile: &[
         "",
-        "abcdefghijklmnop",
         "HTTP",
-        "80",
-        "a--b",
+        "a_b",
+        "-a",
+        "a-",
         "http:80",
         "a b",
         "x\ny",
-        "-a",
+        "abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefghi",
     ],
 };
 

@@ -25,5 +25,8 @@ pub use manifest::{PATHS as MANIFEST_PATHS, manifest, manifest_payloads};
 pub use payload::{CHAIN_NAME_MAX, COMMENT_MAX_BYTES, PayloadError, check_payload};
 pub use render::{assert_tables_eq, render, render_payload, render_scenario};
 
+/// A target body: panics when the input breaks an invariant.
+pub type Target = fn(&[u8]);
+
 /// The targets by name, as `fuzz/fuzz_targets/` and `fuzz/corpus/` name them.
-pub const TARGETS: [(&str, fn(&[u8])); 2] = [("manifest", manifest), ("render", render)];
+pub const TARGETS: [(&str, Target); 2] = [("manifest", manifest), ("render", render)];

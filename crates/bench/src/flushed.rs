@@ -130,7 +130,7 @@ mod tests {
         cluster.replace_one_endpoint().expect("valid");
         let changed = cluster.take();
         let options = bench_options();
-        let full = kpr_iptables::render_dry_run(&base.state, &options);
+        let full = kpr_iptables::render_dry_run(&base.state, &options, &[]);
         let partial = partial_payload(&options, &base, &changed).expect("two syncs");
         let result = measure(&FlushedPlan {
             variant: Variant::Nft,

@@ -14,7 +14,9 @@ use std::process::Command;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use kpr_iptables::{ExecError, Iptables, IptablesBackend, IptablesCli, IptablesOptions, Table, Variant};
+use kpr_iptables::{
+    ExecError, Iptables, IptablesBackend, IptablesCli, IptablesOptions, IptablesVersion, Table, Variant,
+};
 use kpr_model::IpFamily;
 use kpr_netns::Netns;
 
@@ -156,6 +158,14 @@ impl TimedRestore {
 }
 
 impl Iptables for TimedRestore {
+    fn version(&self) -> Result<IptablesVersion, ExecError> {
+        self.cli.version()
+    }
+
+    fn create_chain(&self, table: Table, chain: &str) -> Result<(), ExecError> {
+        self.cli.create_chain(table, chain)
+    }
+
     fn restore(&self, payload: &[u8]) -> Result<(), ExecError> {
         let ended = restore_in(&self.netns, self.program, &RESTORE_ARGS, payload, self.timeout).map_err(
             |source| ExecError::Spawn {

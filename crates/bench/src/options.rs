@@ -1,13 +1,11 @@
 //! The iptables options of the benchmarked node: upstream's defaults plus what a typical
 //! cluster sets (`--cluster-cidr`, so cluster-IP traffic from outside the pod network is
-//! masqueraded as on most real nodes, and the node's own address).
-
-use std::net::IpAddr;
+//! masqueraded as on most real nodes; the node's own address comes with its Node object).
 
 use ipnet::IpNet;
 use kpr_iptables::{IptablesOptions, LocalDetector};
 
-use crate::cluster::{CLUSTER_CIDR, NODE_IP};
+use crate::cluster::CLUSTER_CIDR;
 
 pub fn bench_options() -> IptablesOptions {
     let cluster_cidr: IpNet = CLUSTER_CIDR
@@ -15,7 +13,6 @@ pub fn bench_options() -> IptablesOptions {
         .unwrap_or_else(|e| unreachable!("the constant {CLUSTER_CIDR} is a CIDR: {e}"));
     IptablesOptions {
         local_detector: LocalDetector::ClusterCidr(vec![cluster_cidr]),
-        node_ips: vec![IpAddr::V4(NODE_IP)],
         ..IptablesOptions::default()
     }
 }

@@ -8,7 +8,10 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kpr_iptables::{ExecError, Iptables, IptablesBackend, IptablesOptions, Table};
+use kpr_iptables::{
+    ExecError, Iptables, IptablesBackend, IptablesCli, IptablesOptions, IptablesVersion, Table, Variant,
+};
+use kpr_model::IpFamily;
 
 use crate::cluster::Snapshot;
 
@@ -19,6 +22,15 @@ struct Recorder {
 }
 
 impl Iptables for Recorder {
+    /// The host's own iptables decides `--random-fully`, as on a real node.
+    fn version(&self) -> Result<IptablesVersion, ExecError> {
+        IptablesCli::new(IpFamily::V4, Variant::Plain).version()
+    }
+
+    fn create_chain(&self, _table: Table, _chain: &str) -> Result<(), ExecError> {
+        Ok(())
+    }
+
     fn restore(&self, payload: &[u8]) -> Result<(), ExecError> {
         self.restores
             .lock()

@@ -8,6 +8,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use kpr_naming::InterfaceName;
 
 use crate::defaults::NODE_PORT_ADDRESSES_PRIMARY;
 use crate::duration::GoDuration;
@@ -222,6 +223,15 @@ fn validate_detect_local(config: &KubeProxyConfiguration, errors: &mut Errors) {
                 &detect.bridge_interface,
                 reason,
             );
+            if ok {
+                let check = InterfaceName::new(&detect.bridge_interface);
+                check_interface(
+                    errors,
+                    "detectLocal.bridgeInterface",
+                    &detect.bridge_interface,
+                    check,
+                );
+            }
         }
         Ok(LocalMode::InterfaceNamePrefix) => {
             let reason = "must not be empty when detectLocalMode is InterfaceNamePrefix";
@@ -232,6 +242,10 @@ fn validate_detect_local(config: &KubeProxyConfiguration, errors: &mut Errors) {
                 prefix,
                 reason,
             );
+            if !prefix.is_empty() {
+                let check = InterfaceName::prefix(prefix);
+                check_interface(errors, "detectLocal.interfaceNamePrefix", prefix, check);
+            }
         }
         Ok(LocalMode::ClusterCidr) if !config.cluster_cidr.is_empty() => {
             if let Err(reason) = check_cluster_cidrs(&config.cluster_cidr) {
@@ -239,6 +253,24 @@ fn validate_detect_local(config: &KubeProxyConfiguration, errors: &mut Errors) {
             }
         }
         _ => {}
+    }
+}
+
+/// The names end up in rule text (`-i <name>`): kpr-naming's check, the one every such
+/// string passes, refuses what the kernel or iptables-restore would not take.
+fn check_interface(
+    errors: &mut Errors,
+    field: &str,
+    value: &str,
+    check: Result<InterfaceName, kpr_naming::UnsafeText>,
+) {
+    if let Err(why) = check {
+        errors.check(
+            false,
+            field,
+            value.escape_debug(),
+            &format!("is not a usable interface name: it {why}"),
+        );
     }
 }
 
@@ -531,6 +563,43 @@ mod tests {
             .is_empty()
         );
         assert!(errors_for(|c| c.detect_local_mode = "NodeCIDR".into()).is_empty());
+    }
+
+    #[test]
+    fn detect_local_interface_names_must_be_usable_in_rules() {
+        let bridge = |name: &str| {
+            let name = name.to_string();
+            errors_for(move |c| {
+                c.detect_local_mode = "BridgeInterface".into();
+                c.detect_local.bridge_interface = name;
+            })
+        };
+        assert_single(
+            &bridge("br0\n-A X"),
+            "detectLocal.bridgeInterface",
+            "control character",
+        );
+        assert_single(&bridge("br 0"), "detectLocal.bridgeInterface", "interface name");
+        assert_single(
+            &bridge("a-very-long-bridge"),
+            "detectLocal.bridgeInterface",
+            "at most 15",
+        );
+        assert!(bridge("cni0").is_empty());
+        let prefix = |name: &str| {
+            let name = name.to_string();
+            errors_for(move |c| {
+                c.detect_local_mode = "InterfaceNamePrefix".into();
+                c.detect_local.interface_name_prefix = name;
+            })
+        };
+        assert_single(&prefix("veth\""), "detectLocal.interfaceNamePrefix", "quoting");
+        assert_single(
+            &prefix("fifteen-chars-x"),
+            "detectLocal.interfaceNamePrefix",
+            "at most 14",
+        );
+        assert!(prefix("veth").is_empty());
     }
 
     #[test]

@@ -1,33 +1,78 @@
 //! Turning the effective configuration into the iptables backend, and `--cleanup`.
 
+use std::net::IpAddr;
+use std::time::Duration;
+
 use ipnet::IpNet;
 use kpr_config::{LocalMode, NODE_PORT_ADDRESSES_PRIMARY, Settings};
 use kpr_conntrack::Reconciler;
 use kpr_iptables::{
-    CleanupReport, ExecError, IptablesBackend, IptablesCli, IptablesOptions, LocalDetector,
-    NodePortAddresses, Variant, cleanup,
+    CleanupReport, ExecError, InterfaceAddresses, InterfaceName, IptablesBackend, IptablesCli,
+    IptablesOptions, LocalAddresses, LocalDetector, NodePortAddresses, ProcSysctl, Sysctl, UnsafeText,
+    Variant, cleanup, conntrack_tcp_be_liberal, render_dry_run,
 };
 use kpr_model::IpFamily;
+use kpr_state::DesiredState;
 
 use crate::fatal::Fatal;
-use crate::node::local_addresses;
 
 /// The backend's options, from the validated settings. Only IPv4 is proxied for now.
 pub fn options(settings: &Settings) -> Result<IptablesOptions, Fatal> {
+    options_with(settings, &ProcSysctl::default())
+}
+
+/// Like [`options`], reading kernel settings from `sysctl`.
+fn options_with(settings: &Settings, sysctl: &dyn Sysctl) -> Result<IptablesOptions, Fatal> {
     let config = &settings.config;
     let family = IpFamily::V4;
-    let node_ips = local_addresses(family);
     Ok(IptablesOptions {
         family,
         // Validation keeps the bit within 0..=31.
         masquerade_bit: u8::try_from(config.masquerade_bit()).unwrap_or(14),
         masquerade_all: config.masquerade_all(),
+        // Wanted; IptablesBackend::new keeps it only if the binary supports it.
         masquerade_random_fully: true,
         local_detector: local_detector(settings)?,
         localhost_nodeports: config.localhost_node_ports(),
         nodeport_addresses: nodeport_addresses(config.node_port_addresses.as_deref().unwrap_or_default())?,
-        node_ips,
+        bind_address: specific_address(&config.bind_address),
+        // Upstream reads the kernel's setting at start-up; the config sets it just after
+        // options are made (and before the first sync).
+        conntrack_tcp_be_liberal: config.conntrack.tcp_be_liberal || conntrack_tcp_be_liberal(sysctl),
         ..IptablesOptions::default()
+    })
+}
+
+/// `--bind-address` when it names one address (not 0.0.0.0 or ::).
+fn specific_address(bind_address: &str) -> Option<IpAddr> {
+    bind_address
+        .trim()
+        .parse::<IpAddr>()
+        .ok()
+        .filter(|ip| !ip.is_unspecified())
+}
+
+/// What `--dry-run` prints: the full sync's restore input, with this host's addresses.
+pub fn dry_run(state: &DesiredState, options: &IptablesOptions) -> Result<String, Fatal> {
+    let addresses = if options.nodeport_addresses.needs_local_addresses(options.family) {
+        InterfaceAddresses
+            .addresses(options.family)
+            .map_err(|e| Fatal::runtime(e.to_string()))?
+    } else {
+        Vec::new()
+    };
+    Ok(render_dry_run(state, options, &addresses))
+}
+
+fn interface(
+    field: &str,
+    name: &str,
+    check: fn(&str) -> Result<InterfaceName, UnsafeText>,
+) -> Result<InterfaceName, Fatal> {
+    check(name).map_err(|e| {
+        Fatal::usage(format!(
+            "{field}: {name:?} is not a usable interface name: it {e}"
+        ))
     })
 }
 
@@ -45,12 +90,16 @@ fn local_detector(settings: &Settings) -> Result<LocalDetector, Fatal> {
                 LocalDetector::ClusterCidr(cidrs)
             }
         }
-        LocalMode::BridgeInterface => {
-            LocalDetector::BridgeInterface(config.detect_local.bridge_interface.clone())
-        }
-        LocalMode::InterfaceNamePrefix => {
-            LocalDetector::InterfaceNamePrefix(config.detect_local.interface_name_prefix.clone())
-        }
+        LocalMode::BridgeInterface => LocalDetector::BridgeInterface(interface(
+            "detectLocal.bridgeInterface",
+            &config.detect_local.bridge_interface,
+            InterfaceName::new,
+        )?),
+        LocalMode::InterfaceNamePrefix => LocalDetector::InterfaceNamePrefix(interface(
+            "detectLocal.interfaceNamePrefix",
+            &config.detect_local.interface_name_prefix,
+            InterfaceName::prefix,
+        )?),
         LocalMode::NodeCidr => {
             return Err(Fatal::usage(
                 "--detect-local-mode=NodeCIDR needs the Node's podCIDRs from the Kubernetes API, \
@@ -83,11 +132,15 @@ fn nodeport_addresses(entries: &[String]) -> Result<NodePortAddresses, Fatal> {
 
 /// The iptables backend on the host's binaries, with the variant chosen the way upstream's
 /// iptables-wrapper chooses it (the one already holding kube rules, else the default).
-pub fn backend(options: IptablesOptions) -> Result<IptablesBackend, Fatal> {
+///
+/// The whole UDP conntrack table is reconciled every `sync_period` (upstream reconciles it
+/// after every sync; see kpr-conntrack for why ours looks only at changed services in between).
+pub fn backend(options: IptablesOptions, sync_period: Duration) -> Result<IptablesBackend, Fatal> {
     let cli = IptablesCli::new(options.family, Variant::Auto);
     let family = options.family;
     let backend = IptablesBackend::new(options, Box::new(cli)).map_err(|e| Fatal::usage(e.to_string()))?;
-    Ok(backend.with_conntrack(Box::new(Reconciler::netlink(family))))
+    let reconciler = Reconciler::netlink(family).with_full_period(sync_period);
+    Ok(backend.with_conntrack(Box::new(reconciler)))
 }
 
 /// `--cleanup`: removes what kube-proxy (ours or upstream's) left in iptables, for both
@@ -185,6 +238,15 @@ mod tests {
         assert!(err.message.contains("primary"), "{}", err.message);
     }
 
+    /// A sysctl tree with only nf_conntrack_tcp_be_liberal, set to `value`.
+    fn sysctl_tree(value: &str) -> (std::path::PathBuf, ProcSysctl) {
+        let dir = std::env::temp_dir().join(format!("kpr-mode-sysctl-{}-{value}", std::process::id()));
+        let file = dir.join(kpr_iptables::TCP_BE_LIBERAL);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, format!("{value}\n")).unwrap();
+        (dir.clone(), ProcSysctl::at(dir))
+    }
+
     #[test]
     fn options_follow_flags() {
         let settings = kpr_config::load([
@@ -192,15 +254,74 @@ mod tests {
             "--masquerade-all",
             "--iptables-masquerade-bit=12",
             "--cluster-cidr=10.244.0.0/16",
+            "--bind-address=192.168.0.10",
             "--manifests=x",
         ])
         .unwrap();
-        let opts = options(&settings).unwrap();
+        let (dir, sysctl) = sysctl_tree("0");
+        let opts = options_with(&settings, &sysctl).unwrap();
         assert!(opts.masquerade_all);
         assert_eq!(opts.masquerade_bit, 12);
         assert_eq!(
             opts.local_detector,
             LocalDetector::ClusterCidr(vec!["10.244.0.0/16".parse().unwrap()])
+        );
+        assert_eq!(opts.bind_address, Some("192.168.0.10".parse().unwrap()));
+        assert!(!opts.conntrack_tcp_be_liberal);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn unspecified_bind_address_is_no_node_ip() {
+        assert_eq!(specific_address("0.0.0.0"), None);
+        assert_eq!(specific_address("::"), None);
+        assert_eq!(specific_address("10.0.0.1"), Some("10.0.0.1".parse().unwrap()));
+    }
+
+    /// The INVALID drop goes when the config or the kernel makes conntrack liberal.
+    #[test]
+    fn tcp_be_liberal_comes_from_the_config_or_the_kernel() {
+        let settings = |args: &[&str]| {
+            let mut all = vec!["kube-proxy-rs", "--manifests=x"];
+            all.extend_from_slice(args);
+            kpr_config::load(all).unwrap()
+        };
+        let (off_dir, off) = sysctl_tree("0");
+        let (on_dir, on) = sysctl_tree("1");
+        let liberal = |args: &[&str], sysctl: &ProcSysctl| {
+            options_with(&settings(args), sysctl)
+                .unwrap()
+                .conntrack_tcp_be_liberal
+        };
+        assert!(!liberal(&[], &off));
+        assert!(liberal(&["--conntrack-tcp-be-liberal"], &off));
+        assert!(liberal(&[], &on), "the kernel's setting, as upstream reads it");
+        std::fs::remove_dir_all(off_dir).unwrap();
+        std::fs::remove_dir_all(on_dir).unwrap();
+    }
+
+    #[test]
+    fn detect_local_interfaces_become_checked_names() {
+        let opts = options(
+            &kpr_config::load([
+                "kube-proxy-rs",
+                "--manifests=x",
+                "--detect-local-mode=InterfaceNamePrefix",
+                "--pod-interface-name-prefix=veth",
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            opts.local_detector.if_local(IpFamily::V4).unwrap(),
+            ["-i", "veth+"]
+        );
+        let bad = interface("detectLocal.bridgeInterface", "br\n0", InterfaceName::new).unwrap_err();
+        assert_eq!(bad.code, 2);
+        assert!(
+            bad.message.contains("detectLocal.bridgeInterface"),
+            "{}",
+            bad.message
         );
     }
 

@@ -80,13 +80,13 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     let health = Arc::new(ProxyHealth::new(sync_period * 2));
     if settings.dry_run {
         let state = kpr_sync::initial_state(&proxy_settings, events, metrics, health).await;
-        print!("{}", kpr_iptables::render_dry_run(&state, &options));
+        print!("{}", iptables_mode::dry_run(&state, &options)?);
         return Ok(());
     }
 
     adjust_oom_score(config.oom_score_adj());
     set_conntrack_sysctls(&settings);
-    let backend = iptables_mode::backend(options)?;
+    let backend = iptables_mode::backend(options, sync_period)?;
     if let Err(error) = backend.init(&ProcSysctl::default()) {
         tracing::error!(%error, "host setting for localhost NodePorts failed; they may not answer");
     }

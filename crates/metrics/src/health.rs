@@ -124,6 +124,18 @@ impl ProxyHealth {
         self.state().problem = problem;
     }
 
+    /// Replaces the problem text with `to` only while it is still `from`, atomically: whoever
+    /// set a text can withdraw it without erasing one set by someone else since (a source
+    /// that recovers must not clear "last sync failed"). Returns whether it replaced.
+    pub fn replace_problem(&self, from: &str, to: Option<String>) -> bool {
+        let mut s = self.state();
+        if s.problem.as_deref() != Some(from) {
+            return false;
+        }
+        s.problem = to;
+        true
+    }
+
     /// Upstream's `SyncNode`: eligible unless the Node is being deleted or tainted
     /// `ToBeDeletedByClusterAutoscaler`.
     pub fn set_node_eligible(&self, eligible: bool) {
@@ -284,6 +296,17 @@ mod tests {
         assert_eq!(body["nodeEligible"], true);
         assert_eq!(body["problem"], "restore said \"no\"");
         assert_eq!(body["currentTime"], now.go_string());
+    }
+
+    #[test]
+    fn a_problem_is_only_replaced_while_it_is_still_the_expected_one() {
+        let h = ProxyHealth::new(TIMEOUT);
+        h.set_problem(Some("source api: unreachable".into()));
+        assert!(h.replace_problem("source api: unreachable", None));
+        assert_eq!(h.problem(), None);
+        h.set_problem(Some("last sync failed: boom".into()));
+        assert!(!h.replace_problem("source api: unreachable", None));
+        assert_eq!(h.problem().as_deref(), Some("last sync failed: boom"));
     }
 
     #[test]

@@ -222,8 +222,9 @@ impl Metrics {
         );
         r.register(
             "ignored_values",
-            "Malformed list entries (external IPs, load-balancer ingress, source ranges, endpoint addresses) \
-             dropped from objects that are otherwise used, by kind, list and reason (kube-proxy-rs)",
+            "Malformed list entries (external IPs, load-balancer ingress, source ranges, EndpointSlice \
+             addresses and ports, Node addresses) dropped from objects that are otherwise used, by kind, \
+             list and reason (kube-proxy-rs)",
             m.ignored_values_total.clone(),
         );
         m

@@ -6,9 +6,14 @@
 //!
 //! As upstream's EndpointSlice cache does, an endpoint whose address cannot be used (none
 //! given, malformed, or of the other family) is dropped and reported as an [`IgnoredValue`],
-//! and the slice's other endpoints are used. Addresses are read as upstream reads them
-//! (`ParseIPSloppy`: `10.180.00.001` is 10.180.0.1). What identifies the slice (its name, its
-//! Service, its ports) must be right, or the whole slice is rejected.
+//! and the slice's other endpoints are used. So is a port entry that cannot be used (no port
+//! number or 0, out of range, an unknown protocol, a name no Service port can have): upstream
+//! skips such a port and keeps the slice's other ports, so one bad entry does not take every
+//! endpoint of the Service away. Addresses are read as upstream reads them (`ParseIPSloppy`:
+//! `10.180.00.001` is 10.180.0.1). An address the API server would refuse as an endpoint
+//! (unspecified, loopback, link-local) is dropped too: no manifest may send Service traffic
+//! to the node itself or its metadata service. What identifies the slice (its name, its
+//! Service) must be right, or the whole slice is rejected.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -19,10 +24,12 @@ use crate::ident::{IpFamily, NamespacedName, ObjectKind, Protocol};
 use crate::ignored::{Converted, IgnoredValue};
 use crate::rejection::{RejectReason, Rejecter, Rejection, shown};
 use crate::service::object_id;
-use crate::syntax::{dns1035_label, dns1123_label, dns1123_subdomain, parse_ip_sloppy};
+use crate::syntax::{dns1035_label, dns1123_label, dns1123_subdomain, endpoint_ip, parse_ip_sloppy};
 
 /// The metric label of dropped endpoint addresses.
 const ADDRESSES: &str = "endpoints.addresses";
+/// The metric label of dropped slice ports.
+const PORTS: &str = "ports";
 
 /// The label that ties a slice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -57,10 +64,12 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// The endpoint of `address` on `port`, local if it names `node_name` (never when the
+    /// proxy's node name is empty, as upstream's `isLocal`).
     pub fn new(address: &SliceAddress, port: u16, node_name: &str) -> Self {
         Self {
             addr: SocketAddr::new(address.ip, port),
-            is_local: address.node_name.as_deref() == Some(node_name),
+            is_local: !node_name.is_empty() && address.node_name.as_deref() == Some(node_name),
             ready: address.ready,
             serving: address.serving,
             terminating: address.terminating,
@@ -149,11 +158,11 @@ pub fn slice_view(
             ));
         }
     };
-    let ports = slice_ports(slice, &rejecter)?;
     if slice_family != family {
         return Ok(Converted::clean(None));
     }
     let mut ignored = Vec::new();
+    let ports = slice_ports(slice, &rejecter, &mut ignored);
     let addresses = slice_addresses(slice, family, &rejecter, &mut ignored);
     Ok(Converted {
         view: Some(SliceView {
@@ -169,38 +178,67 @@ pub fn slice_view(
     })
 }
 
-fn slice_ports(slice: &EndpointSlice, rejecter: &Rejecter) -> Result<Vec<SlicePort>, Rejection> {
+/// The slice's usable ports; each unusable entry is dropped and reported, as upstream's
+/// EndpointSlice cache skips it ("Ignoring invalid endpoint port").
+fn slice_ports(
+    slice: &EndpointSlice,
+    rejecter: &Rejecter,
+    ignored: &mut Vec<IgnoredValue>,
+) -> Vec<SlicePort> {
     let mut out = Vec::new();
     for (i, port) in slice.ports.as_deref().unwrap_or_default().iter().enumerate() {
-        let field = format!("ports[{i}]");
-        let name = port.name.as_deref().unwrap_or("");
-        if !name.is_empty() {
-            rejecter.name(&format!("{field}.name"), name, dns1123_label)?;
+        match slice_port(port, &format!("ports[{i}]"), rejecter) {
+            Ok(port) => out.push(port),
+            Err(skipped) => ignored.push(skipped),
         }
-        let protocol = Protocol::from_api(port.protocol.as_deref()).ok_or_else(|| {
-            rejecter.reject(
-                format!("{field}.protocol"),
-                RejectReason::InvalidProtocol,
-                format!(
-                    "{} is not one of TCP, UDP, SCTP",
-                    shown(port.protocol.as_deref().unwrap_or(""))
-                ),
-            )
-        })?;
-        let Some(number) = port.port else {
-            return Err(rejecter.reject(
-                format!("{field}.port"),
-                RejectReason::MissingField,
-                "required (a port-less slice only makes sense for headless Services)",
-            ));
-        };
-        out.push(SlicePort {
-            name: name.into(),
-            protocol,
-            port: rejecter.port(&format!("{field}.port"), number)?,
-        });
     }
-    Ok(out)
+    out
+}
+
+fn slice_port(
+    port: &k8s_openapi::api::discovery::v1::EndpointPort,
+    field: &str,
+    rejecter: &Rejecter,
+) -> Result<SlicePort, IgnoredValue> {
+    let skip = |suffix: &str, reason, detail: String| {
+        rejecter.ignore(PORTS, format!("{field}.{suffix}"), reason, detail)
+    };
+    // The API server defaults an absent name to "" (and an absent protocol to TCP).
+    let name = port.name.as_deref().unwrap_or("");
+    if !name.is_empty() {
+        // A name no Service port can have matches nothing; upstream would carry it along
+        // unused. Refusing it keeps odd text out of every later step.
+        dns1123_label(name).map_err(|why| skip("name", RejectReason::InvalidValue, why))?;
+    }
+    let protocol = Protocol::from_api(port.protocol.as_deref()).ok_or_else(|| {
+        let shown_protocol = shown(port.protocol.as_deref().unwrap_or(""));
+        skip(
+            "protocol",
+            RejectReason::InvalidProtocol,
+            format!("{shown_protocol} is not one of TCP, UDP, SCTP"),
+        )
+    })?;
+    let number = match port.port {
+        None | Some(0) => {
+            return Err(skip(
+                "port",
+                RejectReason::MissingField,
+                "no port number (upstream ignores such a port)".into(),
+            ));
+        }
+        Some(n) => u16::try_from(n).map_err(|_| {
+            skip(
+                "port",
+                RejectReason::InvalidPort,
+                format!("{n} is outside 1-65535"),
+            )
+        })?,
+    };
+    Ok(SlicePort {
+        name: name.into(),
+        protocol,
+        port: number,
+    })
 }
 
 fn slice_addresses(
@@ -238,6 +276,10 @@ fn slice_addresses(
                 RejectReason::WrongIpFamily,
                 format!("{} is not an {} address", shown(raw), family.label()),
             ));
+            continue;
+        }
+        if let Err(why) = endpoint_ip(&ip) {
+            ignored.push(rejecter.ignore(ADDRESSES, field, RejectReason::InvalidIp, why));
             continue;
         }
         let conditions = endpoint.conditions.as_ref();
@@ -344,6 +386,20 @@ mod tests {
         assert_eq!(view(v6), Converted::clean(None));
     }
 
+    /// Upstream's `isLocal`: an endpoint is local only if the proxy knows its node name.
+    #[test]
+    fn an_empty_node_name_matches_no_endpoint() {
+        let converted = view(json!({
+            "metadata": {"name": "s", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "ports": [{"port": 80}],
+            "endpoints": [{"addresses": ["10.0.0.1"], "nodeName": ""}, {"addresses": ["10.0.0.2"]}]
+        }));
+        let view = converted.view.unwrap();
+        for address in &view.addresses {
+            assert!(!Endpoint::new(address, 80, "").is_local, "{address:?}");
+        }
+    }
+
     /// Upstream's TestBadIPs endpoint: the legacy leading-zero form is read as decimal, so the
     /// endpoint is `10.180.0.1:80` (and so is the KUBE-SEP- hash input).
     #[test]
@@ -409,6 +465,50 @@ mod tests {
         assert_eq!(ips, ["10.244.1.10", "10.244.1.12"]);
     }
 
+    /// The API server refuses these as endpoints; a manifest must not point a Service at
+    /// the node's own loopback or at a link-local metadata service.
+    #[test]
+    fn addresses_the_api_server_refuses_as_endpoints_are_dropped() {
+        let converted = view(json!({
+            "metadata": {"name": "s", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "ports": [{"port": 80}],
+            "endpoints": [
+                {"addresses": ["127.0.0.1"]},
+                {"addresses": ["169.254.169.254"]},
+                {"addresses": ["0.0.0.0"]},
+                {"addresses": ["224.0.0.1"]},
+                {"addresses": ["10.0.0.1"]}
+            ]
+        }));
+        let found: Vec<_> = converted
+            .ignored
+            .iter()
+            .map(|w| (w.field.as_str(), w.reason))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("endpoints[0].addresses[0]", RejectReason::InvalidIp),
+                ("endpoints[1].addresses[0]", RejectReason::InvalidIp),
+                ("endpoints[2].addresses[0]", RejectReason::InvalidIp),
+                ("endpoints[3].addresses[0]", RejectReason::InvalidIp),
+            ]
+        );
+        assert!(
+            converted.ignored[0].detail.contains("loopback"),
+            "{}",
+            converted.ignored[0]
+        );
+        let ips: Vec<_> = converted
+            .view
+            .unwrap()
+            .addresses
+            .iter()
+            .map(|a| a.ip.to_string())
+            .collect();
+        assert_eq!(ips, ["10.0.0.1"]);
+    }
+
     #[test]
     fn malformed_slices_are_rejected_with_the_field_path() {
         let label = json!({"kubernetes.io/service-name": "web"});
@@ -424,27 +524,6 @@ mod tests {
                 "addressType",
                 RejectReason::InvalidValue,
             ),
-            (
-                json!({"metadata": {"name": "s", "labels": label}, "addressType": "IPv4", "ports": [{"port": 0}], "endpoints": []}),
-                "ports[0].port",
-                RejectReason::InvalidPort,
-            ),
-            (
-                json!({"metadata": {"name": "s", "labels": label}, "addressType": "IPv4", "ports": [{"name": "x"}], "endpoints": []}),
-                "ports[0].port",
-                RejectReason::MissingField,
-            ),
-            (
-                json!({"metadata": {"name": "s", "labels": label}, "addressType": "IPv4", "ports": [{"port": 80, "protocol": "tcp"}], "endpoints": []}),
-                "ports[0].protocol",
-                RejectReason::InvalidProtocol,
-            ),
-            // Ports are checked for either family: the slice itself is wrong.
-            (
-                json!({"metadata": {"name": "s", "labels": label}, "addressType": "IPv6", "ports": [{"port": 70000}], "endpoints": []}),
-                "ports[0].port",
-                RejectReason::InvalidPort,
-            ),
         ];
         for (value, field, reason) in cases {
             let r = slice_view(&slice(value.clone()), IpFamily::V4).expect_err("should be rejected");
@@ -453,32 +532,101 @@ mod tests {
         }
     }
 
+    /// Upstream's EndpointSlice cache skips a port it cannot use and keeps the slice's other
+    /// ports: one bad entry must not take every endpoint of the Service away.
+    #[test]
+    fn unusable_ports_are_dropped_and_reported_and_the_others_kept() {
+        let converted = view(json!({
+            "metadata": {"name": "web-abc", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [
+                {"name": "a", "port": 0},
+                {"name": "b"},
+                {"name": "c", "port": 70000},
+                {"name": "d", "port": -1},
+                {"name": "e", "port": 80, "protocol": "tcp"},
+                {"name": "HTTP", "port": 81},
+                {"name": "http\n-A X", "port": 82},
+                {"name": "http", "port": 8080},
+                {"port": 9090, "protocol": "UDP"}
+            ],
+            "endpoints": [{"addresses": ["10.244.1.10"]}]
+        }));
+        let found: Vec<_> = converted
+            .ignored
+            .iter()
+            .map(|w| (w.field.as_str(), w.list, w.reason))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("ports[0].port", PORTS, RejectReason::MissingField),
+                ("ports[1].port", PORTS, RejectReason::MissingField),
+                ("ports[2].port", PORTS, RejectReason::InvalidPort),
+                ("ports[3].port", PORTS, RejectReason::InvalidPort),
+                ("ports[4].protocol", PORTS, RejectReason::InvalidProtocol),
+                ("ports[5].name", PORTS, RejectReason::InvalidValue),
+                ("ports[6].name", PORTS, RejectReason::InvalidValue),
+            ]
+        );
+        for w in &converted.ignored {
+            assert_eq!(
+                (w.kind, w.object.as_str()),
+                (ObjectKind::EndpointSlice, "shop/web-abc")
+            );
+            assert!(!w.to_string().contains('\n'), "{w}");
+        }
+        let view = converted.view.expect("the slice is used");
+        assert_eq!(
+            view.ports,
+            [
+                SlicePort {
+                    name: "http".into(),
+                    protocol: Protocol::Tcp,
+                    port: 8080
+                },
+                SlicePort {
+                    name: "".into(),
+                    protocol: Protocol::Udp,
+                    port: 9090
+                },
+            ]
+        );
+        assert_eq!(view.addresses.len(), 1);
+    }
+
+    /// A slice of the other family is never read, so its ports are not reported either.
+    #[test]
+    fn ports_of_an_unused_slice_are_not_reported() {
+        let converted = view(json!({
+            "metadata": {"name": "s", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv6", "ports": [{"port": 70000}], "endpoints": []
+        }));
+        assert_eq!(converted, Converted::clean(None));
+    }
+
     /// The slice's identity decides which Service (and so which chains) its endpoints feed:
     /// it follows the API server's name rules whatever the source.
     #[test]
     fn names_that_could_inject_or_collide_are_rejected() {
         let label_field = "metadata.labels[\"kubernetes.io/service-name\"]";
         let cases = [
-            (json!({"name": "s\n-A X"}), "web", None, "metadata.name"),
-            (json!({"name": "a/b"}), "web", None, "metadata.name"),
-            (json!({"name": "S"}), "web", None, "metadata.name"),
+            (json!({"name": "s\n-A X"}), "web", "metadata.name"),
+            (json!({"name": "a/b"}), "web", "metadata.name"),
+            (json!({"name": "S"}), "web", "metadata.name"),
             (
                 json!({"name": "s", "namespace": "a/b"}),
                 "web",
-                None,
                 "metadata.namespace",
             ),
-            (json!({"name": "s"}), "b/c", None, label_field),
-            (json!({"name": "s"}), "Web", None, label_field),
-            (json!({"name": "s"}), "1web", None, label_field),
-            (json!({"name": "s"}), "web", Some("HTTP"), "ports[0].name"),
-            (json!({"name": "s"}), "web", Some("a.b"), "ports[0].name"),
-            (json!({"name": "s"}), "web", Some("http\n"), "ports[0].name"),
+            (json!({"name": "s"}), "b/c", label_field),
+            (json!({"name": "s"}), "Web", label_field),
+            (json!({"name": "s"}), "1web", label_field),
         ];
-        for (mut metadata, service, port_name, field) in cases {
+        for (mut metadata, service, field) in cases {
             metadata["labels"] = json!({"kubernetes.io/service-name": service});
             let value = json!({"metadata": metadata, "addressType": "IPv4",
-                "ports": [{"name": port_name, "port": 80}], "endpoints": []});
+                "ports": [{"port": 80}], "endpoints": []});
             let r = slice_view(&slice(value.clone()), IpFamily::V4).expect_err("should be rejected");
             assert_eq!(
                 (r.field.as_str(), r.reason),
@@ -492,6 +640,7 @@ mod tests {
             "metadata": {"name": "web-abc.v1", "namespace": "kube-system", "labels": {"kubernetes.io/service-name": "web"}},
             "addressType": "IPv4", "ports": [{"name": "dns-tcp", "port": 53}], "endpoints": []
         }));
-        assert!(ok.view.is_some());
+        assert_eq!(ok.ignored, []);
+        assert_eq!(ok.view.expect("used").ports.len(), 1);
     }
 }

@@ -7,9 +7,9 @@
 //!
 //! The conversion follows upstream kube-proxy's `newBaseServiceInfo` and EndpointSlice cache:
 //! one [`ServicePort`] per (service, port) for one IP family, and one [`Endpoint`] per
-//! ready-or-not address of a slice. Like upstream, a malformed entry of an address list
-//! (external IPs, load-balancer ingress, source ranges, a slice's endpoint addresses) drops
-//! only that entry; the conversions return it as an [`IgnoredValue`] beside the view
+//! ready-or-not address of a slice. Like upstream, a malformed entry of a list (external IPs,
+//! load-balancer ingress, source ranges, a slice's endpoint addresses and ports, a Node's
+//! addresses) drops only that entry; the conversions return it as an [`IgnoredValue`] beside the view
 //! ([`Converted`]) for the caller to log and count, since this crate does no I/O.
 
 mod endpoint;
@@ -26,7 +26,7 @@ pub use endpoint::{
 };
 pub use ident::{IpFamily, NamespacedName, ObjectKind, Protocol, ServicePortName};
 pub use ignored::{Converted, IgnoredValue};
-pub use node::{NodeView, TO_BE_DELETED_TAINT, ZONE_LABEL, node_view};
+pub use node::{NodeView, TO_BE_DELETED_TAINT, ZONE_LABEL, convert_node, node_view};
 pub use rejection::{RejectReason, Rejection};
 pub use service::{
     DEFAULT_AFFINITY_TIMEOUT_SECONDS, ServicePort, ServiceType, ServiceView, SkipReason, service_view,

@@ -9,7 +9,12 @@
 //! right, or the whole Service is rejected, as upstream skips such a Service. A malformed
 //! entry of one of the address lists (`spec.externalIPs`, `status.loadBalancer.ingress`,
 //! `spec.loadBalancerSourceRanges`) only drops that entry, as upstream does, and is
-//! reported as an [`IgnoredValue`] next to the view.
+//! reported as an [`IgnoredValue`] next to the view. So is an external IP the API server
+//! refuses (loopback, link-local, unspecified: see [`crate::syntax::endpoint_ip`]).
+//!
+//! An empty string in a field the API server defaults (`type`, `sessionAffinity`,
+//! `externalTrafficPolicy`, a port's `protocol`) means that default, as the API server reads
+//! it, not an invalid value.
 //!
 //! Names are checked with the API server's rules even for API objects: they end up in rule
 //! comments and in the strings hashed into chain names, where `a/b` + `c` and `a` + `b/c`
@@ -24,7 +29,7 @@ use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use crate::ident::{IpFamily, NamespacedName, ObjectKind, Protocol, ServicePortName};
 use crate::ignored::{Converted, IgnoredValue};
 use crate::rejection::{RejectReason, Rejecter, Rejection, shown};
-use crate::syntax::{dns1035_label, dns1123_label, parse_cidr_sloppy, parse_ip_sloppy};
+use crate::syntax::{dns1035_label, dns1123_label, endpoint_ip, parse_cidr_sloppy, parse_ip_sloppy};
 
 /// Upstream's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
@@ -115,7 +120,7 @@ pub fn service_view(service: &Service, family: IpFamily) -> Result<Converted<Ser
         return Err(rejecter.reject("spec", RejectReason::MissingField, "required"));
     };
     let service_type = match spec.type_.as_deref() {
-        None | Some("ClusterIP") => ServiceType::ClusterIp,
+        None | Some("" | "ClusterIP") => ServiceType::ClusterIp,
         Some("NodePort") => ServiceType::NodePort,
         Some("LoadBalancer") => ServiceType::LoadBalancer,
         Some("ExternalName") => return Ok(Converted::clean(ServiceView::Skipped(SkipReason::ExternalName))),
@@ -187,7 +192,9 @@ fn convert_ports(
                 format!("port name {name:?} is used twice"),
             ));
         }
-        let protocol = Protocol::from_api(port.protocol.as_deref()).ok_or_else(|| {
+        // The API server defaults an empty protocol to TCP, as an absent one.
+        let listed_protocol = port.protocol.as_deref().filter(|p| !p.is_empty());
+        let protocol = Protocol::from_api(listed_protocol).ok_or_else(|| {
             rejecter.reject(
                 format!("{field}.protocol"),
                 RejectReason::InvalidProtocol,
@@ -309,11 +316,13 @@ impl SharedFields {
         let external_local = traffic_policy_local(
             spec.external_traffic_policy.as_deref(),
             "spec.externalTrafficPolicy",
+            true,
             rejecter,
         )?;
         let internal_policy_local = traffic_policy_local(
             spec.internal_traffic_policy.as_deref(),
             "spec.internalTrafficPolicy",
+            false,
             rejecter,
         )?;
         let needs_health_check = service_type == ServiceType::LoadBalancer && external_local;
@@ -364,8 +373,18 @@ fn external_ips(
             continue;
         }
         match parse_ip_sloppy(raw) {
-            Some(ip) if family.matches(&ip) && !out.contains(&ip) => out.push(ip),
-            Some(_) => {}
+            Some(ip) if !family.matches(&ip) || out.contains(&ip) => {}
+            // The API server refuses these as external IPs (`ValidateEndpointIP`): traffic
+            // to the node's loopback or link-local addresses must not be captured.
+            Some(ip) => match endpoint_ip(&ip) {
+                Ok(()) => out.push(ip),
+                Err(why) => ignored.push(rejecter.ignore(
+                    EXTERNAL_IPS,
+                    format!("{EXTERNAL_IPS}[{i}]"),
+                    RejectReason::InvalidIp,
+                    why,
+                )),
+            },
             None => ignored.push(rejecter.ignore(
                 EXTERNAL_IPS,
                 format!("{EXTERNAL_IPS}[{i}]"),
@@ -455,7 +474,7 @@ fn source_ranges(
 
 fn affinity(spec: &ServiceSpec, rejecter: &Rejecter) -> Result<Option<u32>, Rejection> {
     match spec.session_affinity.as_deref() {
-        None | Some("None") => Ok(None),
+        None | Some("" | "None") => Ok(None),
         Some("ClientIP") => {
             let timeout = spec
                 .session_affinity_config
@@ -480,9 +499,17 @@ fn affinity(spec: &ServiceSpec, rejecter: &Rejecter) -> Result<Option<u32>, Reje
     }
 }
 
-fn traffic_policy_local(value: Option<&str>, field: &str, rejecter: &Rejecter) -> Result<bool, Rejection> {
+/// `Local` or not. An empty external policy is the API server's "unset" (it defaults it to
+/// Cluster), while an empty internal one is refused there; callers pass `allow_empty`.
+fn traffic_policy_local(
+    value: Option<&str>,
+    field: &str,
+    allow_empty: bool,
+    rejecter: &Rejecter,
+) -> Result<bool, Rejection> {
     match value {
         None | Some("Cluster") => Ok(false),
+        Some("") if allow_empty => Ok(false),
         Some("Local") => Ok(true),
         Some(other) => Err(rejecter.reject(
             field,
@@ -709,6 +736,32 @@ mod tests {
         }
     }
 
+    /// The API server refuses loopback, link-local and unspecified external IPs: such an
+    /// entry is dropped, so no Service can capture traffic to the node's own addresses.
+    #[test]
+    fn external_ips_the_api_server_refuses_are_dropped() {
+        let converted = convert(json!({
+            "metadata": {"name": "a"},
+            "spec": {"clusterIP": "10.0.0.1",
+                     "externalIPs": ["127.0.0.1", "169.254.169.254", "0.0.0.0", "192.0.2.1"],
+                     "ports": [{"port": 80}]}
+        }));
+        let fields: Vec<_> = converted
+            .ignored
+            .iter()
+            .map(|w| (w.field.as_str(), w.reason))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                ("spec.externalIPs[0]", RejectReason::InvalidIp),
+                ("spec.externalIPs[1]", RejectReason::InvalidIp),
+                ("spec.externalIPs[2]", RejectReason::InvalidIp),
+            ]
+        );
+        assert_eq!(ports(converted)[0].external_ips, [ip("192.0.2.1")]);
+    }
+
     #[test]
     fn warnings_do_not_repeat_the_offending_value_at_length() {
         let long = "x".repeat(100_000);
@@ -802,6 +855,28 @@ mod tests {
                 "{service_type} internal={internal} external={external}"
             );
         }
+    }
+
+    /// The API server reads an empty `type`, `sessionAffinity`, `externalTrafficPolicy` or
+    /// port `protocol` as unset and fills in the default; an empty `internalTrafficPolicy` it
+    /// refuses.
+    #[test]
+    fn empty_strings_mean_the_api_servers_defaults() {
+        let p = &ports(convert(json!({
+            "metadata": {"name": "a"},
+            "spec": {"type": "", "clusterIP": "10.0.0.1", "sessionAffinity": "",
+                     "externalTrafficPolicy": "", "ports": [{"port": 80, "protocol": ""}]}
+        })))[0];
+        assert_eq!(p.service_type, ServiceType::ClusterIp);
+        assert_eq!(p.name.protocol, Protocol::Tcp);
+        assert_eq!(p.session_affinity_seconds, None);
+        assert!(!p.external_policy_local && !p.internal_policy_local);
+        let r = rejection(json!({"metadata": {"name": "a"},
+            "spec": {"clusterIP": "10.0.0.1", "internalTrafficPolicy": "", "ports": [{"port": 80}]}}));
+        assert_eq!(
+            (r.field.as_str(), r.reason),
+            ("spec.internalTrafficPolicy", RejectReason::InvalidValue)
+        );
     }
 
     fn rejection(value: serde_json::Value) -> Rejection {

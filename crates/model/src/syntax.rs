@@ -6,7 +6,8 @@
 //! any other input. These are the rules of Kubernetes' apimachinery validation (DNS-1123 and
 //! DNS-1035 names, IANA service names, label values), written from their published
 //! definitions, plus upstream kube-proxy's lenient address parsing ([`parse_ip_sloppy`]), which
-//! still reads the legacy leading-zero IPv4 form that older API servers stored.
+//! still reads the legacy leading-zero IPv4 form that older API servers stored, and the API
+//! server's rule for addresses traffic may be sent to ([`endpoint_ip`]).
 //!
 //! Each check returns `Err(why)` with a sentence an operator can act on; callers add the object
 //! and the field.
@@ -137,6 +138,44 @@ pub fn label_value(value: &str) -> Result<(), String> {
             "{value:?} is not a valid label value: letters, digits, '-', '_' and '.', \
              starting and ending with a letter or digit"
         ))
+    }
+}
+
+/// The API server's `ValidateEndpointIP`, for EndpointSlice addresses and external IPs:
+/// unspecified, loopback and link-local addresses are refused there, because traffic for a
+/// Service must not be sent to the node itself or to node-centric services such as a cloud
+/// metadata endpoint (169.254.169.254). `ip` is already in canonical form (an IPv4-mapped
+/// address is IPv4), as [`parse_ip_sloppy`] returns it.
+pub fn endpoint_ip(ip: &IpAddr) -> Result<(), String> {
+    let refused = if ip.is_unspecified() {
+        Some("unspecified")
+    } else if ip.is_loopback() {
+        Some("in the loopback range (127.0.0.0/8, ::1/128)")
+    } else if is_link_local_unicast(ip) {
+        Some("in the link-local range (169.254.0.0/16, fe80::/10)")
+    } else if is_link_local_multicast(ip) {
+        Some("in the link-local multicast range (224.0.0.0/24, ff02::/16)")
+    } else {
+        None
+    };
+    match refused {
+        Some(range) => Err(format!("{ip} may not be {range}")),
+        None => Ok(()),
+    }
+}
+
+fn is_link_local_unicast(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    }
+}
+
+/// 224.0.0.0/24, or an IPv6 multicast address of link-local scope (ffX2::/16).
+fn is_link_local_multicast(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.octets()[..3] == [224, 0, 0],
+        IpAddr::V6(v6) => v6.segments()[0] & 0xff0f == 0xff02,
     }
 }
 
@@ -306,6 +345,40 @@ mod tests {
         ] {
             assert_eq!(parse_ip_sloppy(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn endpoint_ips_follow_the_api_servers_rule() {
+        let check = |s: &str| endpoint_ip(&parse_ip_sloppy(s).unwrap());
+        for ok in [
+            "10.0.0.1",
+            "192.0.2.1",
+            "fd00::1",
+            "2001:db8::1",
+            "224.0.1.1",
+            "ff05::1",
+        ] {
+            assert_eq!(check(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "0.0.0.0",
+            "::",
+            "127.0.0.1",
+            "127.1.2.3",
+            "::1",
+            "::ffff:127.0.0.1",
+            "169.254.169.254",
+            "fe80::1",
+            "224.0.0.251",
+            "ff02::1",
+            "ff12::1",
+        ] {
+            assert!(check(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            check("169.254.169.254"),
+            Err("169.254.169.254 may not be in the link-local range (169.254.0.0/16, fe80::/10)".into())
+        );
     }
 
     #[test]

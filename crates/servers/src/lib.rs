@@ -12,6 +12,7 @@ mod handle;
 mod healthz;
 mod listen;
 mod metrics_server;
+mod ping;
 
 pub use handle::{ServeError, ServerHandle};
 pub use healthz::serve_healthz;

@@ -1,7 +1,9 @@
 //! The metrics server: `/metrics`, `/proxyMode`, `/configz` and a plain `/healthz`.
 //!
 //! Upstream serves these on 127.0.0.1:10249 by default; scrapers and `curl .../proxyMode`
-//! scripts rely on the paths and on `/healthz` here answering a bare "ok".
+//! scripts rely on the paths and on `/healthz` here answering a bare "ok" (see [`crate::ping`]).
+//! As upstream's Go mux, every path answers any method, and the text answers carry
+//! `X-Content-Type-Options: nosniff` as upstream's handlers set it.
 
 use std::sync::Arc;
 
@@ -9,11 +11,12 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::any;
 use prometheus_client::registry::Registry;
 
 use crate::handle::{ServeError, ServerHandle};
 use crate::listen::{BindPolicy, start};
+use crate::ping;
 
 /// The key `/configz` puts the configuration under, as upstream does.
 pub const CONFIGZ_GROUP: &str = "kubeproxy.config.k8s.io";
@@ -45,13 +48,11 @@ pub async fn serve_metrics(
         configz: configz.into(),
     };
     let router = Router::new()
-        .route("/metrics", get(metrics))
-        .route(
-            "/proxyMode",
-            get(|State(s): State<MetricsState>| async move { s.proxy_mode.to_string() }),
-        )
-        .route("/configz", get(configz_handler))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", any(metrics))
+        .route("/proxyMode", any(proxy_mode_handler))
+        .route("/configz", any(configz_handler))
+        .route("/healthz", any(ping::healthz))
+        .route("/healthz/ping", any(ping::ping))
         .with_state(state);
     start("metrics", address, router, policy).await
 }
@@ -68,14 +69,33 @@ async fn metrics(State(s): State<MetricsState>) -> Response {
     with_content_type(text.into_response(), OPENMETRICS_CONTENT_TYPE)
 }
 
+/// Upstream's handler: the mode name, plain text, not to be sniffed.
+async fn proxy_mode_handler(State(s): State<MetricsState>) -> Response {
+    nosniff(with_content_type(
+        s.proxy_mode.to_string().into_response(),
+        "text/plain; charset=utf-8",
+    ))
+}
+
 async fn configz_handler(State(s): State<MetricsState>) -> Response {
-    with_content_type(s.configz.to_string().into_response(), "application/json")
+    nosniff(with_content_type(
+        s.configz.to_string().into_response(),
+        "application/json",
+    ))
 }
 
 fn with_content_type(mut response: Response, content_type: &'static str) -> Response {
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn nosniff(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     response
 }
 
@@ -86,7 +106,7 @@ mod tests {
     use kpr_metrics::Metrics;
 
     use super::*;
-    use crate::test_client::get;
+    use crate::test_client::{get, request};
 
     /// Retries fast, so a test does not wait upstream's 5 s.
     fn retrying() -> BindPolicy {
@@ -145,6 +165,54 @@ mod tests {
         let configz: serde_json::Value = serde_json::from_str(&get(addr, "/configz").await.body).unwrap();
         assert_eq!(configz[CONFIGZ_GROUP]["mode"], "iptables");
         assert_eq!(get(addr, "/nope").await.status, 404);
+    }
+
+    /// Upstream's handlers set these headers; scripts and browsers see the same answers.
+    #[tokio::test]
+    async fn text_answers_carry_upstreams_headers() {
+        let server = serve_on("127.0.0.1:0", retrying()).await.unwrap().unwrap();
+        let addr = server.local_addr().unwrap();
+        for (path, content_type) in [
+            ("/proxyMode", "text/plain; charset=utf-8"),
+            ("/healthz", "text/plain; charset=utf-8"),
+            ("/configz", "application/json"),
+        ] {
+            let reply = get(addr, path).await;
+            assert_eq!(reply.status, 200, "{path}");
+            assert_eq!(reply.header("content-type"), Some(content_type), "{path}");
+            assert_eq!(reply.header("x-content-type-options"), Some("nosniff"), "{path}");
+        }
+        let ping = get(addr, "/healthz/ping").await;
+        assert_eq!((ping.status, ping.body.as_str()), (200, "ok"));
+        assert_eq!(ping.header("content-type"), Some("text/plain; charset=utf-8"));
+    }
+
+    /// Upstream's Go mux answers every method on these paths.
+    #[tokio::test]
+    async fn any_method_is_answered_as_upstream_does() {
+        let server = serve_on("127.0.0.1:0", retrying()).await.unwrap().unwrap();
+        let addr = server.local_addr().unwrap();
+        for path in ["/metrics", "/proxyMode", "/configz", "/healthz"] {
+            assert_eq!(request(addr, "POST", path).await.status, 200, "{path}");
+        }
+        assert_eq!(request(addr, "POST", "/proxyMode").await.body, "iptables");
+    }
+
+    /// The generic health handler's query forms, as monitoring scripts use them.
+    #[tokio::test]
+    async fn healthz_verbose_and_exclude_answer_as_upstream() {
+        let server = serve_on("127.0.0.1:0", retrying()).await.unwrap().unwrap();
+        let addr = server.local_addr().unwrap();
+        assert_eq!(
+            get(addr, "/healthz?verbose").await.body,
+            "[+]ping ok\nhealthz check passed\n"
+        );
+        assert_eq!(
+            get(addr, "/healthz?verbose=1&exclude=ping").await.body,
+            "[+]ping excluded: ok\nhealthz check passed\n"
+        );
+        assert_eq!(get(addr, "/healthz?exclude=etcd").await.body, "ok");
+        assert_eq!(get(addr, "/healthz/other").await.status, 404);
     }
 
     #[tokio::test]

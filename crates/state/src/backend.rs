@@ -3,17 +3,94 @@
 //! A backend gets the whole desired state plus what changed since its previous sync, and
 //! programs the kernel. It decides for itself when a partial sync is safe (it knows whether
 //! its last write failed or someone flushed its rules); the caller can only force a full one.
+//!
+//! A failed sync says what it attempted (full or partial) and which step failed (the kernel
+//! refusing the rules, or something around it), because upstream's metrics count those
+//! separately; the sync loop reads these fields, never the message.
 
 use std::collections::BTreeSet;
-
+use std::fmt;
 use std::sync::Arc;
 
-use kpr_model::{NamespacedName, NodeView};
+use kpr_model::{NamespacedName, NodeView, ObjectKind};
 use kpr_tracking::{Changes, EndpointsChange, EndpointsMap, ServiceChange, ServiceMap};
 
 use crate::DesiredState;
 
-pub type BackendError = Box<dyn std::error::Error + Send + Sync>;
+/// Whether a sync rewrites everything or only what changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncKind {
+    Full,
+    Partial,
+}
+
+/// The step of a sync that failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailedStep {
+    /// The kernel (e.g. `iptables-restore`) refused or failed to apply the new rules.
+    Restore,
+    /// Anything else: reading the kernel's state, the host's addresses, the jump rules
+    /// from built-in chains, ...
+    Other,
+}
+
+/// A failed sync: what was attempted, which step failed, and the cause.
+#[derive(Debug)]
+pub struct BackendError {
+    pub attempted: SyncKind,
+    pub step: FailedStep,
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl BackendError {
+    pub fn new(
+        attempted: SyncKind,
+        step: FailedStep,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            attempted,
+            step,
+            source: source.into(),
+        }
+    }
+}
+
+/// Shows the cause only: the kind and step are for metrics, the cause says what happened.
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.source()
+    }
+}
+
+/// Part of an object a backend left out because its text cannot be written into kernel
+/// rules safely (the sources should have refused it; this is the second line of defence).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct UnsafeObject {
+    pub kind: ObjectKind,
+    /// `namespace/name`.
+    pub object: String,
+    /// The field holding the text, e.g. `metadata.name`.
+    pub field: String,
+    /// Why the text was refused.
+    pub detail: String,
+}
+
+impl fmt::Display for UnsafeObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "left out {} {}: field {}: {}",
+            self.kind, self.object, self.field, self.detail
+        )
+    }
+}
 
 #[derive(Debug)]
 pub struct SyncRequest<'a> {
@@ -94,6 +171,9 @@ pub struct SyncReport {
     pub no_local_external: usize,
     /// The conntrack reconcile after the sync, if one ran (`conntrack_reconciler_*`).
     pub conntrack_reconcile: Option<ConntrackReconcile>,
+    /// Objects (or ports of them) left out of the rules for the first time in this sync:
+    /// each is reported once, not on every sync while it stays bad.
+    pub newly_unsafe: Vec<UnsafeObject>,
 }
 
 /// One reconcile of the UDP conntrack entries after a sync.

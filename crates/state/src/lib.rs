@@ -15,8 +15,10 @@ use std::sync::Arc;
 use kpr_model::{Endpoint, NodeView, ServicePort};
 use kpr_tracking::{EndpointsMap, ServiceMap, endpoints_for};
 
-pub use backend::ConntrackReconcile;
-pub use backend::{Backend, BackendError, PendingSync, SyncReport, SyncRequest, TableCount};
+pub use backend::{
+    Backend, BackendError, ConntrackReconcile, FailedStep, PendingSync, SyncKind, SyncReport, SyncRequest,
+    TableCount, UnsafeObject,
+};
 pub use plan::{PortPlan, Unreachable};
 pub use topology::{Categorized, categorize};
 

@@ -30,10 +30,12 @@ enum Topology {
 pub fn categorize<'a>(port: &ServicePort, endpoints: &'a [Endpoint], node: &NodeView) -> Categorized<'a> {
     let mut out = Categorized::default();
     if port.uses_cluster_endpoints() {
-        let topology = topology(endpoints, &node.name, node.zone());
+        // A node without the zone label is in zone "", as upstream reads the label map.
+        let zone = node.zone().unwrap_or("");
+        let topology = topology(endpoints, &node.name, zone);
         out.cluster = endpoints
             .iter()
-            .filter(|ep| ep.ready && available_for(ep, topology, &node.name, node.zone()))
+            .filter(|ep| ep.ready && available_for(ep, topology, &node.name, zone))
             .collect();
         // Falling back to terminating endpoints ignores topology: it is a last resort to
         // keep connections working, not a routing preference.
@@ -74,7 +76,7 @@ pub fn categorize<'a>(port: &ServicePort, endpoints: &'a [Endpoint], node: &Node
 }
 
 /// Decides whether topology hints narrow cluster traffic on this node.
-fn topology(endpoints: &[Endpoint], node: &str, zone: Option<&str>) -> Topology {
+fn topology(endpoints: &[Endpoint], node: &str, zone: &str) -> Topology {
     let ready: Vec<_> = endpoints.iter().filter(|ep| ep.ready).collect();
     if ready.is_empty() {
         return Topology::Everywhere;
@@ -84,20 +86,17 @@ fn topology(endpoints: &[Endpoint], node: &str, zone: Option<&str>) -> Topology 
         return Topology::SameNode;
     }
     let all_zone_hints = ready.iter().all(|ep| !ep.zone_hints.is_empty());
-    if let Some(zone) = zone
-        && all_zone_hints
-        && ready.iter().any(|ep| ep.zone_hints.iter().any(|z| &**z == zone))
-    {
+    if all_zone_hints && ready.iter().any(|ep| ep.zone_hints.iter().any(|z| &**z == zone)) {
         return Topology::SameZone;
     }
     Topology::Everywhere
 }
 
-fn available_for(ep: &Endpoint, topology: Topology, node: &str, zone: Option<&str>) -> bool {
+fn available_for(ep: &Endpoint, topology: Topology, node: &str, zone: &str) -> bool {
     match topology {
         Topology::Everywhere => true,
         Topology::SameNode => ep.node_hints.iter().any(|n| &**n == node),
-        Topology::SameZone => ep.zone_hints.iter().any(|z| Some(&**z) == zone),
+        Topology::SameZone => ep.zone_hints.iter().any(|z| &**z == zone),
     }
 }
 
@@ -203,6 +202,82 @@ pub(crate) mod tests {
         let partial = [ep("10.0.0.1 ready hint-zone=z1"), ep("10.0.0.2 ready")];
         let c = categorize(&port(serde_json::json!({})), &partial, &node(Some("z1")));
         assert_eq!(c.cluster.len(), 2);
+    }
+
+    /// Upstream reads the zone from the label map, so a node without the label is in zone
+    /// "" and an endpoint hinted for zone "" is its zone's.
+    #[test]
+    fn a_node_without_zone_label_is_in_the_empty_zone() {
+        let eps = [ep("10.0.0.1 ready hint-zone="), ep("10.0.0.2 ready hint-zone=z2")];
+        let c = categorize(&port(serde_json::json!({})), &eps, &node(None));
+        assert_eq!(ips(&c.cluster), ["10.0.0.1"]);
+    }
+
+    /// Node hints that all exist but none names this node: fall back to zone hints.
+    #[test]
+    fn node_hints_for_other_nodes_fall_back_to_zone_hints() {
+        let eps = [
+            ep("10.0.0.1 ready hint-node=n2 hint-zone=z1"),
+            ep("10.0.0.2 ready hint-node=n3 hint-zone=z2"),
+        ];
+        let c = categorize(&port(serde_json::json!({})), &eps, &node(Some("z1")));
+        assert_eq!(ips(&c.cluster), ["10.0.0.1"]);
+        // And no zone hint for our zone either: every ready endpoint.
+        let c = categorize(&port(serde_json::json!({})), &eps, &node(Some("z3")));
+        assert_eq!(ips(&c.cluster), ["10.0.0.1", "10.0.0.2"]);
+    }
+
+    /// Only ready endpoints decide whether hints are complete: a terminating endpoint without
+    /// hints does not turn topology off.
+    #[test]
+    fn endpoints_that_are_not_ready_do_not_disable_hints() {
+        let eps = [
+            ep("10.0.0.1 ready hint-zone=z1"),
+            ep("10.0.0.2 ready hint-zone=z2"),
+            ep("10.0.0.3 serving terminating"),
+        ];
+        let c = categorize(&port(serde_json::json!({})), &eps, &node(Some("z1")));
+        assert_eq!(ips(&c.cluster), ["10.0.0.1"]);
+    }
+
+    /// Without any ready endpoint, the terminating fallback takes every serving-terminating
+    /// endpoint, whatever its hints.
+    #[test]
+    fn terminating_fallback_ignores_hints() {
+        let eps = [
+            ep("10.0.0.1 serving terminating hint-zone=z2"),
+            ep("10.0.0.2 serving terminating hint-zone=z1"),
+        ];
+        let c = categorize(&port(serde_json::json!({})), &eps, &node(Some("z1")));
+        assert_eq!(ips(&c.cluster), ["10.0.0.1", "10.0.0.2"]);
+    }
+
+    /// Cluster and Local fall back independently: remote ready endpoints for cluster traffic,
+    /// the local terminating one for local traffic, and both are reachable.
+    #[test]
+    fn cluster_and_local_fall_back_independently() {
+        let p = port(serde_json::json!({"type": "NodePort", "externalTrafficPolicy": "Local"}));
+        let eps = [ep("10.0.0.1 ready"), ep("10.0.0.2 serving terminating local")];
+        let c = categorize(&p, &eps, &node(None));
+        assert_eq!(ips(&c.cluster), ["10.0.0.1"]);
+        assert_eq!(ips(&c.local), ["10.0.0.2"]);
+        assert_eq!(ips(&c.reachable), ["10.0.0.1", "10.0.0.2"]);
+        assert!(c.has_any);
+    }
+
+    /// Topology narrows cluster traffic; a local endpoint outside the chosen zone is still
+    /// reachable through the local policy.
+    #[test]
+    fn local_endpoints_outside_the_hinted_zone_stay_reachable() {
+        let p = port(serde_json::json!({"type": "NodePort", "externalTrafficPolicy": "Local"}));
+        let eps = [
+            ep("10.0.0.1 ready hint-zone=z1"),
+            ep("10.0.0.2 ready local hint-zone=z2"),
+        ];
+        let c = categorize(&p, &eps, &node(Some("z1")));
+        assert_eq!(ips(&c.cluster), ["10.0.0.1"]);
+        assert_eq!(ips(&c.local), ["10.0.0.2"]);
+        assert_eq!(ips(&c.reachable), ["10.0.0.1", "10.0.0.2"]);
     }
 
     #[test]

@@ -1,12 +1,17 @@
 //! Intake: source events into the trackers.
+//!
+//! Intake also keeps `/healthz`'s problem text for what it knows about: sources that are in
+//! trouble and sources not in yet. It withdraws only texts it set itself, so a source that
+//! recovers never erases a "last sync failed" set by the sync step meanwhile.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use kpr_model::{IgnoredValue, Rejection, node_view};
+use kpr_model::{Converted, IgnoredValue, Rejection, convert_node};
 use kpr_runner::Trigger;
 use kpr_sources::{Event, EventReceiver};
+use kpr_tracking::Recorded;
 use tokio::sync::watch;
 
 use crate::{Shared, missing_sources};
@@ -17,6 +22,10 @@ pub struct Intake {
     synced: BTreeSet<&'static str>,
     trigger: Trigger,
     ready: watch::Sender<bool>,
+    /// The problem text of every source currently in trouble.
+    source_problems: BTreeMap<&'static str, String>,
+    /// The "waiting for the initial state" text last shown, while sources are missing.
+    waiting_problem: Option<String>,
 }
 
 impl Intake {
@@ -26,12 +35,14 @@ impl Intake {
         trigger: Trigger,
         ready: watch::Sender<bool>,
     ) -> Self {
-        let intake = Self {
+        let mut intake = Self {
             shared,
             expected,
             synced: BTreeSet::new(),
             trigger,
             ready,
+            source_problems: BTreeMap::new(),
+            waiting_problem: None,
         };
         intake.announce_if_ready();
         intake
@@ -46,24 +57,30 @@ impl Intake {
     pub(crate) fn apply(&mut self, event: Event) {
         match event {
             Event::Service { id, object } => {
+                // Upstream counts every Service event.
                 self.shared
                     .metrics
                     .sync_proxy_rules_service_changes_total
                     .get_or_create(&self.shared.labels)
                     .inc();
-                let outcome = self.shared.trackers().services.update(id, object.as_deref());
-                let result = outcome.map(|ignored| self.report_ignored(&ignored));
-                self.changed(result);
+                let recorded = self.shared.trackers().services.record(id, object.as_deref());
+                self.recorded(recorded);
             }
             Event::EndpointSlice { id, object } => {
-                self.shared
-                    .metrics
-                    .sync_proxy_rules_endpoint_changes_total
-                    .get_or_create(&self.shared.labels)
-                    .inc();
-                let outcome = self.shared.trackers().endpoints.update(id, object.as_deref());
-                let result = outcome.map(|ignored| self.report_ignored(&ignored));
-                self.changed(result);
+                let recorded = self.shared.trackers().endpoints.record(id, object.as_deref());
+                // Upstream counts the slices of this proxier's family only.
+                let ours = match &object {
+                    Some(slice) => slice.address_type == self.shared.labels.ip_family,
+                    None => recorded.changed,
+                };
+                if ours {
+                    self.shared
+                        .metrics
+                        .sync_proxy_rules_endpoint_changes_total
+                        .get_or_create(&self.shared.labels)
+                        .inc();
+                }
+                self.recorded(recorded);
             }
             Event::Node { object } => self.node_changed(object.as_deref()),
             Event::Synced { source } => {
@@ -80,10 +97,14 @@ impl Intake {
     /// labels. A deleted Node keeps the eligibility its last version had (upstream calls
     /// `SyncNode` with the deleted object), so a node drained before deletion stays out of
     /// load balancers; its labels are forgotten, as the proxier's `OnNodeDelete` does. The
-    /// rules stay either way.
+    /// rules stay either way. A malformed address is dropped and reported; the rest of the
+    /// Node (zone, taints) still counts.
     fn node_changed(&mut self, node: Option<&k8s_openapi::api::core::v1::Node>) {
-        let view = match node.map(node_view) {
-            Some(Ok(view)) => view,
+        let view = match node.map(convert_node) {
+            Some(Ok(Converted { view, ignored })) => {
+                self.report_ignored(&ignored);
+                view
+            }
             Some(Err(rejection)) => return self.reject(&rejection),
             None => {
                 let last = self.shared.trackers().node.clone();
@@ -101,21 +122,35 @@ impl Intake {
         };
         self.shared.health.set_node_eligible(!view.going_away);
         let mut trackers = self.shared.trackers();
-        if trackers.node.labels != view.labels {
+        if trackers.node.zone() != view.zone() {
             // Topology hints depend on the zone label: every service may route differently.
+            // No other label matters to the rules (upstream's NodeTopologyConfig passes on the
+            // zone label only), so other label changes cost no sync.
             trackers.force_full = true;
             drop(trackers);
-            self.changed(Ok(()));
+            self.queue_sync();
             trackers = self.shared.trackers();
         }
         trackers.node = Arc::new(view);
     }
 
-    fn changed(&mut self, result: Result<(), Rejection>) {
-        if let Err(rejection) = result {
-            self.reject(&rejection);
+    /// Reports what a tracker update dropped or rejected, and queues a sync if it changed
+    /// anything: as upstream, a version that changes nothing (sent again by a relist, or a
+    /// slice of the other family) neither syncs nor counts as a queued change for health.
+    fn recorded(&mut self, recorded: Recorded) {
+        match &recorded.outcome {
+            Ok(ignored) => self.report_ignored(ignored),
+            Err(rejection) => self.reject(rejection),
         }
         self.update_pending_gauges();
+        if recorded.changed {
+            self.queue_sync();
+        }
+    }
+
+    /// Marks a change as queued (for health and the queued-timestamp metric) and asks the
+    /// runner for a sync, once every source is in.
+    fn queue_sync(&self) {
         if self.is_ready() {
             self.shared.health.queued_update();
             self.shared
@@ -127,14 +162,24 @@ impl Intake {
         }
     }
 
-    fn source_trouble(&self, source: &'static str, problem: Option<String>) {
-        match &problem {
-            Some(problem) => tracing::warn!(source, "{problem}"),
-            None => tracing::info!(source, "source recovered"),
+    /// A source reports trouble (shown as the problem) or recovery (its own text withdrawn,
+    /// another troubled source's shown instead if any; a text someone else set stays).
+    fn source_trouble(&mut self, source: &'static str, problem: Option<String>) {
+        match problem {
+            Some(problem) => {
+                tracing::warn!(source, "{problem}");
+                let text = format!("source {source}: {problem}");
+                self.source_problems.insert(source, text.clone());
+                self.shared.health.set_problem(Some(text));
+            }
+            None => {
+                tracing::info!(source, "source recovered");
+                if let Some(own) = self.source_problems.remove(source) {
+                    let still_troubled = self.source_problems.values().next().cloned();
+                    self.shared.health.replace_problem(&own, still_troubled);
+                }
+            }
         }
-        self.shared
-            .health
-            .set_problem(problem.map(|p| format!("source {source}: {p}")));
     }
 
     fn reject(&self, rejection: &Rejection) {
@@ -183,15 +228,20 @@ impl Intake {
         missing_sources(&self.expected, &self.synced).next().is_none()
     }
 
-    fn announce_if_ready(&self) {
-        if self.is_ready() && !*self.ready.borrow() {
-            self.ready.send_replace(true);
-            self.trigger.fire();
-        } else if !self.is_ready() {
+    fn announce_if_ready(&mut self) {
+        if self.is_ready() {
+            if let Some(waiting) = self.waiting_problem.take() {
+                self.shared.health.replace_problem(&waiting, None);
+            }
+            if !*self.ready.borrow() {
+                self.ready.send_replace(true);
+                self.trigger.fire();
+            }
+        } else {
             let missing: Vec<_> = missing_sources(&self.expected, &self.synced).collect();
-            self.shared
-                .health
-                .set_problem(Some(format!("waiting for the initial state of: {missing:?}")));
+            let text = format!("waiting for the initial state of: {missing:?}");
+            self.shared.health.set_problem(Some(text.clone()));
+            self.waiting_problem = Some(text);
         }
     }
 }

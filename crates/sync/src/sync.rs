@@ -1,14 +1,22 @@
 //! One sync: take the changes, hand the desired state to the backend, record the outcome.
+//!
+//! Metrics follow upstream's accounting: the sync duration (overall, and full or partial by
+//! what was attempted) is observed for failed syncs too; a failed partial sync counts in
+//! `..._iptables_partial_restore_failures_total`, and `..._iptables_restore_failures_total`
+//! counts only failures of the restore itself, as the backend's error says.
 
 use std::time::{Instant, SystemTime};
 
-use kpr_metrics::{TableLabels, TrafficLabels};
-use kpr_state::{Backend, BackendError, PendingSync, SyncReport};
+use kpr_metrics::{RejectedLabels, TableLabels, TrafficLabels};
+use kpr_state::{Backend, BackendError, FailedStep, PendingSync, SyncKind, SyncReport, UnsafeObject};
 
 use crate::Shared;
 use crate::intake::unix_now;
 
-pub(crate) fn sync_once(shared: &Shared, backend: &mut dyn Backend) -> Result<(), BackendError> {
+/// The `reason` label of objects a backend left out because of unsafe text.
+const UNSAFE_TEXT_REASON: &str = "unsafe_text";
+
+pub(crate) fn sync_once(shared: &Shared, backend: &mut dyn Backend) -> Result<(), String> {
     let started = Instant::now();
     let (pending, force_full, trigger_times) = {
         let mut t = shared.trackers();
@@ -22,7 +30,9 @@ pub(crate) fn sync_once(shared: &Shared, backend: &mut dyn Backend) -> Result<()
     let changed = &pending.changed;
     match backend.sync(&request) {
         Ok(report) => {
-            record_success(shared, &report, started);
+            record_duration(shared, kind_of(&report), started);
+            record_success(shared, &report);
+            record_unsafe_objects(shared, &report.newly_unsafe);
             record_programming_latency(shared, &trigger_times);
             tracing::debug!(
                 full = report.full,
@@ -33,18 +43,69 @@ pub(crate) fn sync_once(shared: &Shared, backend: &mut dyn Backend) -> Result<()
             Ok(())
         }
         Err(error) => {
+            record_duration(shared, error.attempted, started);
             if backend.mode() == "iptables" {
-                shared
-                    .metrics
-                    .sync_proxy_rules_iptables_restore_failures_total
-                    .get_or_create(&shared.labels)
-                    .inc();
+                record_iptables_failure(shared, &error);
             }
+            // The runner logs the failure itself; this adds what the metrics were told.
+            tracing::debug!(attempted = ?error.attempted, step = ?error.step, "sync failed: {error}");
             shared
                 .health
                 .set_problem(Some(format!("last sync failed: {error}")));
-            Err(error)
+            Err(error.to_string())
         }
+    }
+}
+
+fn kind_of(report: &SyncReport) -> SyncKind {
+    if report.full {
+        SyncKind::Full
+    } else {
+        SyncKind::Partial
+    }
+}
+
+/// Upstream observes how long a sync took whether or not it succeeded.
+fn record_duration(shared: &Shared, attempted: SyncKind, started: Instant) {
+    let m = &shared.metrics;
+    let labels = &shared.labels;
+    let elapsed = started.elapsed().as_secs_f64();
+    m.sync_proxy_rules_duration_seconds
+        .get_or_create(labels)
+        .observe(elapsed);
+    let by_kind = match attempted {
+        SyncKind::Full => &m.sync_full_proxy_rules_duration_seconds,
+        SyncKind::Partial => &m.sync_partial_proxy_rules_duration_seconds,
+    };
+    by_kind.get_or_create(labels).observe(elapsed);
+}
+
+fn record_iptables_failure(shared: &Shared, error: &BackendError) {
+    let m = &shared.metrics;
+    if error.attempted == SyncKind::Partial {
+        m.sync_proxy_rules_iptables_partial_restore_failures_total
+            .get_or_create(&shared.labels)
+            .inc();
+    }
+    if error.step == FailedStep::Restore {
+        m.sync_proxy_rules_iptables_restore_failures_total
+            .get_or_create(&shared.labels)
+            .inc();
+    }
+}
+
+/// Logs and counts what the backend left out, like the objects intake rejects.
+fn record_unsafe_objects(shared: &Shared, unsafe_objects: &[UnsafeObject]) {
+    for object in unsafe_objects {
+        tracing::warn!("{object}");
+        shared
+            .metrics
+            .rejected_objects_total
+            .get_or_create(&RejectedLabels {
+                kind: object.kind.as_str(),
+                reason: UNSAFE_TEXT_REASON,
+            })
+            .inc();
     }
 }
 
@@ -74,19 +135,9 @@ fn set_pending_gauges_to_zero(shared: &Shared) {
         .set(0);
 }
 
-fn record_success(shared: &Shared, report: &SyncReport, started: Instant) {
+fn record_success(shared: &Shared, report: &SyncReport) {
     let m = &shared.metrics;
     let labels = &shared.labels;
-    let elapsed = started.elapsed().as_secs_f64();
-    m.sync_proxy_rules_duration_seconds
-        .get_or_create(labels)
-        .observe(elapsed);
-    let by_kind = if report.full {
-        &m.sync_full_proxy_rules_duration_seconds
-    } else {
-        &m.sync_partial_proxy_rules_duration_seconds
-    };
-    by_kind.get_or_create(labels).observe(elapsed);
     m.sync_proxy_rules_last_timestamp_seconds
         .get_or_create(labels)
         .set(unix_now());

@@ -2,8 +2,9 @@
 //!
 //! The tracker caches every converted slice. An update only marks the owning Service dirty;
 //! at `take()` each dirty Service's slices are merged again (duplicates across slices
-//! removed, the local copy preferred as upstream does) and compared with what the proxier
-//! last saw, so a slice update that changes nothing the rules depend on costs no sync work.
+//! removed as upstream's EndpointSliceCache does: a copy that is not terminating wins) and
+//! compared with what the proxier last saw, so a slice update that changes nothing the rules
+//! depend on costs no sync work.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -16,7 +17,7 @@ use kpr_model::{
     SliceView, last_change_trigger_time, slice_view,
 };
 
-use crate::Changes;
+use crate::{Changes, Recorded};
 
 /// Matches a slice port to a Service port: same name, same protocol.
 pub type PortKey = (Arc<str>, Protocol);
@@ -53,9 +54,10 @@ pub struct EndpointsTracker {
     slices_by_service: HashMap<NamespacedName, BTreeSet<NamespacedName>>,
     dirty: HashSet<NamespacedName>,
     applied: Arc<EndpointsMap>,
-    /// Trigger times of slice updates since the last sync, for the network-programming
-    /// latency (upstream ignores those older than the tracker, i.e. the initial list).
-    trigger_times: Vec<SystemTime>,
+    /// Trigger times of slice updates since the last sync, per Service, for the
+    /// network-programming latency (upstream ignores those older than the tracker, i.e. the
+    /// initial list).
+    trigger_times: HashMap<NamespacedName, Vec<SystemTime>>,
     started: SystemTime,
 }
 
@@ -68,7 +70,7 @@ impl EndpointsTracker {
             slices_by_service: HashMap::new(),
             dirty: HashSet::new(),
             applied: Arc::default(),
-            trigger_times: Vec::new(),
+            trigger_times: HashMap::new(),
             started: SystemTime::now(),
         }
     }
@@ -81,17 +83,31 @@ impl EndpointsTracker {
         id: NamespacedName,
         slice: Option<&EndpointSlice>,
     ) -> Result<Vec<IgnoredValue>, Rejection> {
-        if let Some(t) = slice.and_then(last_change_trigger_time)
-            && t > self.started
-        {
-            self.trigger_times.push(t);
-        }
-        let (view, result) = match slice.map(|s| slice_view(s, self.family)) {
+        self.record(id, slice).outcome
+    }
+
+    /// [`Self::update`], also saying whether the slice's converted view changed.
+    pub fn record(&mut self, id: NamespacedName, slice: Option<&EndpointSlice>) -> Recorded {
+        let (view, outcome) = match slice.map(|s| slice_view(s, self.family)) {
             None => (None, Ok(Vec::new())),
             Some(Ok(Converted { view, ignored })) => (view, Ok(ignored)),
             Some(Err(rejection)) => (None, Err(rejection)),
         };
+        let changed = self.slices.get(&id).map(|old| &**old) != view.as_ref();
+        if !changed {
+            // The same version again (a relist), or a slice of the other family: nothing to
+            // merge, no latency sample.
+            return Recorded { changed, outcome };
+        }
+        if let (Some(slice), Some(view)) = (slice, &view) {
+            self.record_trigger_time(slice, view);
+        }
         if let Some(old) = self.slices.remove(&id) {
+            if slice.is_none() {
+                // Upstream: a deletion's trigger time says nothing, and the pending ones of
+                // its Service are dropped.
+                self.trigger_times.remove(&old.service);
+            }
             self.forget_slice(&old.service, &id);
         }
         if let Some(view) = view {
@@ -102,7 +118,19 @@ impl EndpointsTracker {
             self.dirty.insert(view.service.clone());
             self.slices.insert(id, Arc::new(view));
         }
-        result
+        Recorded { changed, outcome }
+    }
+
+    /// Upstream's sample rule: a slice of this proxier's family that changed (the caller
+    /// checks), with a trigger time after the tracker started.
+    fn record_trigger_time(&mut self, slice: &EndpointSlice, view: &SliceView) {
+        let Some(t) = last_change_trigger_time(slice).filter(|t| *t > self.started) else {
+            return;
+        };
+        self.trigger_times
+            .entry(view.service.clone())
+            .or_default()
+            .push(t);
     }
 
     fn forget_slice(&mut self, service: &NamespacedName, slice: &NamespacedName) {
@@ -118,7 +146,9 @@ impl EndpointsTracker {
     /// The trigger times recorded since the last call: the sync that applies the pending
     /// changes measures its network-programming latency from them.
     pub fn take_trigger_times(&mut self) -> Vec<SystemTime> {
-        std::mem::take(&mut self.trigger_times)
+        let mut times: Vec<_> = self.trigger_times.drain().flat_map(|(_, t)| t).collect();
+        times.sort();
+        times
     }
 
     /// Services whose slices changed since the last `take()` (some may turn out unchanged).
@@ -172,14 +202,7 @@ impl EndpointsTracker {
                 let set = by_port.entry((port.name.clone(), port.protocol)).or_default();
                 for address in &slice.addresses {
                     let endpoint = Endpoint::new(address, port.port, &self.node_name);
-                    // The same address in two slices (e.g. mid-migration): keep one, and
-                    // prefer the copy that says it is local, as upstream does.
-                    match set.get(&endpoint.addr) {
-                        Some(existing) if existing.is_local || !endpoint.is_local => {}
-                        _ => {
-                            set.insert(endpoint.addr, endpoint);
-                        }
-                    }
+                    keep_preferred_copy(set, endpoint);
                 }
             }
         }
@@ -193,6 +216,20 @@ impl EndpointsTracker {
             })
             .collect();
         (!merged.is_empty()).then(|| Arc::new(merged))
+    }
+}
+
+/// Adds `endpoint` unless `set` already holds a better copy of the same `ip:port`.
+///
+/// The same address can appear twice in one Service's slices: an endpoint moving from one
+/// slice to another (both copies are briefly seen; the next update resolves it), or a pod IP
+/// reused by a new pod while the old pod still terminates. As upstream's EndpointSliceCache
+/// does, a copy that is not terminating replaces an earlier one (the running pod wins over
+/// the terminating one), and a terminating copy is only used if nothing else claims the
+/// address. Slices are visited in name order, so the outcome is deterministic.
+fn keep_preferred_copy(set: &mut HashMap<SocketAddr, Endpoint>, endpoint: Endpoint) {
+    if !endpoint.terminating || !set.contains_key(&endpoint.addr) {
+        set.insert(endpoint.addr, endpoint);
     }
 }
 
@@ -252,22 +289,154 @@ mod tests {
         );
     }
 
+    /// Upstream's EndpointSliceCache: of two copies of one address, the one that is not
+    /// terminating wins, whichever slice comes first and whichever copy is local (a new pod
+    /// that reused the IP of a pod still terminating on this node).
     #[test]
-    fn duplicate_prefers_the_local_copy() {
+    fn duplicate_prefers_the_copy_that_is_not_terminating() {
+        let running = || {
+            let mut s = slice("unused", "web", &["10.0.0.7"], 80);
+            s.endpoints[0].node_name = Some("other".into());
+            s
+        };
+        let terminating = || {
+            let mut s = slice("unused", "web", &["10.0.0.7"], 80);
+            s.endpoints[0].node_name = Some("me".into());
+            s.endpoints[0].conditions = Some(k8s_openapi::api::discovery::v1::EndpointConditions {
+                ready: Some(false),
+                serving: Some(true),
+                terminating: Some(true),
+            });
+            s
+        };
+        for (first, second) in [(running(), terminating()), (terminating(), running())] {
+            let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+            for (name, mut s) in [("web-a", first), ("web-b", second)] {
+                s.metadata.name = Some(name.into());
+                t.update(NamespacedName::new("default", name), Some(&s)).unwrap();
+            }
+            let snap = t.take().snapshot;
+            let eps = endpoints_for(&snap, &port());
+            assert_eq!(eps.len(), 1, "{eps:?}");
+            assert!(
+                eps[0].ready && !eps[0].terminating && !eps[0].is_local,
+                "the running copy wins: {eps:?}"
+            );
+        }
+    }
+
+    /// Two copies that are both terminating: the first one seen (in slice-name order) stays.
+    #[test]
+    fn duplicate_terminating_copies_keep_the_first() {
         let mut t = EndpointsTracker::new(IpFamily::V4, "me");
-        let mut remote = slice("web-a", "web", &["10.0.0.9"], 80);
-        remote.endpoints[0].node_name = Some("other".into());
-        t.update(NamespacedName::new("default", "web-a"), Some(&remote))
-            .unwrap();
-        t.update(
-            NamespacedName::new("default", "web-b"),
-            Some(&slice("web-b", "web", &["10.0.0.9"], 80)),
-        )
-        .unwrap();
+        for (name, node) in [("web-a", "me"), ("web-b", "other")] {
+            let mut s = slice(name, "web", &["10.0.0.7"], 80);
+            s.endpoints[0].node_name = Some(node.into());
+            s.endpoints[0].conditions = Some(k8s_openapi::api::discovery::v1::EndpointConditions {
+                ready: Some(false),
+                serving: Some(true),
+                terminating: Some(true),
+            });
+            t.update(NamespacedName::new("default", name), Some(&s)).unwrap();
+        }
         let snap = t.take().snapshot;
         let eps = endpoints_for(&snap, &port());
         assert_eq!(eps.len(), 1);
-        assert!(eps[0].is_local);
+        assert!(eps[0].is_local, "web-a's copy: {eps:?}");
+    }
+
+    /// Upstream's `EndpointSliceUpdate`: a trigger time is a sample only for a slice of this
+    /// family that changed, and a slice deletion drops its Service's pending samples.
+    #[test]
+    fn trigger_times_follow_upstreams_sample_rule() {
+        // Trigger times after the tracker started (a fixed future second).
+        let annotated = |ip: &str, family: &str, second: u32| {
+            let mut s = slice("web-a", "web", &[ip], 80);
+            s.address_type = family.into();
+            let stamp = format!("2999-01-01T00:00:{second:02}Z");
+            s.metadata.annotations =
+                Some([(kpr_model::LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_string(), stamp)].into());
+            s
+        };
+        let id = NamespacedName::new("default", "web-a");
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        t.update(id.clone(), Some(&annotated("10.0.0.1", "IPv4", 1)))
+            .unwrap();
+        // The same slice again (a relist): no new sample.
+        t.update(id.clone(), Some(&annotated("10.0.0.1", "IPv4", 1)))
+            .unwrap();
+        // A slice of the other family: no sample.
+        t.update(
+            NamespacedName::new("default", "web-v6"),
+            Some(&annotated("fd00::1", "IPv6", 2)),
+        )
+        .unwrap();
+        assert_eq!(t.take_trigger_times().len(), 1);
+
+        t.update(id.clone(), Some(&annotated("10.0.0.2", "IPv4", 3)))
+            .unwrap();
+        t.update(id, None).unwrap();
+        assert_eq!(
+            t.take_trigger_times(),
+            [],
+            "deleted before the sync: dropped, as upstream"
+        );
+    }
+
+    /// Upstream's `EndpointSliceUpdate` asks for a sync only when the slice changed: not for
+    /// the same version again, nor for a slice of the other family.
+    #[test]
+    fn record_says_whether_the_slice_changed() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        let id = NamespacedName::new("default", "web-a");
+        assert!(
+            t.record(id.clone(), Some(&slice("web-a", "web", &["10.0.0.2"], 80)))
+                .changed
+        );
+        assert!(
+            !t.record(id.clone(), Some(&slice("web-a", "web", &["10.0.0.2"], 80)))
+                .changed
+        );
+        assert!(
+            t.record(id.clone(), Some(&slice("web-a", "web", &["10.0.0.3"], 80)))
+                .changed
+        );
+        let mut v6 = slice("web-v6", "web", &["fd00::1"], 80);
+        v6.address_type = "IPv6".into();
+        let v6_id = NamespacedName::new("default", "web-v6");
+        assert!(!t.record(v6_id.clone(), Some(&v6)).changed);
+        assert!(!t.record(v6_id, None).changed, "never tracked");
+        assert!(t.record(id.clone(), None).changed);
+        assert!(!t.record(id, None).changed, "already gone");
+    }
+
+    /// A slice port feeds the Service port of the same name *and* protocol only, as
+    /// upstream's ServicePortName key: a UDP "http" gives a TCP "http" no endpoints.
+    #[test]
+    fn a_port_of_another_protocol_feeds_nothing() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        let mut udp = slice("web-a", "web", &["10.0.0.2"], 80);
+        udp.ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
+        t.update(NamespacedName::new("default", "web-a"), Some(&udp))
+            .unwrap();
+        let snap = t.take().snapshot;
+        assert!(endpoints_for(&snap, &port()).is_empty());
+        let udp_port = ServicePortName::new("default", "web", "http", Protocol::Udp);
+        assert_eq!(endpoints_for(&snap, &udp_port).len(), 1);
+    }
+
+    /// A slice belongs to the Service of its label *in its own namespace*.
+    #[test]
+    fn a_slice_feeds_the_service_of_its_own_namespace() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        let mut other = slice("web-a", "web", &["10.0.0.2"], 80);
+        other.metadata.namespace = Some("other".into());
+        t.update(NamespacedName::new("other", "web-a"), Some(&other))
+            .unwrap();
+        let snap = t.take().snapshot;
+        assert!(endpoints_for(&snap, &port()).is_empty());
+        let theirs = ServicePortName::new("other", "web", "http", Protocol::Tcp);
+        assert_eq!(endpoints_for(&snap, &theirs).len(), 1);
     }
 
     #[test]
@@ -287,6 +456,9 @@ mod tests {
         assert!(changes.snapshot.is_empty());
     }
 
+    /// A slice whose service-name label changes leaves its old Service. (Upstream's cache is
+    /// keyed by the label of each new version, so there the old Service keeps the slice's
+    /// endpoints until the slice is deleted; following the label is deliberate here.)
     #[test]
     fn relabelled_slice_moves_between_services() {
         let mut t = EndpointsTracker::new(IpFamily::V4, "me");

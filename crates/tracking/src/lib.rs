@@ -18,6 +18,20 @@ pub use endpoints::{
 };
 pub use services::{ServiceChange, ServiceMap, ServiceTracker};
 
+use kpr_model::{IgnoredValue, Rejection};
+
+/// What recording one object version did to a tracker.
+#[derive(Debug)]
+pub struct Recorded {
+    /// Whether the tracker's state changed (upstream's "change needed"): only then does the
+    /// proxy need a sync. An identical version sent again (a relist) or a slice of the other
+    /// IP family changes nothing, and upstream then neither syncs nor counts a queued change.
+    pub changed: bool,
+    /// The list entries the conversion dropped, or why the object was rejected (it is then
+    /// treated as absent).
+    pub outcome: Result<Vec<IgnoredValue>, Rejection>,
+}
+
 /// What one `take()` hands to the proxier: the changed keys and a snapshot of everything.
 #[derive(Debug)]
 pub struct Changes<C, M> {

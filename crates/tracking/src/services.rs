@@ -8,7 +8,7 @@ use kpr_model::{
     Converted, IgnoredValue, IpFamily, NamespacedName, Rejection, ServicePort, ServiceView, service_view,
 };
 
-use crate::Changes;
+use crate::{Changes, Recorded};
 
 /// Every proxied Service of one IP family, by `namespace/name`.
 pub type ServiceMap = HashMap<NamespacedName, Arc<[ServicePort]>>;
@@ -47,7 +47,13 @@ impl ServiceTracker {
         id: NamespacedName,
         service: Option<&Service>,
     ) -> Result<Vec<IgnoredValue>, Rejection> {
-        let (ports, result) = match service.map(|s| service_view(s, self.family)) {
+        self.record(id, service).outcome
+    }
+
+    /// [`Self::update`], also saying whether the pending state changed.
+    pub fn record(&mut self, id: NamespacedName, service: Option<&Service>) -> Recorded {
+        let before = self.pending.get(&id).cloned();
+        let (ports, outcome) = match service.map(|s| service_view(s, self.family)) {
             None => (None, Ok(Vec::new())),
             Some(Ok(Converted {
                 view: ServiceView::Skipped(_),
@@ -59,12 +65,17 @@ impl ServiceTracker {
             })) => (Some(Arc::from(ports)), Ok(ignored)),
             Some(Err(rejection)) => (None, Err(rejection)),
         };
-        if self.applied.get(&id) == ports.as_ref() {
+        let after = if self.applied.get(&id) == ports.as_ref() {
             self.pending.remove(&id);
+            None
         } else {
-            self.pending.insert(id, ports);
+            self.pending.insert(id, ports.clone());
+            Some(ports)
+        };
+        Recorded {
+            changed: before != after,
+            outcome,
         }
-        result
     }
 
     /// Services with changes not yet handed to the proxier.
@@ -178,6 +189,27 @@ mod tests {
             ports[0].external_ips,
             ["192.0.2.1".parse::<std::net::IpAddr>().unwrap()]
         );
+    }
+
+    /// Upstream's `Update` asks for a sync only when something is pending: the same version
+    /// again, or an update and its revert, change nothing.
+    #[test]
+    fn record_says_whether_anything_changed() {
+        let mut t = ServiceTracker::new(IpFamily::V4);
+        assert!(t.record(id(), Some(&svc("10.0.0.1", 80))).changed);
+        assert!(!t.record(id(), Some(&svc("10.0.0.1", 80))).changed, "same again");
+        t.take();
+        assert!(!t.record(id(), Some(&svc("10.0.0.1", 80))).changed, "as applied");
+        assert!(t.record(id(), Some(&svc("10.0.0.1", 81))).changed);
+        assert!(t.record(id(), Some(&svc("10.0.0.1", 80))).changed, "the revert");
+        assert_eq!(t.pending(), 0);
+        let v6: Service = serde_json::from_value(json!({
+            "metadata": {"name": "v6", "namespace": "default"},
+            "spec": {"clusterIP": "fd00::1", "ports": [{"port": 80}]}
+        }))
+        .unwrap();
+        let other = NamespacedName::new("default", "v6");
+        assert!(!t.record(other, Some(&v6)).changed, "other family");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use kpr_naming::{chain, is_service_chain};
+use kpr_naming::{ChainName, chain, is_service_chain};
 
 use crate::exec::{ExecError, Iptables};
 use crate::rules::LOCALNET_COMMENT;
@@ -87,6 +87,11 @@ fn firewall_is_ours(saved: &SavedTable) -> bool {
 }
 
 fn is_ours(table: Table, name: &str, saved: &SavedTable) -> bool {
+    // Every name written back into restore input passes the chain-name check; a name
+    // that fails it is no name we (or upstream) ever gave a chain.
+    if ChainName::parse(name).is_err() {
+        return false;
+    }
     if fixed_chains(table).contains(&name) {
         return true;
     }
@@ -278,6 +283,14 @@ COMMIT
             plan.payload(),
             "*nat\n:KUBE-SVC-AAAA - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n-X KUBE-SVC-AAAA\nCOMMIT\n"
         );
+    }
+
+    #[test]
+    fn names_that_fail_the_chain_name_check_are_not_written_back() {
+        let nat = "*nat\n:KUBE-SVC-AAAA - [0:0]\n:KUBE-SVC-A\"B - [0:0]\nCOMMIT\n";
+        let plan = plan_table(Table::Nat, nat);
+        assert_eq!(plan.delete, ["KUBE-SVC-AAAA"]);
+        assert!(!plan.payload().contains('"'), "{}", plan.payload());
     }
 
     #[test]

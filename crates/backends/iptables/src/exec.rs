@@ -30,6 +30,8 @@ pub enum ExecError {
         status: String,
         stderr: String,
     },
+    #[error("`{command}` printed no version we can read: {output:?}")]
+    UnknownVersion { command: String, output: String },
     #[error("`{command}` rejected its input{}: {stderr}", describe_line(*.line, .input_line.as_deref()))]
     Restore {
         command: String,
@@ -49,8 +51,52 @@ fn describe_line(line: Option<usize>, text: Option<&str>) -> String {
     }
 }
 
+/// An iptables version, as `iptables --version` prints it (`iptables v1.8.9 (nf_tables)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct IptablesVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+impl IptablesVersion {
+    /// The first version whose MASQUERADE takes `--random-fully` (upstream's check).
+    pub const RANDOM_FULLY: Self = Self {
+        major: 1,
+        minor: 6,
+        patch: 2,
+    };
+
+    /// The first `v<major>.<minor>[.<patch>]` in `output`.
+    pub fn parse(output: &str) -> Option<Self> {
+        output.split_whitespace().find_map(|word| {
+            let mut parts = word.strip_prefix('v')?.split('.');
+            let number = |part: Option<&str>| part?.parse::<u32>().ok();
+            let major = number(parts.next())?;
+            let minor = number(parts.next())?;
+            let patch = match parts.next() {
+                Some(part) => part.parse().ok()?,
+                None => 0,
+            };
+            Some(Self { major, minor, patch })
+        })
+    }
+
+    pub fn supports_random_fully(self) -> bool {
+        self >= Self::RANDOM_FULLY
+    }
+}
+
+impl std::fmt::Display for IptablesVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
 /// What proxy code needs from iptables.
 pub trait Iptables: Send {
+    /// `iptables --version`.
+    fn version(&self) -> Result<IptablesVersion, ExecError>;
     /// `iptables-restore --noflush --counters` with `payload` on stdin (one or more tables).
     fn restore(&self, payload: &[u8]) -> Result<(), ExecError>;
     /// `iptables-save -t <table>`.
@@ -62,6 +108,16 @@ pub trait Iptables: Send {
     fn insert_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError>;
     /// `iptables -D`: deletes one copy of the rule.
     fn delete_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError>;
+    /// `iptables -N`: creates an empty chain (an error if it exists).
+    fn create_chain(&self, table: Table, chain: &str) -> Result<(), ExecError>;
+
+    /// Creates the chain unless it exists, leaving an existing one's rules alone.
+    fn ensure_chain(&self, table: Table, chain: &str) -> Result<(), ExecError> {
+        if !self.chain_exists(table, chain)? {
+            self.create_chain(table, chain)?;
+        }
+        Ok(())
+    }
 
     /// Inserts the rule unless it is there; returns whether it was already there.
     fn ensure_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<bool, ExecError> {
@@ -260,6 +316,20 @@ impl IptablesCli {
 }
 
 impl Iptables for IptablesCli {
+    fn version(&self) -> Result<IptablesVersion, ExecError> {
+        let program = self.binary(self.variant, Tool::Main);
+        let args = ["--version".to_string()];
+        let out = self.run(&program, &args, None)?;
+        if !out.status.success() {
+            return Err(self.failed(&program, &args, &out));
+        }
+        let output = String::from_utf8_lossy(&out.stdout).into_owned();
+        IptablesVersion::parse(&output).ok_or_else(|| ExecError::UnknownVersion {
+            command: self.command_line(&program, &args),
+            output,
+        })
+    }
+
     fn restore(&self, payload: &[u8]) -> Result<(), ExecError> {
         let program = self.binary(self.variant, Tool::Restore);
         let args = ["-w", WAIT_SECONDS, "--noflush", "--counters"].map(String::from);
@@ -307,6 +377,10 @@ impl Iptables for IptablesCli {
 
     fn delete_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError> {
         self.change(Self::table_args(table, "-D", chain, args))
+    }
+
+    fn create_chain(&self, table: Table, chain: &str) -> Result<(), ExecError> {
+        self.change(Self::table_args(table, "-N", chain, &[]))
     }
 }
 
@@ -356,6 +430,26 @@ mod tests {
             restore_error_line("Another app is currently holding the xtables lock"),
             None
         );
+    }
+
+    #[test]
+    fn versions_are_read_like_upstream() {
+        let v = |s: &str| IptablesVersion::parse(s);
+        assert_eq!(
+            v("iptables v1.8.9 (nf_tables)"),
+            Some(IptablesVersion {
+                major: 1,
+                minor: 8,
+                patch: 9
+            })
+        );
+        assert!(v("iptables v1.8.9 (legacy)").unwrap().supports_random_fully());
+        assert!(v("iptables v1.6.2").unwrap().supports_random_fully());
+        assert!(!v("iptables v1.6.1").unwrap().supports_random_fully());
+        assert!(!v("iptables v1.4.21").unwrap().supports_random_fully());
+        assert_eq!(v("iptables v1.6").map(|v| v.patch), Some(0));
+        assert_eq!(v("iptables version unknown"), None);
+        assert_eq!(v(""), None);
     }
 
     #[test]

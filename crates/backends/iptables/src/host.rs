@@ -9,6 +9,8 @@ use crate::options::IptablesOptions;
 
 /// Lets NodePorts answer on 127.0.0.1 (upstream's `route_localnet=1`).
 pub const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
+/// Conntrack marks only out-of-window RSTs INVALID when this is on.
+pub const TCP_BE_LIBERAL: &str = "net/netfilter/nf_conntrack_tcp_be_liberal";
 
 /// Reads and writes kernel parameters (`/proc/sys` paths, with `/` separators).
 pub trait Sysctl {
@@ -67,6 +69,17 @@ pub fn prepare_host(opts: &IptablesOptions, sysctl: &dyn Sysctl) -> Result<(), H
     Ok(())
 }
 
+/// Whether `nf_conntrack_tcp_be_liberal` is on, read as upstream reads it at start-up (a
+/// missing or unreadable key counts as off). Upstream then leaves out the rule dropping
+/// ctstate INVALID packets.
+pub fn conntrack_tcp_be_liberal(sysctl: &dyn Sysctl) -> bool {
+    sysctl
+        .get(TCP_BE_LIBERAL)
+        .ok()
+        .and_then(|value| value.parse::<i64>().ok())
+        .is_some_and(|value| value != 0)
+}
+
 fn ensure(sysctl: &dyn Sysctl, key: &'static str, value: &'static str) -> Result<(), HostError> {
     let error = |source| HostError { key, value, source };
     if sysctl.get(key).map_err(error)? != value {
@@ -106,6 +119,20 @@ mod tests {
         };
         prepare_host(&off, &sysctl).unwrap();
         assert_eq!(sysctl.get(ROUTE_LOCALNET).unwrap(), "0");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn tcp_be_liberal_is_read_from_the_sysctl() {
+        let dir = std::env::temp_dir().join(format!("kpr-sysctl-liberal-{}", std::process::id()));
+        let sysctl = ProcSysctl::at(&dir);
+        assert!(!conntrack_tcp_be_liberal(&sysctl), "missing counts as off");
+        let file = dir.join(TCP_BE_LIBERAL);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "1\n").unwrap();
+        assert!(conntrack_tcp_be_liberal(&sysctl));
+        std::fs::write(&file, "0\n").unwrap();
+        assert!(!conntrack_tcp_be_liberal(&sysctl));
         std::fs::remove_dir_all(dir).unwrap();
     }
 

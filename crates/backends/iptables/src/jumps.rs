@@ -4,10 +4,13 @@
 //! chains, so they are checked (`-C`) and inserted (`-I`) one by one, on full syncs only:
 //! they exist from the first sync on, and only a flush removes them, which makes the
 //! next sync full.
+//!
+//! Like upstream (`iptablesJumpChains` + `iptablesKubeletJumpChains`), the list always
+//! includes kubelet's INPUT/OUTPUT jumps to KUBE-FIREWALL, whether or not we write that
+//! chain's localnet rule: the chain is created empty if missing, never flushed.
 
 use kpr_naming::chain;
 
-use crate::options::IptablesOptions;
 use crate::ruleset::Table;
 
 /// One rule in a built-in chain jumping to one of our chains.
@@ -43,12 +46,12 @@ fn jump(table: Table, chain: &'static str, target: &'static str, comment: &str, 
 
 /// The jump rules in upstream's order. Each is inserted at the top of its chain, so the
 /// last one listed ends up first, as upstream's do.
-pub fn jump_rules(opts: &IptablesOptions) -> Vec<JumpRule> {
+pub fn jump_rules() -> Vec<JumpRule> {
     use Table::{Filter, Nat};
     const EXTERNAL: &str = "kubernetes externally-visible service portals";
     const PORTALS: &str = "kubernetes service portals";
     const LB_FIREWALL: &str = "kubernetes load balancer firewall";
-    let mut rules = vec![
+    vec![
         jump(Filter, "INPUT", chain::EXTERNAL_SERVICES, EXTERNAL, true),
         jump(Filter, "FORWARD", chain::EXTERNAL_SERVICES, EXTERNAL, true),
         jump(
@@ -79,13 +82,10 @@ pub fn jump_rules(opts: &IptablesOptions) -> Vec<JumpRule> {
             "kubernetes postrouting rules",
             false,
         ),
-    ];
-    // Kubelet's own jumps to KUBE-FIREWALL, needed when we write that chain ourselves.
-    if opts.localhost_nodeports_enabled() {
-        rules.push(jump(Filter, "INPUT", chain::FIREWALL, "", false));
-        rules.push(jump(Filter, "OUTPUT", chain::FIREWALL, "", false));
-    }
-    rules
+        // Kubelet's own jumps, duplicated as upstream does.
+        jump(Filter, "INPUT", chain::FIREWALL, "", false),
+        jump(Filter, "OUTPUT", chain::FIREWALL, "", false),
+    ]
 }
 
 #[cfg(test)]
@@ -94,21 +94,23 @@ mod tests {
 
     #[test]
     fn jump_rules_match_upstream_shapes() {
-        let rules = jump_rules(&IptablesOptions::default());
+        let rules = jump_rules();
         assert_eq!(rules.len(), 14);
         assert_eq!(
             rules[6].args.join(" "),
             "-m conntrack --ctstate NEW -m comment --comment kubernetes load balancer firewall -j KUBE-PROXY-FIREWALL"
         );
-        assert_eq!(rules[13].args, ["-j", "KUBE-FIREWALL"]);
-        let no_localhost = IptablesOptions {
-            localhost_nodeports: false,
-            ..Default::default()
-        };
-        assert!(
-            jump_rules(&no_localhost)
-                .iter()
-                .all(|j| j.target != "KUBE-FIREWALL")
+        let kubelet: Vec<_> = rules[12..]
+            .iter()
+            .map(|j| (j.table, j.chain, j.args.join(" ")))
+            .collect();
+        assert_eq!(
+            kubelet,
+            [
+                (Table::Filter, "INPUT", "-j KUBE-FIREWALL".to_string()),
+                (Table::Filter, "OUTPUT", "-j KUBE-FIREWALL".to_string()),
+            ],
+            "always, as upstream: kubelet's jumps do not depend on localhost NodePorts"
         );
     }
 }

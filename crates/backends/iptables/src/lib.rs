@@ -23,7 +23,15 @@
 //!   command prefix such as `ip netns exec NAME`.
 //! - **IPv6** is a parameter (`IptablesOptions::family`, `ip6tables` binaries, `::1/128`
 //!   NodePort exclusion, no localnet firewall), not a separate code path.
+//! - **Rule text cannot be injected.** A rule is built only from literals of this crate,
+//!   typed values and text checked by `kpr_naming::text` (no control characters, quotes or
+//!   backslashes; comments cut to the kernel's 255 bytes); the compiler refuses a plain
+//!   `String`. A service port whose name fails the check is left out and reported; the
+//!   rest of the ruleset is written as usual.
+//! - **Host facts at the edge.** The host's addresses come through [`LocalAddresses`]
+//!   before each sync; the iptables version (for `--random-fully`) is asked once.
 
+mod addresses;
 mod cleanup;
 mod exec;
 mod host;
@@ -35,10 +43,15 @@ mod rules;
 mod ruleset;
 mod saved;
 
+pub use addresses::{AddressError, FixedAddresses, InterfaceAddresses, LocalAddresses};
 pub use cleanup::{CLEANUP_TABLES, CleanupError, CleanupReport, TableCleanup, cleanup, plan_table};
-pub use exec::{ExecError, Iptables, IptablesCli, Variant, restore_error_line};
-pub use host::{HostError, ProcSysctl, ROUTE_LOCALNET, Sysctl, prepare_host};
+pub use exec::{ExecError, Iptables, IptablesCli, IptablesVersion, Variant, restore_error_line};
+pub use host::{
+    HostError, ProcSysctl, ROUTE_LOCALNET, Sysctl, TCP_BE_LIBERAL, conntrack_tcp_be_liberal, prepare_host,
+};
 pub use jumps::{JumpRule, jump_rules};
+/// The checked text types [`LocalDetector`] takes (from kpr-naming).
+pub use kpr_naming::{InterfaceName, UnsafeText};
 pub use names::NameCache;
 pub use options::{
     DEFAULT_LARGE_CLUSTER_ENDPOINTS_THRESHOLD, DEFAULT_MASQUERADE_BIT, IptablesOptions, LocalDetector,
@@ -47,6 +60,6 @@ pub use options::{
 pub use proxier::{FULL_SYNC_PERIOD, FullSyncReason, IptablesBackend, SyncError};
 pub use rules::{build, build_with_cache, render_dry_run};
 pub use ruleset::{
-    Chain, ChainKind, Payload, PayloadBuilder, Rule, Ruleset, Table, TableRules, WrittenCount,
+    Chain, ChainKind, Payload, PayloadBuilder, RefusedPort, Rule, Ruleset, Table, TableRules, WrittenCount,
 };
 pub use saved::{SavedChain, SavedRule, SavedTable};

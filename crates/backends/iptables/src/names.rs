@@ -9,12 +9,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kpr_model::ServicePortName;
-use kpr_naming::{ServiceChains, endpoint_chain};
+use kpr_naming::{ChainName, ServiceChains, endpoint_chain};
 
 #[derive(Debug, Default)]
 struct Generation {
     services: HashMap<ServicePortName, Arc<ServiceChains>>,
-    endpoints: HashMap<(ServicePortName, SocketAddr), Arc<str>>,
+    endpoints: HashMap<(ServicePortName, SocketAddr), ChainName>,
 }
 
 /// Two generations of names: the ones used by the build in progress and by the one before.
@@ -43,7 +43,7 @@ impl NameCache {
         chains
     }
 
-    pub fn endpoint(&mut self, name: &ServicePortName, addr: SocketAddr) -> Arc<str> {
+    pub fn endpoint(&mut self, name: &ServicePortName, addr: SocketAddr) -> ChainName {
         let key = (name.clone(), addr);
         if let Some(found) = self.current.endpoints.get(&key) {
             return found.clone();
@@ -52,7 +52,7 @@ impl NameCache {
             .previous
             .endpoints
             .remove(&key)
-            .unwrap_or_else(|| Arc::from(endpoint_chain(name, &addr.to_string())));
+            .unwrap_or_else(|| endpoint_chain(name, &addr.to_string()));
         self.current.endpoints.insert(key, chain.clone());
         chain
     }
@@ -77,7 +77,7 @@ mod tests {
         assert_eq!(*cache.service(&web), ServiceChains::new(&web));
         cache.service(&api);
         let addr: SocketAddr = "10.0.0.1:80".parse().unwrap();
-        assert_eq!(&*cache.endpoint(&web, addr), endpoint_chain(&web, "10.0.0.1:80"));
+        assert_eq!(cache.endpoint(&web, addr), endpoint_chain(&web, "10.0.0.1:80"));
         cache.begin();
         cache.service(&web);
         cache.begin();

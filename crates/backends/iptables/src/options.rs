@@ -7,6 +7,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use kpr_model::IpFamily;
+use kpr_naming::InterfaceName;
+
+use crate::ruleset::{Arg, RuleBuilder};
 
 /// Upstream's `--iptables-masquerade-bit` default: mark 0x4000.
 pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
@@ -31,9 +34,19 @@ pub enum LocalDetector {
     /// as upstream uses one CIDR per family.
     ClusterCidr(Vec<IpNet>),
     /// Pod traffic enters through this bridge.
-    BridgeInterface(String),
+    BridgeInterface(InterfaceName),
     /// Pod traffic enters through interfaces whose names start with this prefix.
-    InterfaceNamePrefix(String),
+    InterfaceNamePrefix(InterfaceName),
+}
+
+/// `<prefix>+`, iptables' interface wildcard; [`InterfaceName::prefix`] left room for the '+'.
+struct InterfaceWildcard<'a>(&'a InterfaceName);
+
+impl Arg for InterfaceWildcard<'_> {
+    fn push_to(&self, out: &mut String) {
+        out.push_str(self.0.as_str());
+        out.push('+');
+    }
 }
 
 impl LocalDetector {
@@ -48,22 +61,28 @@ impl LocalDetector {
     }
 
     fn args(&self, family: IpFamily, negate: bool) -> Option<Vec<String>> {
-        let (flag, value) = match self {
+        let rule = self.append_match(RuleBuilder::default(), family, negate)?;
+        Some(rule.build().args().map(str::to_string).collect())
+    }
+
+    /// Appends the "comes from a local pod" match (negated: "does not"), or `None` when
+    /// detection is off for `family`.
+    pub(crate) fn append_match(
+        &self,
+        rule: RuleBuilder,
+        family: IpFamily,
+        negate: bool,
+    ) -> Option<RuleBuilder> {
+        let rule = if negate { rule.arg("!") } else { rule };
+        Some(match self {
             Self::None => return None,
-            Self::ClusterCidr(cidrs) => (
-                "-s",
-                cidrs.iter().find(|c| family.matches(&c.addr()))?.to_string(),
-            ),
-            Self::BridgeInterface(bridge) => ("-i", bridge.clone()),
-            Self::InterfaceNamePrefix(prefix) => ("-i", format!("{prefix}+")),
-        };
-        let mut out = Vec::with_capacity(3);
-        if negate {
-            out.push("!".to_string());
-        }
-        out.push(flag.to_string());
-        out.push(value);
-        Some(out)
+            Self::ClusterCidr(cidrs) => {
+                let cidr = cidrs.iter().find(|c| family.matches(&c.addr()))?;
+                rule.arg("-s").arg(*cidr)
+            }
+            Self::BridgeInterface(bridge) => rule.arg("-i").arg(bridge),
+            Self::InterfaceNamePrefix(prefix) => rule.arg("-i").arg(InterfaceWildcard(prefix)),
+        })
     }
 }
 
@@ -109,6 +128,12 @@ impl NodePortAddresses {
             .is_none_or(|cidrs| cidrs.iter().any(|c| c.contains(&loopback)))
     }
 
+    /// Whether [`Self::targets`] needs this host's addresses (it does when only some of them
+    /// accept NodePorts).
+    pub fn needs_local_addresses(&self, family: IpFamily) -> bool {
+        self.cidrs(family).is_some()
+    }
+
     /// The node addresses that accept NodePorts, given this node's addresses.
     pub fn targets(&self, family: IpFamily, node_ips: &[IpAddr]) -> NodePortTargets {
         match self.cidrs(family) {
@@ -132,16 +157,19 @@ pub struct IptablesOptions {
     pub masquerade_bit: u8,
     /// SNAT all traffic sent to cluster IPs (upstream's `--masquerade-all`).
     pub masquerade_all: bool,
-    /// Append `--random-fully` to MASQUERADE (iptables >= 1.6.2, which every supported
-    /// distribution has).
+    /// Append `--random-fully` to MASQUERADE. [`crate::IptablesBackend::new`] turns it off
+    /// when the iptables binary is older than 1.6.2, as upstream checks.
     pub masquerade_random_fully: bool,
     pub local_detector: LocalDetector,
     /// Accept NodePort traffic on 127.0.0.0/8 (IPv4 only; needs route_localnet=1).
     pub localhost_nodeports: bool,
     pub nodeport_addresses: NodePortAddresses,
-    /// This node's addresses: the candidates for `--nodeport-addresses`, and the sources a
-    /// load balancer's source ranges must allow for the node itself to reach its VIP.
-    pub node_ips: Vec<IpAddr>,
+    /// `--bind-address`, when it is a specific address: upstream's first choice for the
+    /// node's primary IP (see [`IptablesOptions::primary_node_ip`]).
+    pub bind_address: Option<IpAddr>,
+    /// The kernel's `nf_conntrack_tcp_be_liberal` is on (or `conntrack.tcpBeLiberal` turns it
+    /// on): upstream then leaves out the rule dropping ctstate INVALID packets.
+    pub conntrack_tcp_be_liberal: bool,
     pub large_cluster_endpoints_threshold: usize,
 }
 
@@ -155,7 +183,8 @@ impl Default for IptablesOptions {
             local_detector: LocalDetector::None,
             localhost_nodeports: true,
             nodeport_addresses: NodePortAddresses::All,
-            node_ips: Vec::new(),
+            bind_address: None,
+            conntrack_tcp_be_liberal: false,
             large_cluster_endpoints_threshold: DEFAULT_LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
         }
     }
@@ -172,8 +201,12 @@ impl IptablesOptions {
     /// The mark as upstream spells it in restore input (`0x00004000` for bit 14); the
     /// kernel stores the number, so `iptables-save` shows `0x4000`.
     pub fn masquerade_mark(&self) -> String {
-        let value = 1u64 << self.masquerade_bit.min(31);
-        format!("{value:#010x}")
+        format!("{:#010x}", self.masquerade_mark_value())
+    }
+
+    /// The mark's value: `1 << masquerade_bit`.
+    pub fn masquerade_mark_value(&self) -> u32 {
+        1u32 << self.masquerade_bit.min(31)
     }
 
     /// Whether NodePorts answer on 127.0.0.0/8: asked for, IPv4, and not excluded by
@@ -182,6 +215,26 @@ impl IptablesOptions {
         self.localhost_nodeports
             && self.family == IpFamily::V4
             && self.nodeport_addresses.contains_loopback(self.family)
+    }
+
+    /// The loopback address of the proxier's family.
+    pub fn loopback(&self) -> IpAddr {
+        match self.family {
+            IpFamily::V4 => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpFamily::V6 => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        }
+    }
+
+    /// Upstream's "node IP" (`proxier.nodeIP`), which decides whether a load balancer's
+    /// source ranges allow the node itself: `--bind-address` when it is a specific address of
+    /// this family, else the Node object's first address of this family (InternalIP before
+    /// ExternalIP), else loopback, as upstream falls back.
+    pub fn primary_node_ip(&self, node_addresses: &[IpAddr]) -> IpAddr {
+        let family = self.family;
+        self.bind_address
+            .filter(|ip| !ip.is_unspecified() && family.matches(ip))
+            .or_else(|| node_addresses.iter().copied().find(|ip| family.matches(ip)))
+            .unwrap_or_else(|| self.loopback())
     }
 
     /// The loopback range never reachable as a NodePort destination.
@@ -220,8 +273,33 @@ mod tests {
         assert_eq!(d.if_not_local(IpFamily::V6).unwrap(), ["!", "-s", "fd00::/48"]);
         let only_v6 = LocalDetector::ClusterCidr(vec![net("fd00::/48")]);
         assert_eq!(only_v6.if_local(IpFamily::V4), None);
-        let prefix = LocalDetector::InterfaceNamePrefix("veth".into());
+        let prefix = LocalDetector::InterfaceNamePrefix(InterfaceName::prefix("veth").unwrap());
         assert_eq!(prefix.if_not_local(IpFamily::V4).unwrap(), ["!", "-i", "veth+"]);
+        let bridge = LocalDetector::BridgeInterface(InterfaceName::new("cbr0").unwrap());
+        assert_eq!(bridge.if_local(IpFamily::V6).unwrap(), ["-i", "cbr0"]);
+    }
+
+    #[test]
+    fn primary_node_ip_prefers_bind_address_then_node_object_then_loopback() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let node = [ip("fd00::5"), ip("10.0.0.5"), ip("203.0.113.5")];
+        let mut o = IptablesOptions::default();
+        assert_eq!(o.primary_node_ip(&node), ip("10.0.0.5"), "first of the family");
+        o.bind_address = Some(ip("0.0.0.0"));
+        assert_eq!(
+            o.primary_node_ip(&node),
+            ip("10.0.0.5"),
+            "unspecified is not a choice"
+        );
+        o.bind_address = Some(ip("fd00::9"));
+        assert_eq!(o.primary_node_ip(&node), ip("10.0.0.5"), "other family");
+        o.bind_address = Some(ip("10.0.0.9"));
+        assert_eq!(o.primary_node_ip(&node), ip("10.0.0.9"));
+        o.bind_address = None;
+        assert_eq!(o.primary_node_ip(&[]), ip("127.0.0.1"));
+        o.family = IpFamily::V6;
+        assert_eq!(o.primary_node_ip(&node), ip("fd00::5"));
+        assert_eq!(o.primary_node_ip(&[]), ip("::1"));
     }
 
     #[test]
@@ -231,6 +309,8 @@ mod tests {
             .map(|s| s.parse().unwrap())
             .collect();
         let cidrs = NodePortAddresses::Cidrs(vec![net("10.0.0.0/8"), net("fd00::/8")]);
+        assert!(cidrs.needs_local_addresses(IpFamily::V4));
+        assert!(!NodePortAddresses::All.needs_local_addresses(IpFamily::V4));
         assert_eq!(
             cidrs.targets(IpFamily::V4, &ips),
             NodePortTargets::Ips(vec![ips[0]])

@@ -8,22 +8,31 @@
 //! last full one, or a missing canary chain, meaning someone flushed the tables) makes the
 //! sync full: every chain rewritten, stale chains found with `iptables-save` and removed,
 //! and the jump rules from the built-in chains ensured.
+//!
+//! Before each sync the host's addresses are read again when `--nodeport-addresses`
+//! needs them (an address added later is served). A service port the renderer refused
+//! (unsafe text) is logged once and reported in the [`SyncReport`] for counting; the other
+//! services sync as usual. A failure says what was attempted (full or partial) and whether
+//! the restore itself failed, for upstream's failure metrics.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use kpr_conntrack::Conntrack;
-use kpr_model::NamespacedName;
-use kpr_naming::{chain, is_service_chain};
-use kpr_state::{Backend, BackendError, SyncReport, SyncRequest, TableCount};
+use kpr_model::{NamespacedName, ObjectKind};
+use kpr_naming::{ChainName, chain, is_service_chain};
+use kpr_state::{
+    Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount, UnsafeObject,
+};
 
+use crate::addresses::{AddressError, InterfaceAddresses, LocalAddresses};
 use crate::exec::{ExecError, Iptables};
 use crate::host::{HostError, Sysctl, prepare_host};
 use crate::jumps::jump_rules;
 use crate::names::NameCache;
 use crate::options::{IptablesOptions, OptionsError};
 use crate::rules::build_with_cache;
-use crate::ruleset::{Chain, ChainKind, Payload, PayloadBuilder, Ruleset, Table};
+use crate::ruleset::{Chain, ChainKind, Payload, PayloadBuilder, RefusedPort, Ruleset, Table};
 use crate::saved::SavedTable;
 
 /// Upstream's FullSyncPeriod: a full sync at least this often repairs any drift.
@@ -57,6 +66,33 @@ pub enum SyncError {
         #[source]
         source: ExecError,
     },
+    #[error("{source}")]
+    NodeAddresses {
+        full: bool,
+        #[source]
+        source: AddressError,
+    },
+}
+
+impl SyncError {
+    /// What the failed sync attempted. The canary is only checked before a partial sync;
+    /// listing chains and ensuring jumps are parts of full syncs.
+    pub fn attempted(&self) -> SyncKind {
+        let full = match self {
+            Self::Canary { .. } => false,
+            Self::ListChains { .. } | Self::Jump { .. } => true,
+            Self::Restore { full, .. } | Self::NodeAddresses { full, .. } => *full,
+        };
+        if full { SyncKind::Full } else { SyncKind::Partial }
+    }
+
+    /// Whether the restore itself failed (upstream's `restore_failures_total`).
+    pub fn step(&self) -> FailedStep {
+        match self {
+            Self::Restore { .. } => FailedStep::Restore,
+            _ => FailedStep::Other,
+        }
+    }
 }
 
 /// Why a sync must be full.
@@ -80,7 +116,7 @@ struct AppliedChain {
 /// What the kernel holds after the last successful sync.
 #[derive(Debug)]
 struct Applied {
-    chains: HashMap<String, AppliedChain>,
+    chains: HashMap<ChainName, AppliedChain>,
     large_cluster: bool,
     full_sync_at: Instant,
 }
@@ -91,9 +127,9 @@ struct Applied {
 struct ChainPlan {
     full: bool,
     /// Per-service chains to write, with their new content hash.
-    write: HashMap<String, u64>,
+    write: HashMap<ChainName, u64>,
     /// Chains to delete, sorted.
-    delete: Vec<String>,
+    delete: Vec<ChainName>,
 }
 
 pub struct IptablesBackend {
@@ -105,6 +141,10 @@ pub struct IptablesBackend {
     full_sync_period: Duration,
     /// Reconciles UDP conntrack entries around syncs; `None` leaves conntrack alone.
     conntrack: Option<Box<dyn Conntrack>>,
+    /// This host's addresses, read before each sync that needs them.
+    local_addresses: Box<dyn LocalAddresses>,
+    /// Refused service ports already logged and reported, so each is reported once.
+    reported_refusals: HashSet<RefusedPort>,
 }
 
 impl std::fmt::Debug for IptablesBackend {
@@ -117,8 +157,24 @@ impl std::fmt::Debug for IptablesBackend {
 }
 
 impl IptablesBackend {
-    pub fn new(opts: IptablesOptions, exec: Box<dyn Iptables>) -> Result<Self, OptionsError> {
+    /// A backend writing through `exec`. Asks the binary for its version once, as upstream
+    /// does: `--random-fully` is only written where iptables supports it (>= 1.6.2); when
+    /// the version cannot be read, upstream assumes an old one, and so do we.
+    pub fn new(mut opts: IptablesOptions, exec: Box<dyn Iptables>) -> Result<Self, OptionsError> {
         opts.validate()?;
+        if opts.masquerade_random_fully {
+            opts.masquerade_random_fully = match exec.version() {
+                Ok(version) if version.supports_random_fully() => true,
+                Ok(version) => {
+                    tracing::info!(%version, "iptables does not support --random-fully");
+                    false
+                }
+                Err(error) => {
+                    tracing::warn!("cannot read the iptables version, not using --random-fully: {error}");
+                    false
+                }
+            };
+        }
         Ok(Self {
             opts,
             exec,
@@ -127,7 +183,16 @@ impl IptablesBackend {
             synced_once: false,
             full_sync_period: FULL_SYNC_PERIOD,
             conntrack: None,
+            local_addresses: Box::new(InterfaceAddresses),
+            reported_refusals: HashSet::new(),
         })
+    }
+
+    /// Reads this host's addresses from `source` instead of the interfaces of the calling
+    /// thread's network namespace.
+    pub fn with_local_addresses(mut self, source: Box<dyn LocalAddresses>) -> Self {
+        self.local_addresses = source;
+        self
     }
 
     /// Overrides how often a full sync happens regardless of changes.
@@ -143,6 +208,7 @@ impl IptablesBackend {
         self
     }
 
+    /// The options in use (after the start-up checks, e.g. `--random-fully`).
     pub fn options(&self) -> &IptablesOptions {
         &self.opts
     }
@@ -164,7 +230,8 @@ impl IptablesBackend {
 
     fn try_sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, SyncError> {
         let mut reason = self.full_sync_reason(request)?;
-        let ruleset = build_with_cache(request.state, &self.opts, &mut self.names);
+        let local_addresses = self.read_local_addresses(reason.is_some() || self.applied.is_none())?;
+        let ruleset = build_with_cache(request.state, &self.opts, &local_addresses, &mut self.names);
         if let Some(applied) = &self.applied
             && reason.is_none()
             && applied.large_cluster != ruleset.large_cluster
@@ -180,18 +247,52 @@ impl IptablesBackend {
             (None, None) => self.plan_full(&ruleset)?,
         };
         let payload = render(&ruleset, &plan);
+        if plan.full {
+            // Before the restore, as upstream: the jumps then lead into empty chains until
+            // the restore fills them all at once. Added after it, one by one, a connection
+            // could be DNATed by PREROUTING's jump before POSTROUTING's existed, and keep
+            // its un-masqueraded conntrack entry.
+            self.ensure_jumps()?;
+        }
         self.exec
             .restore(payload.text.as_bytes())
             .map_err(|source| SyncError::Restore {
                 full: plan.full,
                 source,
             })?;
-        if plan.full {
-            self.ensure_jumps()?;
-        }
         let full = plan.full;
         self.record(&ruleset, plan);
-        Ok(report(&ruleset, &payload, full))
+        let mut report = report(&ruleset, &payload, full);
+        report.newly_unsafe = self.report_refusals(&ruleset);
+        Ok(report)
+    }
+
+    /// The host's addresses, when `--nodeport-addresses` selects among them (upstream's
+    /// per-sync `GetNodeIPs`); otherwise rendering does not use them.
+    fn read_local_addresses(&self, full: bool) -> Result<Vec<std::net::IpAddr>, SyncError> {
+        let family = self.opts.family;
+        if !self.opts.nodeport_addresses.needs_local_addresses(family) {
+            return Ok(Vec::new());
+        }
+        self.local_addresses
+            .addresses(family)
+            .map_err(|source| SyncError::NodeAddresses { full, source })
+    }
+
+    /// Logs the service ports the renderer refused for the first time, and forgets those
+    /// that are fine again (so a relapse is reported again).
+    fn report_refusals(&mut self, ruleset: &Ruleset) -> Vec<UnsafeObject> {
+        let current: HashSet<RefusedPort> = ruleset.refused.iter().cloned().collect();
+        let mut new: Vec<&RefusedPort> = current.difference(&self.reported_refusals).collect();
+        new.sort_by(|a, b| a.port.cmp(&b.port));
+        let reported: Vec<UnsafeObject> = new.into_iter().map(unsafe_object).collect();
+        for object in &reported {
+            tracing::warn!(
+                "{object}; the service's other ports and every other service are still programmed"
+            );
+        }
+        self.reported_refusals = current;
+        reported
     }
 
     fn full_sync_reason(&self, request: &SyncRequest<'_>) -> Result<Option<FullSyncReason>, SyncError> {
@@ -228,11 +329,18 @@ impl IptablesBackend {
             .save(table)
             .map_err(|source| SyncError::ListChains { table, source })?;
         let saved = SavedTable::parse(&saved);
-        let mut delete: Vec<String> = saved
+        let mut delete: Vec<ChainName> = saved
             .chains
             .into_iter()
             .map(|c| c.name)
             .filter(|name| is_service_chain(name) && !ruleset.nat.contains(name))
+            .filter_map(|name| match ChainName::parse(&name) {
+                Ok(chain) => Some(chain),
+                Err(error) => {
+                    tracing::warn!("not deleting the stale chain {name:?}: its name {error}");
+                    None
+                }
+            })
             .collect();
         delete.sort();
         Ok(ChainPlan {
@@ -244,16 +352,21 @@ impl IptablesBackend {
         })
     }
 
+    /// The jumps from built-in chains, each target chain created empty first if missing (as
+    /// upstream's EnsureChain; the restore that follows fills the ones we write, and never
+    /// touches kubelet's KUBE-FIREWALL when we do not write it).
     fn ensure_jumps(&self) -> Result<(), SyncError> {
-        for jump in jump_rules(&self.opts) {
+        for jump in jump_rules() {
+            let error = |source| SyncError::Jump {
+                table: jump.table,
+                chain: jump.chain,
+                target: jump.target,
+                source,
+            };
+            self.exec.ensure_chain(jump.table, jump.target).map_err(error)?;
             self.exec
                 .ensure_rule(jump.table, jump.chain, &jump.args)
-                .map_err(|source| SyncError::Jump {
-                    table: jump.table,
-                    chain: jump.chain,
-                    target: jump.target,
-                    source,
-                })?;
+                .map_err(error)?;
         }
         Ok(())
     }
@@ -281,7 +394,7 @@ impl IptablesBackend {
         };
         let mut applied = applied;
         for (name, hash) in plan.write {
-            if let Some(owner) = owner_of(&name) {
+            if let Some(owner) = owner_of(name.as_str()) {
                 applied.chains.insert(name, AppliedChain { hash, owner });
             }
         }
@@ -295,7 +408,9 @@ impl Backend for IptablesBackend {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        let result = self.sync_rules(request);
+        let result = self
+            .sync_rules(request)
+            .map_err(|e| BackendError::new(e.attempted(), e.step(), e));
         match (result, &mut self.conntrack) {
             // Only once the new rules are in, or the deleted flows would be re-created by
             // the old ones.
@@ -305,9 +420,9 @@ impl Backend for IptablesBackend {
             }
             (Err(error), Some(conntrack)) => {
                 conntrack.sync_failed();
-                Err(Box::new(error))
+                Err(error)
             }
-            (result, None) => result.map_err(|e| Box::new(e) as BackendError),
+            (result, None) => result,
         }
     }
 }
@@ -323,10 +438,10 @@ fn service_chains(ruleset: &Ruleset) -> impl Iterator<Item = (&Chain, &Namespace
 /// chain that disappeared marks its owner changed too, so the owner's other chains (which
 /// may jump to it) are compared and rewritten in the same transaction.
 fn plan_partial(applied: &Applied, ruleset: &Ruleset, changed: &BTreeSet<NamespacedName>) -> ChainPlan {
-    let mut delete: Vec<String> = applied
+    let mut delete: Vec<ChainName> = applied
         .chains
         .keys()
-        .filter(|name| !ruleset.nat.contains(name))
+        .filter(|name| !ruleset.nat.contains(name.as_str()))
         .cloned()
         .collect();
     delete.sort();
@@ -376,5 +491,25 @@ fn report(ruleset: &Ruleset, payload: &Payload, full: bool) -> SyncReport {
         no_local_internal: ruleset.no_local_internal,
         no_local_external: ruleset.no_local_external,
         conntrack_reconcile: None,
+        newly_unsafe: Vec::new(),
     }
 }
+
+fn unsafe_object(refused: &RefusedPort) -> UnsafeObject {
+    let port = &refused.port;
+    UnsafeObject {
+        kind: ObjectKind::Service,
+        // Escaped: the name is the unsafe text, and logs are text too.
+        object: port.service.to_string().escape_debug().to_string(),
+        field: refused.field.to_string(),
+        detail: format!(
+            "port {:?} ({}): the text {}",
+            port.to_string(),
+            port.protocol,
+            refused.error
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -7,8 +7,11 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::net::{IpAddr, SocketAddr};
 
-use kpr_model::NamespacedName;
+use ipnet::IpNet;
+use kpr_model::{NamespacedName, ServicePortName};
+use kpr_naming::{ChainName, Comment, InterfaceName, SafeText, UnsafeText};
 
 /// The iptables tables kube-proxy touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -46,12 +49,12 @@ pub enum ChainKind {
     Service(NamespacedName),
 }
 
-/// One chain and its rules, in order. A rule is the text after `-A <chain> `.
+/// One chain and its rules, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Chain {
-    pub name: String,
+    pub name: ChainName,
     pub kind: ChainKind,
-    pub rules: Vec<String>,
+    pub rules: Vec<Rule>,
 }
 
 impl Chain {
@@ -68,7 +71,7 @@ impl Chain {
 pub struct TableRules {
     pub table: Table,
     chains: Vec<Chain>,
-    index: HashMap<String, usize>,
+    index: HashMap<ChainName, usize>,
 }
 
 impl TableRules {
@@ -81,11 +84,11 @@ impl TableRules {
     }
 
     /// Creates the chain if it does not exist yet (a chain may exist with no rules).
-    pub fn declare(&mut self, name: &str, kind: ChainKind) {
+    pub fn declare(&mut self, name: &ChainName, kind: ChainKind) {
         if !self.index.contains_key(name) {
-            self.index.insert(name.to_string(), self.chains.len());
+            self.index.insert(name.clone(), self.chains.len());
             self.chains.push(Chain {
-                name: name.to_string(),
+                name: name.clone(),
                 kind,
                 rules: Vec::new(),
             });
@@ -93,7 +96,7 @@ impl TableRules {
     }
 
     /// Appends a rule to a chain, declaring it as a fixed chain if needed.
-    pub fn append(&mut self, chain: &str, rule: String) {
+    pub fn append(&mut self, chain: &ChainName, rule: Rule) {
         let i = match self.index.get(chain) {
             Some(&i) => i,
             None => {
@@ -132,6 +135,8 @@ pub struct Ruleset {
     pub no_local_internal: usize,
     /// Service ports with externalTrafficPolicy Local and no local endpoint.
     pub no_local_external: usize,
+    /// Service ports left out because a name of theirs cannot be written into rule text.
+    pub refused: Vec<RefusedPort>,
 }
 
 impl Default for Ruleset {
@@ -142,8 +147,19 @@ impl Default for Ruleset {
             large_cluster: false,
             no_local_internal: 0,
             no_local_external: 0,
+            refused: Vec::new(),
         }
     }
+}
+
+/// A service port whose rules were left out, and why: rendering is pure, so the backend
+/// logs and counts these.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RefusedPort {
+    pub port: ServicePortName,
+    /// The field holding the refused text, e.g. `metadata.name`.
+    pub field: &'static str,
+    pub error: UnsafeText,
 }
 
 impl Ruleset {
@@ -206,7 +222,7 @@ impl PayloadBuilder {
     /// are declared too: flushing first drops their own jumps, and iptables-restore
     /// requires the `:chain` line before `-X`. Deletion comes last so any chain that
     /// referenced them has already been rewritten in the same transaction.
-    pub fn table(&mut self, table: &TableRules, write: impl Fn(&Chain) -> bool, delete: &[String]) {
+    pub fn table(&mut self, table: &TableRules, write: impl Fn(&Chain) -> bool, delete: &[ChainName]) {
         let chosen: Vec<&Chain> = table.chains().iter().filter(|c| write(c)).collect();
         if chosen.is_empty() && delete.is_empty() {
             return;
@@ -226,7 +242,9 @@ impl PayloadBuilder {
         };
         for chain in &chosen {
             for rule in &chain.rules {
-                let _ = writeln!(text, "-A {} {rule}", chain.name);
+                let _ = write!(text, "-A {} ", chain.name);
+                rule.write_restore(text);
+                text.push('\n');
             }
             count.rules += chain.rules.len();
         }
@@ -242,56 +260,142 @@ impl PayloadBuilder {
     }
 }
 
-/// Builds one rule's text, quoting what iptables-restore would otherwise split.
-#[derive(Debug, Default)]
-pub struct Rule {
-    text: String,
+/// Separates the arguments inside a [`Rule`]'s one string. No argument can contain it:
+/// every text is checked (no control characters) or is a typed value.
+const ARG_SEPARATOR: char = '\0';
+
+/// A value that may be written as one rule argument.
+///
+/// Implemented only for text written in this crate's source (`&'static str`), for text that
+/// passed kpr-naming's check ([`SafeText`], [`Comment`], [`InterfaceName`], [`ChainName`]), and
+/// for typed values whose text form is digits, dots, colons and slashes. A `String` from an
+/// object does not compile: it must go through the check first.
+pub(crate) trait Arg {
+    fn push_to(&self, out: &mut String);
 }
 
+impl Arg for &'static str {
+    fn push_to(&self, out: &mut String) {
+        debug_assert!(is_literal_arg(self), "literal argument {self:?}");
+        out.push_str(self);
+    }
+}
+
+/// What a literal argument in the source may look like: the checked-text rules, except
+/// that options (`-m`, `!`) may start with '-'.
+fn is_literal_arg(arg: &str) -> bool {
+    !arg.is_empty() && !arg.contains(|c: char| c.is_control() || c == '"' || c == '\\')
+}
+
+impl<T: Arg + ?Sized> Arg for &T {
+    fn push_to(&self, out: &mut String) {
+        (**self).push_to(out);
+    }
+}
+
+macro_rules! display_arg {
+    ($($t:ty),+) => {$(
+        impl Arg for $t {
+            fn push_to(&self, out: &mut String) {
+                let _ = write!(out, "{self}");
+            }
+        }
+    )+};
+}
+
+display_arg!(
+    SafeText,
+    Comment,
+    InterfaceName,
+    ChainName,
+    IpAddr,
+    IpNet,
+    SocketAddr,
+    u16,
+    u32
+);
+
+/// One rule: its arguments after `-A <chain>`, each checked or typed when it was added.
+/// The arguments stay separate until the payload is written, so each is quoted exactly
+/// once and a test can compare what iptables-restore reads with what was meant.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Rule(Box<str>);
+
 impl Rule {
-    pub fn new() -> Self {
-        Self::default()
+    /// Starts a rule.
+    pub(crate) fn builder() -> RuleBuilder {
+        RuleBuilder::default()
     }
 
-    /// Appends one argument, in double quotes if it contains whitespace or is empty.
-    pub fn arg(mut self, arg: &str) -> Self {
-        if !self.text.is_empty() {
-            self.text.push(' ');
-        }
-        if arg.is_empty() || arg.contains(char::is_whitespace) || arg.contains('"') {
-            self.text.push('"');
-            for c in arg.chars() {
-                if c == '"' || c == '\\' {
-                    self.text.push('\\');
-                }
-                self.text.push(c);
+    /// The arguments, as iptables should receive them.
+    pub fn args(&self) -> impl Iterator<Item = &str> {
+        self.0.split(ARG_SEPARATOR).filter(|a| !a.is_empty())
+    }
+
+    /// The rule as `iptables-restore` input: arguments with spaces are double-quoted (no
+    /// argument holds a quote or backslash that would need escaping).
+    pub fn write_restore(&self, out: &mut String) {
+        for (i, arg) in self.args().enumerate() {
+            if i > 0 {
+                out.push(' ');
             }
-            self.text.push('"');
-        } else {
-            self.text.push_str(arg);
+            if arg.contains(' ') {
+                out.push('"');
+                out.push_str(arg);
+                out.push('"');
+            } else {
+                out.push_str(arg);
+            }
         }
+    }
+
+    pub fn restore_text(&self) -> String {
+        let mut out = String::with_capacity(self.0.len() + 4);
+        self.write_restore(&mut out);
+        out
+    }
+}
+
+impl std::fmt::Display for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.restore_text())
+    }
+}
+
+/// Builds a [`Rule`] from [`Arg`]s only.
+#[derive(Debug, Default)]
+pub(crate) struct RuleBuilder {
+    args: String,
+}
+
+impl RuleBuilder {
+    pub fn arg(mut self, arg: impl Arg) -> Self {
+        if !self.args.is_empty() {
+            self.args.push(ARG_SEPARATOR);
+        }
+        arg.push_to(&mut self.args);
         self
     }
 
-    pub fn args<S: AsRef<str>>(mut self, args: &[S]) -> Self {
+    pub fn args(mut self, args: &[&'static str]) -> Self {
         for a in args {
-            self = self.arg(a.as_ref());
+            self = self.arg(*a);
         }
         self
     }
 
     /// `-m comment --comment <text>`.
-    pub fn comment(self, text: &str) -> Self {
+    pub fn comment(self, text: &Comment) -> Self {
         self.args(&["-m", "comment", "--comment"]).arg(text)
     }
 
     /// `-j <target>`.
-    pub fn jump(self, target: &str) -> String {
-        self.args(&["-j", target]).text
+    pub fn jump(self, target: impl Arg) -> Rule {
+        self.arg("-j").arg(target).build()
     }
 
-    pub fn build(self) -> String {
-        self.text
+    pub fn build(self) -> Rule {
+        Rule(self.args.into_boxed_str())
     }
 }
 
@@ -299,19 +403,39 @@ impl Rule {
 mod tests {
     use super::*;
 
+    fn chain(name: &'static str) -> ChainName {
+        ChainName::fixed(name)
+    }
+
     #[test]
     fn rule_quotes_only_what_needs_it() {
-        let r = Rule::new()
-            .comment("ns/svc:http cluster IP")
+        let comment = Comment::new("ns/svc:http cluster IP").unwrap();
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let r = Rule::builder()
+            .comment(&comment)
             .arg("-d")
-            .arg("10.0.0.1")
-            .jump("KUBE-SVC-X");
+            .arg(ip)
+            .jump(chain("KUBE-SVC-X"));
         assert_eq!(
-            r,
+            r.restore_text(),
             r#"-m comment --comment "ns/svc:http cluster IP" -d 10.0.0.1 -j KUBE-SVC-X"#
         );
         assert_eq!(
-            Rule::new().comment("ns/svc:http").build(),
+            r.args().collect::<Vec<_>>(),
+            [
+                "-m",
+                "comment",
+                "--comment",
+                "ns/svc:http cluster IP",
+                "-d",
+                "10.0.0.1",
+                "-j",
+                "KUBE-SVC-X"
+            ]
+        );
+        let plain = Comment::new("ns/svc:http").unwrap();
+        assert_eq!(
+            Rule::builder().comment(&plain).build().restore_text(),
             "-m comment --comment ns/svc:http"
         );
     }
@@ -319,16 +443,15 @@ mod tests {
     #[test]
     fn payload_declares_writes_then_deletes() {
         let mut nat = TableRules::new(Table::Nat);
-        nat.declare("KUBE-SERVICES", ChainKind::Fixed);
-        nat.append("KUBE-SERVICES", "-j KUBE-SVC-A".into());
-        nat.declare("KUBE-SVC-A", ChainKind::Service(NamespacedName::new("d", "a")));
-        nat.append("KUBE-SVC-A", "-j KUBE-SEP-A".into());
-        let mut b = PayloadBuilder::default();
-        b.table(
-            &nat,
-            |c| c.kind == ChainKind::Fixed,
-            &["KUBE-SEP-OLD".to_string()],
+        nat.declare(&chain("KUBE-SERVICES"), ChainKind::Fixed);
+        nat.append(&chain("KUBE-SERVICES"), Rule::builder().jump(chain("KUBE-SVC-A")));
+        nat.declare(
+            &chain("KUBE-SVC-A"),
+            ChainKind::Service(NamespacedName::new("d", "a")),
         );
+        nat.append(&chain("KUBE-SVC-A"), Rule::builder().jump(chain("KUBE-SEP-A")));
+        let mut b = PayloadBuilder::default();
+        b.table(&nat, |c| c.kind == ChainKind::Fixed, &[chain("KUBE-SEP-OLD")]);
         let p = b.finish();
         assert_eq!(
             p.text,
@@ -340,13 +463,14 @@ mod tests {
 
     #[test]
     fn content_hash_follows_rules() {
+        let c = chain("C");
         let mut a = TableRules::new(Table::Nat);
-        a.append("C", "-j X".into());
+        a.append(&c, Rule::builder().jump("ACCEPT"));
         let mut b = a.clone();
         assert_eq!(a.chains()[0].content_hash(), b.chains()[0].content_hash());
-        b.append("C", "-j Y".into());
+        b.append(&c, Rule::builder().jump("DROP"));
         assert_ne!(a.chains()[0].content_hash(), b.chains()[0].content_hash());
-        a.declare("C", ChainKind::Canary);
+        a.declare(&c, ChainKind::Canary);
         assert_eq!(
             a.chains()[0].kind,
             ChainKind::Fixed,

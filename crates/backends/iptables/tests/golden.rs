@@ -14,8 +14,12 @@
 
 mod common;
 
+use std::net::IpAddr;
+
 use common::{World, check_golden, ep, golden_diff};
-use kpr_iptables::{IptablesOptions, LocalDetector, render_dry_run};
+use kpr_iptables::{IptablesOptions, LocalDetector, NodePortAddresses, build, render_dry_run};
+use kpr_model::{Protocol, ServicePortName};
+use kpr_naming::ServiceChains;
 use serde_json::{Value, json};
 
 /// Options as a typical cluster runs upstream: pod traffic detected by the cluster CIDR,
@@ -23,7 +27,6 @@ use serde_json::{Value, json};
 fn cluster_cidr_options() -> IptablesOptions {
     IptablesOptions {
         local_detector: LocalDetector::ClusterCidr(vec!["10.244.0.0/16".parse().unwrap()]),
-        node_ips: vec![common::NODE_IP.parse().unwrap()],
         ..IptablesOptions::default()
     }
 }
@@ -41,7 +44,7 @@ fn http_slice_port() -> Value {
 }
 
 fn render(world: &mut World, opts: &IptablesOptions) -> String {
-    render_dry_run(&world.state(), opts)
+    render_dry_run(&world.state(), opts, &[])
 }
 
 #[test]
@@ -154,6 +157,317 @@ fn nodeport_service() {
         "-A KUBE-NODEPORTS -m comment --comment default/web:http -m tcp -p tcp --dport 30080 -j KUBE-EXT-"
     ));
     check_golden("nodeport", &text);
+}
+
+/// The chains of port `http` (TCP) of Service `default/<service>`.
+fn chains_of(service: &str) -> ServiceChains {
+    ServiceChains::new(&ServicePortName::new("default", service, "http", Protocol::Tcp))
+}
+
+/// The lines of `text` that mention `what`.
+fn lines_with<'a>(text: &'a str, what: &str) -> Vec<&'a str> {
+    text.lines().filter(|l| l.contains(what)).collect()
+}
+
+/// Upstream's ns5/svc5 shape (TestOverallIPTablesRules): with ClientIP affinity every
+/// endpoint first gets a `recent --rcheck` lookup, then the usual random spread, and the
+/// endpoint's DNAT rule records the client with `recent --set`.
+#[test]
+fn client_ip_affinity() {
+    let mut world = World::new();
+    world
+        .service(
+            "sticky",
+            json!({"clusterIP": "10.96.0.30", "ports": [{"name": "http", "port": 80, "targetPort": 8080}],
+                   "sessionAffinity": "ClientIP",
+                   "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 10800}}}),
+        )
+        .slice(
+            "sticky",
+            http_slice_port(),
+            vec![ep("10.244.1.5"), ep("10.244.1.6")],
+        );
+    let text = render(&mut world, &cluster_cidr_options());
+    let rcheck = lines_with(&text, "--rcheck");
+    assert_eq!(rcheck.len(), 2, "{text}");
+    assert!(
+        rcheck
+            .iter()
+            .all(|l| l.contains("--seconds 10800 --reap -j KUBE-SEP-")),
+        "{rcheck:?}"
+    );
+    assert_eq!(lines_with(&text, "--set -m tcp -p tcp -j DNAT").len(), 2);
+    check_golden("clientip_affinity", &text);
+}
+
+fn load_balancer(ranges: Value) -> Value {
+    json!({"type": "LoadBalancer", "clusterIP": "10.96.0.40",
+           "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30040}],
+           "loadBalancerSourceRanges": ranges,
+           "status": {"loadBalancer": {"ingress": [{"ip": "5.6.7.8"}]}}})
+}
+
+/// Upstream's ns5/svc5 firewall shape, plus the allow-from-node rule: the ranges include
+/// this node's primary IP (its Node object's InternalIP, 192.168.0.10), so a request from
+/// the node that loops back with the VIP as source is let through.
+#[test]
+fn load_balancer_with_source_ranges() {
+    let mut world = World::new();
+    world
+        .service("lb", load_balancer(json!(["203.0.113.0/25", "192.168.0.0/24"])))
+        .slice("lb", http_slice_port(), vec![ep("10.244.1.5")]);
+    let text = render(&mut world, &cluster_cidr_options());
+    let chains = chains_of("lb");
+    let from_node = format!(
+        r#"-A {} -m comment --comment "default/lb:http loadbalancer IP" -s 5.6.7.8 -j {}"#,
+        chains.firewall, chains.external
+    );
+    assert_eq!(lines_with(&text, &from_node).len(), 1, "{text}");
+    check_golden("loadbalancer_source_ranges", &text);
+}
+
+/// Upstream's `proxier.nodeIP` is one address, not every local one: a range that holds
+/// another address of the node does not let the VIP through; `--bind-address` picks the
+/// primary IP when it names one.
+#[test]
+fn source_ranges_allow_the_node_by_its_primary_ip_only() {
+    let mut world = World::new();
+    world
+        .service("lb", load_balancer(json!(["203.0.113.0/25", "10.0.0.0/8"])))
+        .slice("lb", http_slice_port(), vec![ep("10.244.1.5")]);
+    let state = world.state();
+    let from_vip = "-s 5.6.7.8 -j KUBE-EXT-";
+    // 10.1.1.1 is on one of the node's interfaces, but it is not the node's primary IP.
+    let other_local: Vec<IpAddr> = vec!["10.1.1.1".parse().unwrap()];
+    let opts = cluster_cidr_options();
+    let text = render_dry_run(&state, &opts, &other_local);
+    assert!(!text.contains(from_vip), "{text}");
+    let bound = IptablesOptions {
+        bind_address: Some("10.1.1.1".parse().unwrap()),
+        ..cluster_cidr_options()
+    };
+    let text = render_dry_run(&state, &bound, &other_local);
+    assert_eq!(lines_with(&text, from_vip).len(), 1, "{text}");
+}
+
+/// Upstream's ns4/svc4 shape: traffic to an external IP enters KUBE-EXT-, is masqueraded
+/// (endpoints may be on other nodes), then spread like cluster-IP traffic.
+#[test]
+fn external_ips() {
+    let mut world = World::new();
+    world
+        .service(
+            "ext",
+            json!({"clusterIP": "10.96.0.50", "externalIPs": ["192.168.99.33"],
+                   "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+        )
+        .slice(
+            "ext",
+            http_slice_port(),
+            vec![ep("10.244.1.5"), ep("10.244.2.7 local")],
+        );
+    let text = render(&mut world, &cluster_cidr_options());
+    assert_eq!(lines_with(&text, "external IP").len(), 1);
+    check_golden("external_ips", &text);
+}
+
+fn local_lb(external_local: bool, internal_local: bool) -> Value {
+    json!({"type": "LoadBalancer", "clusterIP": "10.96.0.60",
+           "externalTrafficPolicy": if external_local { "Local" } else { "Cluster" },
+           "internalTrafficPolicy": if internal_local { "Local" } else { "Cluster" },
+           "healthCheckNodePort": 30000,
+           "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30060}],
+           "status": {"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}}})
+}
+
+/// Upstream's ns2/svc2 shape. With a local endpoint, external traffic goes to KUBE-SVL-
+/// (only this node's endpoints); traffic from pods and from the node itself is
+/// short-circuited to KUBE-SVC- (every endpoint). Without one, external traffic is dropped
+/// in filter KUBE-EXTERNAL-SERVICES, and KUBE-EXT- keeps only the short-circuits.
+#[test]
+fn external_traffic_policy_local() {
+    let mut world = World::new();
+    world
+        .service("here", local_lb(true, false))
+        .slice(
+            "here",
+            http_slice_port(),
+            vec![ep("10.244.1.5"), ep("10.244.2.7 local")],
+        )
+        .service("away", {
+            let mut spec = local_lb(true, false);
+            spec["clusterIP"] = json!("10.96.0.61");
+            spec["ports"][0]["nodePort"] = json!(30061);
+            spec["healthCheckNodePort"] = json!(30001);
+            spec["status"]["loadBalancer"]["ingress"][0]["ip"] = json!("1.2.3.5");
+            spec
+        })
+        .slice("away", http_slice_port(), vec![ep("10.244.1.6")]);
+    let text = render(&mut world, &cluster_cidr_options());
+    assert_eq!(
+        lines_with(&text, "default/away:http has no local endpoints").len(),
+        2,
+        "load-balancer IP and NodePort dropped: {text}"
+    );
+    assert_eq!(lines_with(&text, "health check node port").len(), 2);
+    check_golden("external_traffic_policy_local", &text);
+}
+
+/// internalTrafficPolicy Local: cluster-IP traffic goes to KUBE-SVL- (this node's
+/// endpoints) and is dropped in filter when there is none, as upstream.
+#[test]
+fn internal_traffic_policy_local() {
+    let mut world = World::new();
+    let spec = |ip: &str| {
+        json!({"clusterIP": ip, "internalTrafficPolicy": "Local",
+               "ports": [{"name": "http", "port": 80, "targetPort": 8080}]})
+    };
+    world
+        .service("here", spec("10.96.0.70"))
+        .slice(
+            "here",
+            http_slice_port(),
+            vec![ep("10.244.1.5"), ep("10.244.2.7 local")],
+        )
+        .service("away", spec("10.96.0.71"))
+        .slice("away", http_slice_port(), vec![ep("10.244.1.6")]);
+    let text = render(&mut world, &cluster_cidr_options());
+    assert!(
+        !text.contains("KUBE-SVC-"),
+        "internal Local needs no cluster chain: {text}"
+    );
+    assert!(text.contains(
+        r#"-A KUBE-SERVICES -m comment --comment "default/away:http has no local endpoints" -m tcp -p tcp -d 10.96.0.71 --dport 80 -j DROP"#
+    ));
+    check_golden("internal_traffic_policy_local", &text);
+}
+
+/// Both policies Local: cluster-IP and external traffic use this node's endpoints, but the
+/// short-circuit for pod and host traffic to external addresses still needs every
+/// endpoint (upstream's `UsesClusterEndpoints` is `!internalLocal || ExternallyAccessible`).
+#[test]
+fn both_traffic_policies_local() {
+    let mut world = World::new();
+    world.service("both", local_lb(true, true)).slice(
+        "both",
+        http_slice_port(),
+        vec![ep("10.244.1.5"), ep("10.244.2.7 local")],
+    );
+    let text = render(&mut world, &cluster_cidr_options());
+    let short_circuits = lines_with(&text, "external destinations");
+    assert_eq!(short_circuits.len(), 3, "{text}");
+    let cluster = chains_of("both").cluster;
+    assert!(
+        short_circuits[0].ends_with(&format!("-s 10.244.0.0/16 -j {cluster}")),
+        "{short_circuits:?}"
+    );
+    check_golden("both_traffic_policies_local", &text);
+}
+
+/// `--masquerade-all`: every cluster-IP connection is masqueraded, whatever its source.
+#[test]
+fn masquerade_all() {
+    let mut world = World::new();
+    world.service("web", clusterip("10.96.0.10", http_port())).slice(
+        "web",
+        http_slice_port(),
+        vec![ep("10.244.1.5")],
+    );
+    let opts = IptablesOptions {
+        masquerade_all: true,
+        ..cluster_cidr_options()
+    };
+    let text = render(&mut world, &opts);
+    assert!(text.contains(
+        r#"-m comment --comment "default/web:http cluster IP" -m tcp -p tcp -d 10.96.0.10 --dport 80 -j KUBE-MARK-MASQ"#
+    ));
+    assert!(
+        !text.contains("! -s 10.244.0.0/16"),
+        "masquerade-all wins over the detector"
+    );
+    check_golden("masquerade_all", &text);
+}
+
+fn many_endpoints(n: usize) -> Vec<Value> {
+    (0..n)
+        .map(|i| ep(&format!("10.244.{}.{}", i / 250, i % 250 + 1)))
+        .collect()
+}
+
+/// Large-cluster mode as upstream: above the threshold the endpoint rules (SVC -> SEP and
+/// the SEP chains) lose their comments; the service-level rules keep theirs. The golden
+/// file uses a threshold of 2 to stay readable; the test below uses upstream's 1000.
+#[test]
+fn large_cluster_mode() {
+    let mut world = World::new();
+    world.service("web", clusterip("10.96.0.10", http_port())).slice(
+        "web",
+        http_slice_port(),
+        vec![ep("10.244.1.5"), ep("10.244.1.6"), ep("10.244.1.7")],
+    );
+    let opts = IptablesOptions {
+        large_cluster_endpoints_threshold: 2,
+        ..cluster_cidr_options()
+    };
+    let text = render(&mut world, &opts);
+    assert!(!text.contains(" -> "), "{text}");
+    check_golden("large_cluster", &text);
+}
+
+#[test]
+fn large_cluster_mode_starts_above_a_thousand_endpoints() {
+    let mut world = World::new();
+    world.service("web", clusterip("10.96.0.10", http_port())).slice(
+        "web",
+        http_slice_port(),
+        many_endpoints(1000),
+    );
+    let opts = cluster_cidr_options();
+    let at_threshold = build(&world.state(), &opts, &[]);
+    assert!(!at_threshold.large_cluster, "1000 is not above the threshold");
+    let text = at_threshold.render_full().text;
+    assert_eq!(lines_with(&text, " -> ").len(), 1000);
+
+    world.slice("web", http_slice_port(), many_endpoints(1001));
+    let ruleset = build(&world.state(), &opts, &[]);
+    assert!(ruleset.large_cluster);
+    let text = ruleset.render_full().text;
+    assert!(!text.contains(" -> "), "no endpoint comments");
+    let seps: Vec<&str> = text.lines().filter(|l| l.starts_with("-A KUBE-SEP-")).collect();
+    assert_eq!(seps.len(), 2002);
+    assert!(seps.iter().all(|l| !l.contains("--comment")), "{:?}", &seps[..2]);
+    assert_eq!(
+        lines_with(&text, r#"--comment "default/web:http cluster IP""#).len(),
+        2,
+        "service-level rules keep their comments"
+    );
+}
+
+/// `--nodeport-addresses` with CIDRs: NodePorts answer only on the node's addresses inside
+/// them, one KUBE-SERVICES tail rule per address (upstream's GetNodeIPs shape); loopback is
+/// outside, so there are no localhost NodePorts and no KUBE-FIREWALL rule.
+#[test]
+fn nodeport_addresses_select_local_addresses() {
+    let mut world = World::new();
+    world
+        .service(
+            "web",
+            json!({"type": "NodePort", "clusterIP": "10.96.0.10",
+                   "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}),
+        )
+        .slice("web", http_slice_port(), vec![ep("10.244.1.5")]);
+    let opts = IptablesOptions {
+        nodeport_addresses: NodePortAddresses::Cidrs(vec!["192.168.0.0/16".parse().unwrap()]),
+        ..cluster_cidr_options()
+    };
+    let local: Vec<IpAddr> = ["10.9.9.9", "127.0.0.1", "192.168.0.10", "192.168.7.7"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let text = render_dry_run(&world.state(), &opts, &local);
+    assert_eq!(lines_with(&text, "-j KUBE-NODEPORTS").len(), 2, "{text}");
+    assert!(!text.contains("KUBE-FIREWALL"));
+    check_golden("nodeport_addresses", &text);
 }
 
 #[test]

@@ -45,7 +45,7 @@ const GOLDEN: &str = "upstream_bad_ips";
 fn upstream_fake_options() -> IptablesOptions {
     IptablesOptions {
         local_detector: LocalDetector::ClusterCidr(vec!["10.0.0.0/8".parse().unwrap()]),
-        node_ips: vec!["192.168.0.2".parse().unwrap()],
+        bind_address: Some("192.168.0.2".parse().unwrap()),
         masquerade_random_fully: false,
         ..IptablesOptions::default()
     }
@@ -97,7 +97,10 @@ fn render(service: &Service, slice: &EndpointSlice) -> (String, Vec<IgnoredValue
         endpoints.take(),
         Arc::new(node_view(&node).unwrap()),
     );
-    (render_dry_run(&pending.state, &upstream_fake_options()), ignored)
+    (
+        render_dry_run(&pending.state, &upstream_fake_options(), &[]),
+        ignored,
+    )
 }
 
 #[test]

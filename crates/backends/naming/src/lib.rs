@@ -4,10 +4,104 @@
 //! taking over a node from upstream all expect `KUBE-SVC-` + the first 16 characters of
 //! base32(sha256(servicePortName + protocol)), and `KUBE-SEP-` with the endpoint's `ip:port`
 //! appended to the hash input. Changing a byte here orphans every chain on every node.
+//!
+//! [`text`] is the other half of "what reaches the kernel": the one check every free-form
+//! string (names in comments, interface names) passes before it may appear in rule text.
+
+pub mod text;
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::sync::Arc;
 
 use data_encoding::BASE32;
 use kpr_model::ServicePortName;
 use sha2::{Digest, Sha256};
+
+pub use text::{Comment, CommentBuilder, InterfaceName, SafeText, UnsafeText};
+
+/// Longest chain name iptables accepts (XT_EXTENSION_MAXNAMELEN 29, including the NUL).
+pub const CHAIN_NAME_MAX_BYTES: usize = 28;
+
+/// A chain name that is safe to write into rule text: made here from a hash, a fixed name,
+/// or checked by [`ChainName::parse`] (names read back from the kernel). Cheap to clone.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChainName(Arc<str>);
+
+impl ChainName {
+    /// One of the fixed names in [`chain`] (or another name written in the source).
+    pub fn fixed(name: &'static str) -> Self {
+        debug_assert!(Self::parse(name).is_ok(), "{name:?} is not a valid chain name");
+        Self(Arc::from(name))
+    }
+
+    /// A name from elsewhere (e.g. `iptables-save`): ASCII letters, digits, '-', '_' and
+    /// '.', not starting with '-', at most [`CHAIN_NAME_MAX_BYTES`].
+    pub fn parse(name: &str) -> Result<Self, UnsafeText> {
+        SafeText::new(name)?;
+        if name.len() > CHAIN_NAME_MAX_BYTES {
+            return Err(UnsafeText::TooLong {
+                len: name.len(),
+                max: CHAIN_NAME_MAX_BYTES,
+            });
+        }
+        let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        if let Some((at, found)) = name.char_indices().find(|(_, c)| !allowed(*c)) {
+            return Err(UnsafeText::NotAllowedIn {
+                found,
+                at,
+                what: "a chain name",
+            });
+        }
+        Ok(Self(Arc::from(name)))
+    }
+
+    /// `prefix` + a base32 hash: safe by construction.
+    fn hashed(prefix: &str, hash: &str) -> Self {
+        Self(Arc::from(format!("{prefix}{hash}")))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl CommentBuilder {
+    /// A chain name (checked or made here).
+    pub fn chain(self, name: &ChainName) -> Self {
+        self.raw(name.as_str())
+    }
+}
+
+impl fmt::Display for ChainName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Borrow<str> for ChainName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for ChainName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for ChainName {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for ChainName {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
 
 /// Prefixes of per-service and per-endpoint chains (iptables mode).
 pub mod prefix {
@@ -49,33 +143,32 @@ fn port_proto(name: &ServicePortName) -> String {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceChains {
     /// KUBE-SVC-: spreads over cluster-wide endpoints.
-    pub cluster: String,
+    pub cluster: ChainName,
     /// KUBE-SVL-: spreads over this node's endpoints (traffic policy Local).
-    pub local: String,
+    pub local: ChainName,
     /// KUBE-EXT-: entry for NodePort, external IP and load-balancer traffic.
-    pub external: String,
+    pub external: ChainName,
     /// KUBE-FW-: loadBalancerSourceRanges filter.
-    pub firewall: String,
+    pub firewall: ChainName,
 }
 
 impl ServiceChains {
     pub fn new(name: &ServicePortName) -> Self {
         let hash = hash16(&port_proto(name));
         Self {
-            cluster: format!("{}{hash}", prefix::SERVICE),
-            local: format!("{}{hash}", prefix::SERVICE_LOCAL),
-            external: format!("{}{hash}", prefix::EXTERNAL),
-            firewall: format!("{}{hash}", prefix::FIREWALL),
+            cluster: ChainName::hashed(prefix::SERVICE, &hash),
+            local: ChainName::hashed(prefix::SERVICE_LOCAL, &hash),
+            external: ChainName::hashed(prefix::EXTERNAL, &hash),
+            firewall: ChainName::hashed(prefix::FIREWALL, &hash),
         }
     }
 }
 
 /// KUBE-SEP- chain of one endpoint of one service port; `endpoint` is `ip:port`.
-pub fn endpoint_chain(name: &ServicePortName, endpoint: &str) -> String {
-    format!(
-        "{}{}",
+pub fn endpoint_chain(name: &ServicePortName, endpoint: &str) -> ChainName {
+    ChainName::hashed(
         prefix::ENDPOINT,
-        hash16(&format!("{}{endpoint}", port_proto(name)))
+        &hash16(&format!("{}{endpoint}", port_proto(name))),
     )
 }
 
@@ -116,9 +209,9 @@ mod tests {
     fn all_service_chains_share_the_hash() {
         let chains = ServiceChains::new(&httpbin());
         for name in [&chains.local, &chains.external, &chains.firewall] {
-            assert!(name.ends_with("FREKB6WNWYJLKTHC"), "{name}");
+            assert!(name.as_str().ends_with("FREKB6WNWYJLKTHC"), "{name}");
         }
-        assert!(is_service_chain(&chains.firewall));
+        assert!(is_service_chain(chains.firewall.as_str()));
         assert!(!is_service_chain(chain::SERVICES));
     }
 
@@ -129,5 +222,15 @@ mod tests {
             ServiceChains::new(&udp).cluster,
             ServiceChains::new(&httpbin()).cluster
         );
+    }
+
+    #[test]
+    fn chain_names_from_elsewhere_are_checked() {
+        assert_eq!(ChainName::parse("KUBE-SEP-ABC").unwrap(), "KUBE-SEP-ABC");
+        assert!(ChainName::parse("KUBE-SEP-A B").is_err());
+        assert!(ChainName::parse("KUBE-SEP-\nX").is_err());
+        assert!(ChainName::parse(&"K".repeat(29)).is_err());
+        assert!(ChainName::parse("-X").is_err());
+        assert_eq!(ChainName::fixed(chain::SERVICES).as_str(), "KUBE-SERVICES");
     }
 }

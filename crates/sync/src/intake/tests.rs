@@ -197,3 +197,236 @@ fn a_bad_entry_is_counted_per_object_version_and_the_object_is_kept() {
     intake.apply(service_event(json!(["192.0.2.2"])));
     assert!(metrics_text(&registry).contains(&counted(3)));
 }
+
+// === Node conversion: lenient addresses, topology from the zone label only ===
+
+fn node_with(labels: serde_json::Value, taints: serde_json::Value, addresses: serde_json::Value) -> Event {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "node1", "labels": labels},
+        "spec": {"taints": taints},
+        "status": {"addresses": addresses}
+    }))
+    .unwrap();
+    Event::Node {
+        object: Some(Arc::new(node)),
+    }
+}
+
+/// Upstream reads node IPs leniently: a malformed address is skipped, and the Node's taint
+/// and zone still take effect. The dropped address is logged and counted, not the Node.
+#[test]
+fn a_malformed_node_address_is_dropped_and_the_rest_of_the_node_used() {
+    let (mut intake, shared, registry) = waiting_intake_with_metrics(vec![], Duration::from_secs(60));
+    intake.apply(node_with(
+        json!({"topology.kubernetes.io/zone": "z1"}),
+        autoscaler_taint(),
+        json!([{"type": "InternalIP", "address": "192.168.0.x"}, {"type": "InternalIP", "address": "192.168.0.10"}]),
+    ));
+    assert!(!shared.health.node_eligible(), "the taint was ignored");
+    {
+        let trackers = shared.trackers();
+        assert_eq!(trackers.node.zone(), Some("z1"));
+        assert_eq!(
+            trackers.node.addresses,
+            ["192.168.0.10".parse::<std::net::IpAddr>().unwrap()]
+        );
+    }
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains(
+            "kubeproxy_ignored_values_total{kind=\"Node\",field=\"status.addresses\",reason=\"invalid_ip\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("kubeproxy_rejected_objects_total{"), "{text}");
+}
+
+/// Only the zone label decides topology: another label changing needs no full sync.
+#[test]
+fn only_a_zone_change_forces_a_full_sync() {
+    let (mut intake, shared) = intake();
+    let addresses = json!([{"type": "InternalIP", "address": "192.168.0.10"}]);
+    intake.apply(node_with(
+        json!({"topology.kubernetes.io/zone": "z1", "team": "a"}),
+        json!([]),
+        addresses.clone(),
+    ));
+    assert!(shared.trackers().force_full, "the zone appeared");
+    shared.trackers().force_full = false;
+
+    intake.apply(node_with(
+        json!({"topology.kubernetes.io/zone": "z1", "team": "b"}),
+        json!([]),
+        addresses.clone(),
+    ));
+    assert!(!shared.trackers().force_full, "an unrelated label changed");
+    assert_eq!(
+        shared.trackers().node.labels["team"],
+        "b",
+        "labels still follow the Node"
+    );
+
+    intake.apply(node_with(
+        json!({"topology.kubernetes.io/zone": "z2", "team": "b"}),
+        json!([]),
+        addresses,
+    ));
+    assert!(shared.trackers().force_full, "the zone changed");
+}
+
+/// A slice port upstream ignores is dropped and counted; the slice's other ports serve.
+#[test]
+fn a_bad_slice_port_is_counted_and_the_good_ports_kept() {
+    let (mut intake, shared, registry) = waiting_intake_with_metrics(vec![], Duration::from_secs(60));
+    let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "web-1", "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 80}, {"name": "admin"}],
+        "endpoints": [{"addresses": ["10.0.0.5"]}]
+    }))
+    .unwrap();
+    intake.apply(Event::EndpointSlice {
+        id: NamespacedName::new("default", "web-1"),
+        object: Some(Arc::new(slice)),
+    });
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains(
+            "kubeproxy_ignored_values_total{kind=\"EndpointSlice\",field=\"ports\",reason=\"missing_field\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("kubeproxy_rejected_objects_total{"), "{text}");
+    let snapshot = shared.trackers().endpoints.take().snapshot;
+    let port = kpr_model::ServicePortName::new("default", "web", "http", kpr_model::Protocol::Tcp);
+    assert_eq!(kpr_tracking::endpoints_for(&snapshot, &port).len(), 1);
+}
+
+// === /healthz problem texts: each withdrawn only by whoever set it ===
+
+fn trouble(source: &'static str, problem: Option<&str>) -> Event {
+    Event::SourceTrouble {
+        source,
+        problem: problem.map(str::to_string),
+    }
+}
+
+/// A source that recovers withdraws its own text, never a failed sync's.
+#[test]
+fn a_recovered_source_leaves_a_sync_failure_shown() {
+    let (mut intake, shared) = intake();
+    intake.apply(trouble("api", Some("connection refused")));
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("source api: connection refused")
+    );
+    // The sync step fails meanwhile.
+    shared
+        .health
+        .set_problem(Some("last sync failed: iptables-restore: exit 1".into()));
+    intake.apply(trouble("api", None));
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("last sync failed: iptables-restore: exit 1")
+    );
+}
+
+#[test]
+fn a_recovered_source_withdraws_its_text_and_shows_another_troubled_one() {
+    let (mut intake, shared) = intake();
+    intake.apply(trouble("api", Some("connection refused")));
+    intake.apply(trouble("manifests", Some("cannot read /etc/kpr")));
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("source manifests: cannot read /etc/kpr")
+    );
+    intake.apply(trouble("manifests", None));
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("source api: connection refused"),
+        "api is still in trouble"
+    );
+    // A recovery report from a source that reported nothing changes nothing.
+    intake.apply(trouble("manifests", None));
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("source api: connection refused")
+    );
+    intake.apply(trouble("api", None));
+    assert_eq!(shared.health.problem(), None);
+}
+
+/// The "waiting for sources" text goes once every source is in, unless something else
+/// replaced it meanwhile.
+#[test]
+fn the_waiting_text_is_withdrawn_once_every_source_is_in() {
+    let (mut intake, shared) = waiting_intake(vec!["manifests", "api"], Duration::from_secs(60));
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("waiting for the initial state of: [\"api\", \"manifests\"]")
+    );
+    intake.apply(Event::Synced { source: "manifests" });
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("waiting for the initial state of: [\"api\"]")
+    );
+    intake.apply(Event::Synced { source: "api" });
+    assert_eq!(shared.health.problem(), None);
+
+    let (mut intake, shared) = waiting_intake(vec!["api"], Duration::from_secs(60));
+    intake.apply(trouble("api", Some("connection refused")));
+    intake.apply(Event::Synced { source: "api" });
+    assert_eq!(
+        shared.health.problem().as_deref(),
+        Some("source api: connection refused")
+    );
+}
+
+// === Only real changes queue a sync, as upstream's change trackers decide ===
+
+fn ipv6_slice() -> Event {
+    let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "web-v6", "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv6",
+        "ports": [{"port": 80}],
+        "endpoints": [{"addresses": ["fd00::5"]}]
+    }))
+    .unwrap();
+    Event::EndpointSlice {
+        id: NamespacedName::new("default", "web-v6"),
+        object: Some(Arc::new(slice)),
+    }
+}
+
+/// A version that changes nothing (a relist sends it again; a slice of the other family)
+/// queues no sync, so it can never make the proxy late; upstream does not count the
+/// other-family slice as an endpoint change either.
+#[test]
+fn versions_that_change_nothing_queue_no_sync() {
+    let timeout = Duration::from_millis(1);
+    let (mut intake, shared, registry) = waiting_intake_with_metrics(vec![], timeout);
+    shared.health.updated(); // the sync loop starts
+    intake.apply(service("10.96.0.1"));
+    // A sync applies it.
+    shared.trackers().services.take();
+    shared.health.updated();
+
+    intake.apply(service("10.96.0.1"));
+    intake.apply(ipv6_slice());
+    std::thread::sleep(timeout * 5);
+    assert!(shared.health.healthz().healthy, "nothing was queued");
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains("kubeproxy_sync_proxy_rules_service_changes_total{ip_family=\"IPv4\"} 2"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("kubeproxy_sync_proxy_rules_endpoint_changes_total{"),
+        "{text}"
+    );
+
+    // A real change is queued and becomes late when no sync applies it.
+    intake.apply(service("10.96.0.2"));
+    std::thread::sleep(timeout * 5);
+    assert!(!shared.health.healthz().healthy);
+}

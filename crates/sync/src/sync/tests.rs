@@ -1,15 +1,17 @@
 //! The sync loop against a recording backend: ordering and bookkeeping, not the kernel.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_metrics::{Metrics, ProxyHealth};
+use kpr_model::ObjectKind;
 use kpr_model::{IpFamily, NamespacedName};
 use kpr_runner::RunnerConfig;
 use kpr_sources::{Event, EventSender, event_channel};
-use kpr_state::{Backend, BackendError, SyncReport, SyncRequest};
+use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, UnsafeObject};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
@@ -19,7 +21,10 @@ use crate::{ProxySettings, run};
 struct Seen {
     /// Per sync: (number of service ports, changed services, forced full).
     syncs: Vec<(usize, Vec<String>, bool)>,
-    fail_next: usize,
+    /// How the next syncs fail, in order; then they succeed.
+    failures: VecDeque<(SyncKind, FailedStep)>,
+    /// Reported as newly left out by the next successful sync.
+    unsafe_objects: Vec<UnsafeObject>,
 }
 
 struct Recording(Arc<Mutex<Seen>>);
@@ -34,11 +39,15 @@ impl Backend for Recording {
         let changed = request.changed.iter().map(ToString::to_string).collect();
         seen.syncs
             .push((request.state.ports().len(), changed, request.force_full));
-        if seen.fail_next > 0 {
-            seen.fail_next -= 1;
-            return Err("kernel said no".into());
+        if let Some((attempted, step)) = seen.failures.pop_front() {
+            return Err(BackendError::new(attempted, step, "kernel said no"));
         }
-        Ok(SyncReport::default())
+        Ok(SyncReport {
+            // Like a real backend: the first sync is full.
+            full: seen.syncs.len() == 1,
+            newly_unsafe: std::mem::take(&mut seen.unsafe_objects),
+            ..SyncReport::default()
+        })
     }
 }
 
@@ -73,9 +82,16 @@ struct Harness {
     registry: Registry,
 }
 
+/// A restore failure of the first (full) sync, as most tests want it.
+const FULL_RESTORE: (SyncKind, FailedStep) = (SyncKind::Full, FailedStep::Restore);
+
 fn start(sources: Vec<&'static str>, fail_first: usize) -> Harness {
+    start_failing(sources, vec![FULL_RESTORE; fail_first])
+}
+
+fn start_failing(sources: Vec<&'static str>, failures: Vec<(SyncKind, FailedStep)>) -> Harness {
     let seen = Arc::new(Mutex::new(Seen {
-        fail_next: fail_first,
+        failures: failures.into(),
         ..Default::default()
     }));
     let (events, rx) = event_channel();
@@ -111,6 +127,17 @@ impl Harness {
         self.events.send(event).await.unwrap();
     }
 
+    /// When the sync loop marked itself updated at its start (upstream's `SyncLoop`).
+    async fn loop_started(&self) -> SystemTime {
+        for _ in 0..500 {
+            if let Some(at) = self.health.last_updated() {
+                return at;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the sync loop never marked itself updated");
+    }
+
     async fn wait_for_syncs(&self, n: usize) {
         for _ in 0..500 {
             if self.seen.lock().unwrap().syncs.len() >= n {
@@ -126,6 +153,51 @@ impl Harness {
         prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
         text
     }
+
+    /// The metrics once `line` is among them (the sync loop records after the backend returns).
+    async fn metrics_with(&self, line: &str) -> String {
+        for _ in 0..500 {
+            let text = self.metrics_text();
+            if text.lines().any(|l| l == line) {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("never saw {line:?} in\n{}", self.metrics_text());
+    }
+}
+
+/// The value of the metric line starting with `series ` (0 when absent).
+fn value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+const RESTORE_FAILURES: &str =
+    "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}";
+const PARTIAL_FAILURES: &str =
+    "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family=\"IPv4\"}";
+const SYNCS: &str = "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}";
+const FULL_SYNCS: &str = "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}";
+const PARTIAL_SYNCS: &str = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}";
+
+/// One successful full sync, then a change whose (partial) sync fails as `failure` says.
+async fn partial_sync_failing(step: FailedStep) -> (Harness, String) {
+    let h = start_failing(vec!["manifests"], Vec::new());
+    h.send(service("a", "10.0.0.1")).await;
+    h.send(Event::Synced { source: "manifests" }).await;
+    h.wait_for_syncs(1).await;
+    h.metrics_with(&format!("{FULL_SYNCS} 1")).await;
+    h.seen
+        .lock()
+        .unwrap()
+        .failures
+        .push_back((SyncKind::Partial, step));
+    h.send(slice("a-1", "a", "10.244.1.10")).await;
+    h.wait_for_syncs(2).await;
+    let text = h.metrics_with(&format!("{PARTIAL_SYNCS} 1")).await;
+    (h, text)
 }
 
 #[tokio::test]
@@ -194,6 +266,70 @@ async fn failed_sync_is_retried_and_reported() {
     assert!(
         text.contains("kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"} 1")
     );
+}
+
+#[tokio::test]
+async fn failed_partial_restore_counts_in_both_failure_counters() {
+    let (_h, text) = partial_sync_failing(FailedStep::Restore).await;
+    assert_eq!(value(&text, PARTIAL_FAILURES), 1.0, "{text}");
+    assert_eq!(value(&text, RESTORE_FAILURES), 1.0, "{text}");
+    assert_eq!(
+        value(&text, SYNCS),
+        2.0,
+        "the failed sync's duration is observed too"
+    );
+    assert_eq!(value(&text, FULL_SYNCS), 1.0);
+}
+
+#[tokio::test]
+async fn failed_partial_sync_outside_the_restore_is_not_a_restore_failure() {
+    let (_h, text) = partial_sync_failing(FailedStep::Other).await;
+    assert_eq!(value(&text, PARTIAL_FAILURES), 1.0, "{text}");
+    assert_eq!(value(&text, RESTORE_FAILURES), 0.0, "{text}");
+    assert_eq!(value(&text, SYNCS), 2.0);
+}
+
+#[tokio::test]
+async fn failed_full_sync_is_timed_as_full_and_not_a_partial_failure() {
+    let h = start_failing(vec!["manifests"], vec![(SyncKind::Full, FailedStep::Other)]);
+    let loop_started = h.loop_started().await;
+    h.send(service("a", "10.0.0.1")).await;
+    h.send(Event::Synced { source: "manifests" }).await;
+    h.wait_for_syncs(1).await;
+    let text = h.metrics_with(&format!("{FULL_SYNCS} 1")).await;
+    assert_eq!(value(&text, SYNCS), 1.0, "{text}");
+    assert_eq!(value(&text, PARTIAL_SYNCS), 0.0, "{text}");
+    assert_eq!(value(&text, PARTIAL_FAILURES), 0.0, "{text}");
+    assert_eq!(
+        value(&text, RESTORE_FAILURES),
+        0.0,
+        "an iptables-save failure is not a restore failure"
+    );
+    assert_eq!(
+        h.health.last_updated(),
+        Some(loop_started),
+        "a failed sync is no update"
+    );
+    assert!(h.health.problem().unwrap().contains("kernel said no"));
+}
+
+#[tokio::test]
+async fn objects_the_backend_left_out_are_logged_and_counted_as_unsafe_text() {
+    let h = start(vec!["manifests"], 0);
+    h.seen.lock().unwrap().unsafe_objects.push(UnsafeObject {
+        kind: ObjectKind::Service,
+        object: "default/evil".into(),
+        field: "metadata.name".into(),
+        detail: "contains the control character '\\n' at byte 4".into(),
+    });
+    h.send(service("a", "10.0.0.1")).await;
+    h.send(Event::Synced { source: "manifests" }).await;
+    let line = "kubeproxy_rejected_objects_total{kind=\"Service\",reason=\"unsafe_text\"} 1";
+    h.metrics_with(line).await;
+    h.send(slice("a-1", "a", "10.244.1.10")).await;
+    h.wait_for_syncs(2).await;
+    let text = h.metrics_with(&format!("{PARTIAL_SYNCS} 1")).await;
+    assert!(text.lines().any(|l| l == line), "still counted once:\n{text}");
 }
 
 fn annotated_slice(ip: &str, trigger: jiff::Timestamp) -> Event {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kpr_iptables::Variant;
 use kpr_model::{IpFamily, NamespacedName, NodeView, node_view};
 use kpr_state::{DesiredState, PendingSync};
 use kpr_tracking::{EndpointsTracker, ServiceTracker};
@@ -141,6 +142,8 @@ pub fn check_golden(name: &str, actual: &str) {
     if std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1") {
         std::fs::create_dir_all(golden_dir()).unwrap();
         std::fs::write(&path, actual).unwrap();
+        // Not a pass: nothing was compared. Say so, so a stray UPDATE_GOLDEN is noticed.
+        eprintln!("UPDATED (not compared): {}", path.display());
         return;
     }
     let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
@@ -166,4 +169,29 @@ pub fn golden_diff(golden: &str, expected: &str, actual: &str) -> Option<String>
         .header(&format!("{golden} (expected)"), "rendered (actual)")
         .to_string();
     Some(diff)
+}
+
+/// Names the iptables variants this machine may skip (comma-separated: `legacy`, `nft`).
+/// CI never sets it: there, a variant that does not work fails its tests.
+pub const SKIP_VARIANTS_ENV: &str = "KPR_SKIP_IPTABLES_VARIANTS";
+
+pub fn variant_name(variant: Variant) -> &'static str {
+    match variant {
+        Variant::Legacy => "legacy",
+        Variant::Nft => "nft",
+        other => panic!("tests pick a variant explicitly, not {other:?}"),
+    }
+}
+
+/// Whether `KPR_SKIP_IPTABLES_VARIANTS` names `variant`; prints the skip when it does.
+pub fn skip_requested(variant: Variant) -> bool {
+    let listed = std::env::var(SKIP_VARIANTS_ENV).unwrap_or_default();
+    let skip = listed.split(',').any(|name| name.trim() == variant_name(variant));
+    if skip {
+        eprintln!(
+            "SKIPPED: iptables variant {} ({SKIP_VARIANTS_ENV} names it)",
+            variant_name(variant)
+        );
+    }
+    skip
 }

@@ -802,14 +802,21 @@ fn node_names_are_dns_subdomains() {
 
 #[test]
 fn kpr_models_own_checks_run_too() {
-    // The API allows a slice port without a number; kpr-model (for Services) does not.
-    let portless = patched(base_slice(), &json!({"ports": [{"name": "http"}]}));
-    assert!(slice_rules(&portless).is_ok());
-    let rejection = validate(ObjectKind::EndpointSlice, &portless).unwrap_err();
+    // The API allows a slice without the service-name label; kpr-model (which must know the
+    // slice's Service) does not. (A port without a number is no such case: upstream's proxy
+    // skips just that port, and so does kpr-model, reporting it.)
+    let unlabelled = patched(base_slice(), &json!({"metadata": {"labels": null}}));
+    assert!(slice_rules(&unlabelled).is_ok());
+    let rejection = validate(ObjectKind::EndpointSlice, &unlabelled).unwrap_err();
     assert_eq!(
         (rejection.field.as_str(), rejection.reason),
-        ("ports[0].port", RejectReason::MissingField)
+        (
+            "metadata.labels[\"kubernetes.io/service-name\"]",
+            RejectReason::MissingField
+        )
     );
+    let portless = patched(base_slice(), &json!({"ports": [{"name": "http"}]}));
+    assert!(validate(ObjectKind::EndpointSlice, &portless).is_ok());
     // And the API-rule failure comes first, with the same shape.
     let rejection = validate(
         ObjectKind::Service,

@@ -1,0 +1,458 @@
+//! The backend's decisions against a fake iptables: what each sync writes, what a failure
+//! says about itself, and the host facts it reads. The kernel tests run the same backend on
+//! the real binaries.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use kpr_model::{
+    Endpoint, IpFamily, NamespacedName, NodeView, Protocol, ServicePort, ServicePortName, ServiceType,
+};
+use kpr_state::{DesiredState, FailedStep, SyncKind, SyncRequest};
+
+use super::*;
+use crate::addresses::AddressError;
+use crate::exec::IptablesVersion;
+use crate::options::NodePortAddresses;
+
+/// What the fake kernel holds and how the next calls fail.
+#[derive(Debug, Default)]
+struct Kernel {
+    restores: Vec<String>,
+    /// How many jump rules the kernel held when each restore ran.
+    rules_at_restore: Vec<usize>,
+    chains: HashSet<(Table, String)>,
+    rules: HashSet<(Table, String, Vec<String>)>,
+    version: Option<IptablesVersion>,
+    fail_save: bool,
+    fail_restore: bool,
+    fail_canary_check: bool,
+}
+
+#[derive(Clone, Default)]
+struct Fake(Arc<Mutex<Kernel>>);
+
+impl Fake {
+    fn kernel(&self) -> std::sync::MutexGuard<'_, Kernel> {
+        self.0.lock().unwrap()
+    }
+
+    fn last_restore(&self) -> String {
+        self.kernel().restores.last().cloned().unwrap_or_default()
+    }
+}
+
+fn failed(what: &str) -> ExecError {
+    ExecError::Failed {
+        command: what.to_string(),
+        status: "exit status: 4".to_string(),
+        stderr: "told to fail".to_string(),
+    }
+}
+
+fn table_of(name: &str) -> Option<Table> {
+    match name {
+        "filter" => Some(Table::Filter),
+        "nat" => Some(Table::Nat),
+        _ => None,
+    }
+}
+
+impl Iptables for Fake {
+    fn version(&self) -> Result<IptablesVersion, ExecError> {
+        self.kernel().version.ok_or_else(|| failed("iptables --version"))
+    }
+
+    fn restore(&self, payload: &[u8]) -> Result<(), ExecError> {
+        let mut k = self.kernel();
+        let text = String::from_utf8_lossy(payload).into_owned();
+        k.restores.push(text.clone());
+        let rules = k.rules.len();
+        k.rules_at_restore.push(rules);
+        if k.fail_restore {
+            return Err(ExecError::Restore {
+                command: "iptables-restore".into(),
+                line: None,
+                input_line: None,
+                stderr: "told to fail".into(),
+            });
+        }
+        let mut table = None;
+        for line in text.lines() {
+            if let Some(name) = line.strip_prefix('*') {
+                table = table_of(name);
+            } else if let (Some(t), Some(decl)) = (table, line.strip_prefix(':')) {
+                let name = decl.split(' ').next().unwrap_or_default().to_string();
+                k.chains.insert((t, name));
+            } else if let (Some(t), Some(name)) = (table, line.strip_prefix("-X ")) {
+                k.chains.remove(&(t, name.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    fn save(&self, table: Table) -> Result<String, ExecError> {
+        let k = self.kernel();
+        if k.fail_save {
+            return Err(failed("iptables-save"));
+        }
+        let mut out = format!("*{table}\n");
+        for (t, chain) in &k.chains {
+            if *t == table {
+                out.push_str(&format!(":{chain} - [0:0]\n"));
+            }
+        }
+        out.push_str("COMMIT\n");
+        Ok(out)
+    }
+
+    fn chain_exists(&self, table: Table, chain: &str) -> Result<bool, ExecError> {
+        let k = self.kernel();
+        if k.fail_canary_check {
+            return Err(failed("iptables -S"));
+        }
+        Ok(k.chains.contains(&(table, chain.to_string())))
+    }
+
+    fn rule_exists(&self, table: Table, chain: &str, args: &[String]) -> Result<bool, ExecError> {
+        Ok(self
+            .kernel()
+            .rules
+            .contains(&(table, chain.to_string(), args.to_vec())))
+    }
+
+    fn insert_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError> {
+        let mut k = self.kernel();
+        if !k.chains.contains(&(table, jump_target(args))) {
+            return Err(failed("iptables -I: no such target chain"));
+        }
+        k.rules.insert((table, chain.to_string(), args.to_vec()));
+        Ok(())
+    }
+
+    fn delete_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError> {
+        self.kernel()
+            .rules
+            .remove(&(table, chain.to_string(), args.to_vec()));
+        Ok(())
+    }
+
+    fn create_chain(&self, table: Table, chain: &str) -> Result<(), ExecError> {
+        if !self.kernel().chains.insert((table, chain.to_string())) {
+            return Err(failed("iptables -N: chain exists"));
+        }
+        Ok(())
+    }
+}
+
+fn jump_target(args: &[String]) -> String {
+    args.iter()
+        .skip_while(|a| *a != "-j")
+        .nth(1)
+        .cloned()
+        .unwrap_or_default()
+}
+
+const CURRENT: IptablesVersion = IptablesVersion {
+    major: 1,
+    minor: 8,
+    patch: 9,
+};
+
+fn backend(fake: &Fake, opts: IptablesOptions) -> IptablesBackend {
+    if fake.kernel().version.is_none() {
+        fake.kernel().version = Some(CURRENT);
+    }
+    IptablesBackend::new(opts, Box::new(fake.clone())).unwrap()
+}
+
+fn name(service: &str) -> ServicePortName {
+    ServicePortName::new("default", service, "http", Protocol::Tcp)
+}
+
+fn port(name: ServicePortName, cluster_ip: &str) -> ServicePort {
+    ServicePort {
+        name,
+        service_type: ServiceType::NodePort,
+        cluster_ip: cluster_ip.parse().unwrap(),
+        port: 80,
+        node_port: Some(30080),
+        external_ips: Vec::new(),
+        load_balancer_ips: Vec::new(),
+        load_balancer_source_ranges: Vec::new(),
+        session_affinity_seconds: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+    }
+}
+
+fn endpoint(ip: &str) -> Endpoint {
+    Endpoint {
+        addr: format!("{ip}:8080").parse().unwrap(),
+        is_local: false,
+        ready: true,
+        serving: true,
+        terminating: false,
+        zone_hints: Arc::from([]),
+        node_hints: Arc::from([]),
+    }
+}
+
+/// A state with these ports, each with one endpoint.
+fn state(ports: &[ServicePort]) -> DesiredState {
+    let mut services: HashMap<NamespacedName, Vec<ServicePort>> = HashMap::new();
+    let mut endpoints = HashMap::new();
+    for (i, p) in ports.iter().enumerate() {
+        services
+            .entry(p.name.service.clone())
+            .or_default()
+            .push(p.clone());
+        let key = (p.name.port.clone(), p.name.protocol);
+        let eps: Arc<[Endpoint]> = Arc::from([endpoint(&format!("10.244.1.{}", i + 1))]);
+        endpoints.insert(
+            p.name.service.clone(),
+            Arc::new([(key, eps)].into_iter().collect()),
+        );
+    }
+    DesiredState {
+        services: Arc::new(services.into_iter().map(|(k, v)| (k, Arc::from(v))).collect()),
+        endpoints: Arc::new(endpoints),
+        node: Arc::new(NodeView {
+            name: "node-a".into(),
+            ..NodeView::default()
+        }),
+    }
+}
+
+fn sync(
+    backend: &mut IptablesBackend,
+    state: &DesiredState,
+    changed: &[&str],
+) -> Result<SyncReport, SyncError> {
+    let changed: BTreeSet<NamespacedName> = changed
+        .iter()
+        .map(|n| NamespacedName::new("default", n))
+        .collect();
+    backend.sync_rules(&SyncRequest {
+        state,
+        changed: &changed,
+        service_changes: &[],
+        endpoint_changes: &[],
+        force_full: false,
+    })
+}
+
+#[test]
+fn random_fully_only_where_iptables_supports_it() {
+    let masquerade = |version: Option<IptablesVersion>| {
+        let fake = Fake::default();
+        fake.kernel().version = version;
+        let mut b = IptablesBackend::new(IptablesOptions::default(), Box::new(fake.clone())).unwrap();
+        sync(&mut b, &state(&[]), &[]).unwrap();
+        let payload = fake.last_restore();
+        payload
+            .lines()
+            .find(|l| l.contains("-j MASQUERADE"))
+            .unwrap()
+            .to_string()
+    };
+    assert!(masquerade(Some(CURRENT)).ends_with("-j MASQUERADE --random-fully"));
+    assert!(
+        masquerade(Some(IptablesVersion::RANDOM_FULLY)).ends_with("--random-fully"),
+        "1.6.2 is the first that has it"
+    );
+    let old = IptablesVersion {
+        major: 1,
+        minor: 6,
+        patch: 1,
+    };
+    assert!(masquerade(Some(old)).ends_with("-j MASQUERADE"));
+    assert!(
+        masquerade(None).ends_with("-j MASQUERADE"),
+        "an unreadable version counts as old, as upstream"
+    );
+}
+
+#[test]
+fn failures_say_what_was_attempted_and_whether_the_restore_failed() {
+    let fake = Fake::default();
+    let mut b = backend(&fake, IptablesOptions::default());
+    let s = state(&[port(name("web"), "10.96.0.10")]);
+    let kind = |e: SyncError| (e.attempted(), e.step());
+
+    fake.kernel().fail_save = true;
+    let e = sync(&mut b, &s, &[]).unwrap_err();
+    assert!(matches!(e, SyncError::ListChains { .. }), "{e}");
+    assert_eq!(kind(e), (SyncKind::Full, FailedStep::Other));
+    fake.kernel().fail_save = false;
+
+    fake.kernel().fail_restore = true;
+    assert_eq!(
+        kind(sync(&mut b, &s, &[]).unwrap_err()),
+        (SyncKind::Full, FailedStep::Restore)
+    );
+    fake.kernel().fail_restore = false;
+    assert!(sync(&mut b, &s, &[]).unwrap().full);
+
+    fake.kernel().fail_restore = true;
+    assert_eq!(
+        kind(sync(&mut b, &s, &["web"]).unwrap_err()),
+        (SyncKind::Partial, FailedStep::Restore)
+    );
+    fake.kernel().fail_restore = false;
+    assert!(
+        sync(&mut b, &s, &[]).unwrap().full,
+        "a failure makes the next sync full"
+    );
+
+    fake.kernel().fail_canary_check = true;
+    assert_eq!(
+        kind(sync(&mut b, &s, &[]).unwrap_err()),
+        (SyncKind::Partial, FailedStep::Other)
+    );
+}
+
+#[test]
+fn a_refused_port_is_left_out_reported_once_and_the_rest_syncs() {
+    let fake = Fake::default();
+    let mut b = backend(&fake, IptablesOptions::default());
+    let evil = ServicePortName::new(
+        "default",
+        "evil\n-A KUBE-SERVICES -j ACCEPT\n#",
+        "http",
+        Protocol::Tcp,
+    );
+    let s = state(&[port(evil, "10.96.0.66"), port(name("web"), "10.96.0.10")]);
+
+    let first = sync(&mut b, &s, &[]).unwrap();
+    assert_eq!(first.newly_unsafe.len(), 1, "{:?}", first.newly_unsafe);
+    let reported = &first.newly_unsafe[0];
+    assert_eq!(reported.field, "metadata.name");
+    assert!(
+        reported.detail.contains("control character"),
+        "{}",
+        reported.detail
+    );
+    let payload = fake.last_restore();
+    assert!(!payload.contains("10.96.0.66"), "{payload}");
+    assert!(!payload.contains("evil"), "{payload}");
+    assert!(payload.contains("default/web:http cluster IP"), "{payload}");
+    assert!(payload.lines().all(|l| l != "-A KUBE-SERVICES -j ACCEPT"));
+
+    let again = sync(&mut b, &s, &[]).unwrap();
+    assert!(again.newly_unsafe.is_empty(), "reported once, not on every sync");
+
+    // Fixed, then broken again: reported again.
+    sync(&mut b, &state(&[port(name("web"), "10.96.0.10")]), &["evil"]).unwrap();
+    let relapse = sync(&mut b, &s, &[]).unwrap();
+    assert_eq!(relapse.newly_unsafe.len(), 1);
+}
+
+/// A source that reports whatever the test last put in it.
+#[derive(Clone)]
+struct Addresses(Arc<Mutex<Result<Vec<IpAddr>, String>>>);
+
+impl Default for Addresses {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(Ok(Vec::new()))))
+    }
+}
+
+impl LocalAddresses for Addresses {
+    fn addresses(&self, family: IpFamily) -> Result<Vec<IpAddr>, AddressError> {
+        match &*self.0.lock().unwrap() {
+            Ok(all) => Ok(all.iter().copied().filter(|ip| family.matches(ip)).collect()),
+            Err(why) => Err(AddressError {
+                source: std::io::Error::other(why.clone()),
+            }),
+        }
+    }
+}
+
+/// Upstream reads the node's addresses on every sync: one added later is served.
+#[test]
+fn nodeport_addresses_are_read_again_on_every_sync() {
+    let fake = Fake::default();
+    let addresses = Addresses::default();
+    *addresses.0.lock().unwrap() = Ok(vec!["192.168.0.10".parse().unwrap()]);
+    let opts = IptablesOptions {
+        nodeport_addresses: NodePortAddresses::Cidrs(vec!["192.168.0.0/16".parse().unwrap()]),
+        ..IptablesOptions::default()
+    };
+    let mut b = backend(&fake, opts).with_local_addresses(Box::new(addresses.clone()));
+    let s = state(&[port(name("web"), "10.96.0.10")]);
+    let tails = |payload: &str| -> Vec<String> {
+        payload
+            .lines()
+            .filter(|l| l.starts_with("-A KUBE-SERVICES") && l.ends_with("-j KUBE-NODEPORTS"))
+            .map(|l| l.split(" -d ").nth(1).unwrap().to_string())
+            .collect()
+    };
+    sync(&mut b, &s, &[]).unwrap();
+    assert_eq!(tails(&fake.last_restore()), ["192.168.0.10 -j KUBE-NODEPORTS"]);
+
+    *addresses.0.lock().unwrap() = Ok(vec![
+        "192.168.0.10".parse().unwrap(),
+        "192.168.7.7".parse().unwrap(),
+    ]);
+    let report = sync(&mut b, &s, &[]).unwrap();
+    assert!(
+        !report.full,
+        "no change in the state: a partial sync, still with the new address"
+    );
+    assert_eq!(
+        tails(&fake.last_restore()),
+        ["192.168.0.10 -j KUBE-NODEPORTS", "192.168.7.7 -j KUBE-NODEPORTS"]
+    );
+
+    *addresses.0.lock().unwrap() = Err("netlink said no".into());
+    let e = sync(&mut b, &s, &[]).unwrap_err();
+    assert!(e.to_string().contains("netlink said no"), "{e}");
+    assert_eq!((e.attempted(), e.step()), (SyncKind::Partial, FailedStep::Other));
+}
+
+/// Kubelet's KUBE-FIREWALL jumps go in on every full sync, as upstream's; when we do not
+/// write that chain (IPv6, or no localhost NodePorts) it is created empty, never flushed.
+#[test]
+fn kubelet_firewall_jumps_are_ensured_even_without_our_localnet_rule() {
+    let fake = Fake::default();
+    let opts = IptablesOptions {
+        localhost_nodeports: false,
+        ..IptablesOptions::default()
+    };
+    let mut b = backend(&fake, opts);
+    sync(&mut b, &state(&[]), &[]).unwrap();
+    assert!(
+        !fake.last_restore().contains("KUBE-FIREWALL"),
+        "not ours to write"
+    );
+    let k = fake.kernel();
+    assert!(k.chains.contains(&(Table::Filter, "KUBE-FIREWALL".to_string())));
+    for chain in ["INPUT", "OUTPUT"] {
+        let jump = (
+            Table::Filter,
+            chain.to_string(),
+            vec!["-j".to_string(), "KUBE-FIREWALL".to_string()],
+        );
+        assert!(k.rules.contains(&jump), "{chain}");
+    }
+}
+
+#[test]
+fn full_syncs_ensure_the_jumps_before_the_restore_fills_the_chains() {
+    let fake = Fake::default();
+    let mut b = backend(&fake, IptablesOptions::default());
+    let web = port(name("web"), "10.96.0.10");
+    sync(&mut b, &state(std::slice::from_ref(&web)), &["web"]).unwrap();
+    // Jumps added one by one after the restore would leave a window in which PREROUTING
+    // already DNATs and POSTROUTING does not masquerade yet.
+    assert_eq!(fake.kernel().rules_at_restore, [jump_rules().len()]);
+    sync(&mut b, &state(&[web]), &["web"]).unwrap();
+    assert_eq!(
+        fake.kernel().rules_at_restore.len(),
+        2,
+        "a partial sync restores without touching the jumps"
+    );
+}

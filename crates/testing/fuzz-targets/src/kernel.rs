@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kpr_iptables::{ExecError, Iptables, Table};
+use kpr_iptables::{ExecError, Iptables, IptablesVersion, Table};
 
 use crate::payload::{check_payload, split_args};
 
@@ -65,6 +65,14 @@ fn table_name(table: Table) -> &'static str {
 }
 
 impl Iptables for ModelKernel {
+    fn version(&self) -> Result<IptablesVersion, ExecError> {
+        Ok(IptablesVersion {
+            major: 1,
+            minor: 8,
+            patch: 9,
+        })
+    }
+
     fn restore(&self, payload: &[u8]) -> Result<(), ExecError> {
         let Ok(text) = std::str::from_utf8(payload) else {
             panic!("restore payload is not UTF-8");
@@ -140,6 +148,20 @@ impl Iptables for ModelKernel {
             panic!("insert into missing {} chain {chain}", table_name(table));
         };
         rules.insert(0, args.join(" "));
+        Ok(())
+    }
+
+    fn create_chain(&self, table: Table, chain: &str) -> Result<(), ExecError> {
+        let mut tables = self.lock();
+        let chains = Self::chains(&mut tables, table);
+        if chains.contains_key(chain) {
+            return Err(ExecError::Failed {
+                command: format!("iptables -t {} -N {chain}", table_name(table)),
+                status: "exit status: 1".to_owned(),
+                stderr: "iptables: Chain already exists.".to_owned(),
+            });
+        }
+        chains.insert(chain.to_owned(), Vec::new());
         Ok(())
     }
 

@@ -37,9 +37,9 @@ pub fn manifest_payloads(data: &[u8]) -> Vec<String> {
             for event in &events {
                 pipeline.event(event);
             }
-            let options = options(family, pipeline.node_ips());
+            let local = local_addresses(family, pipeline.node_ips());
             let state = pipeline.take();
-            payloads.push(render_checked(&state, &options));
+            payloads.push(render_checked(&state, &options(family), &local));
         }
     }
     payloads
@@ -67,9 +67,8 @@ fn scan(path: &str, data: &[u8]) -> Snapshot {
     snapshot
 }
 
-/// A common cluster's options: pods detected by the cluster CIDR, the node's own addresses
-/// (from its Node object, if the file has one) as NodePort addresses.
-fn options(family: IpFamily, node_ips: &[IpAddr]) -> IptablesOptions {
+/// A common cluster's options: pods detected by the cluster CIDR.
+fn options(family: IpFamily) -> IptablesOptions {
     let cluster_cidr = match family {
         IpFamily::V4 => "10.244.0.0/16",
         IpFamily::V6 => "fd00:10:244::/56",
@@ -77,7 +76,11 @@ fn options(family: IpFamily, node_ips: &[IpAddr]) -> IptablesOptions {
     IptablesOptions {
         family,
         local_detector: LocalDetector::ClusterCidr(cluster_cidr.parse().into_iter().collect()),
-        node_ips: node_ips.iter().copied().filter(|ip| family.matches(ip)).collect(),
         ..IptablesOptions::default()
     }
+}
+
+/// The host's addresses: the node's own (from its Node object, if the file has one).
+fn local_addresses(family: IpFamily, node_ips: &[IpAddr]) -> Vec<IpAddr> {
+    node_ips.iter().copied().filter(|ip| family.matches(ip)).collect()
 }

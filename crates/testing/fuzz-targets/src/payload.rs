@@ -5,12 +5,16 @@
 //! `-A CHAIN args`, `-X CHAIN`, `COMMIT`), each table closed by `COMMIT`, chains declared
 //! before use. Any other line in the text means some string reached the payload unchecked
 //! (a newline in a name starts a line the renderer never wrote). The arguments of `-A` are
-//! split as `iptables-restore` splits them (blanks, double quotes, backslash escapes inside
-//! quotes), so an unbalanced quote, which would glue arguments together, is caught too, and
-//! so is a `--comment` longer than the kernel keeps.
+//! split as `iptables-restore` splits them (blanks separate; a double quote opens a part in
+//! which a backslash escapes the next character, and the closing quote ends the argument),
+//! and each must be one any iptables version reads the same way: not empty, no quote or
+//! backslash inside, not taken for a table option, shorter than iptables' limits; a
+//! `--comment` fits the kernel's 255 bytes.
 //!
-//! This is a checker of its own until the renderer ships one; then this module goes and the
-//! targets call the renderer's (one idea, one place).
+//! kpr-iptables checks its payloads the same way in its own property test
+//! (`tests/rule_text.rs`), but that checker is private to the test and bound to its cases;
+//! once it is a public function of kpr-iptables, this module should go and both call it
+//! (one idea, one place).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -19,6 +23,11 @@ use std::fmt;
 pub const COMMENT_MAX_BYTES: usize = 255;
 /// Longest chain name iptables accepts (XT_EXTENSION_MAXNAMELEN 29, with the NUL).
 pub const CHAIN_NAME_MAX: usize = 28;
+/// iptables refuses arguments of 1024 bytes or more, and lines of 4096 or more.
+const ARG_MAX_BYTES: usize = 1023;
+const LINE_MAX_BYTES: usize = 4095;
+/// iptables-restore's limit on the arguments of one line.
+const ARGS_MAX: usize = 254;
 
 /// The first thing wrong with a payload: which line (1-based) and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +60,9 @@ pub fn check_payload(payload: &str) -> Result<(), PayloadError> {
     }
     let mut reader = Reader::default();
     for (index, line) in payload.lines().enumerate() {
+        if line.len() > LINE_MAX_BYTES {
+            return Err(error(index + 1, line, &format!("line of {} bytes", line.len())));
+        }
         reader.line(line).map_err(|why| error(index + 1, line, &why))?;
     }
     if let Some(table) = reader.table {
@@ -127,20 +139,24 @@ impl Reader {
 
 /// Chain names as the renderer makes them: upstream's `KUBE-...` names.
 fn chain_name(name: &str) -> Result<(), String> {
-    let plain = name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    let plain = name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
     if name.is_empty() || name.len() > CHAIN_NAME_MAX || !plain {
         return Err(format!("bad chain name {name:?}"));
     }
     Ok(())
 }
 
-/// Splits rule arguments as `iptables-restore` does and checks the ones that carry text.
+/// Splits rule arguments as `iptables-restore` does and checks each.
 fn rule_args(args: &str) -> Result<(), String> {
     let words = split_args(args)?;
     if words.is_empty() {
         return Err("-A without a rule".to_owned());
+    }
+    if words.len() + 2 > ARGS_MAX {
+        return Err(format!("{} arguments", words.len() + 2));
+    }
+    for word in &words {
+        arg(word)?;
     }
     for pair in words.windows(2) {
         if pair[0] == "--comment" && pair[1].len() > COMMENT_MAX_BYTES {
@@ -156,37 +172,69 @@ fn rule_args(args: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The argument words of one rule: blanks separate, double quotes group (backslash escapes
-/// the next character inside them); an unclosed quote is an error.
+/// One argument every iptables version reads the same way.
+fn arg(word: &str) -> Result<(), String> {
+    if word.is_empty() {
+        // Older versions drop an empty quoted argument, shifting the others.
+        return Err("empty argument".to_owned());
+    }
+    if word.len() > ARG_MAX_BYTES {
+        return Err(format!("argument of {} bytes", word.len()));
+    }
+    if word.contains(['"', '\\']) {
+        // Versions differ in how they unescape; only plain text is read the same by all.
+        return Err(format!("argument {word:?} holds a quote or backslash"));
+    }
+    if looks_like_table_option(word) {
+        return Err(format!(
+            "argument {word:?} reads as a table option to older iptables-restore"
+        ));
+    }
+    Ok(())
+}
+
+/// Older iptables-restore versions refuse any argument, quoted or not, that could be the
+/// table option: one dash and a `t` somewhere (`-t`, `-xt`), or `--t` up to `--table`.
+fn looks_like_table_option(word: &str) -> bool {
+    let short = word.starts_with('-') && !word.starts_with("--") && word.contains('t');
+    let long = word.starts_with("--t") && "--table".starts_with(word);
+    short || long
+}
+
+/// The argument words of one rule as iptables-restore reads them: blanks separate; `"`
+/// opens a quoted part in which `\` escapes the next character, and the closing quote ends
+/// the argument. An unclosed quote is an error.
 pub(crate) fn split_args(args: &str) -> Result<Vec<String>, String> {
     let mut words = Vec::new();
+    let mut current = String::new();
     let mut chars = args.chars();
-    let mut word: Option<String> = None;
     while let Some(c) = chars.next() {
         match c {
             ' ' | '\t' => {
-                if let Some(done) = word.take() {
-                    words.push(done);
+                if !current.is_empty() {
+                    words.push(std::mem::take(&mut current));
                 }
             }
             '"' => {
-                let current = word.get_or_insert_with(String::new);
                 loop {
                     match chars.next() {
                         None => return Err("unclosed double quote".to_owned()),
                         Some('"') => break,
                         Some('\\') => match chars.next() {
                             Some(escaped) => current.push(escaped),
-                            None => return Err("backslash at the end of the line".to_owned()),
+                            None => return Err("unclosed double quote".to_owned()),
                         },
                         Some(other) => current.push(other),
                     }
                 }
+                words.push(std::mem::take(&mut current));
             }
-            other => word.get_or_insert_with(String::new).push(other),
+            other => current.push(other),
         }
     }
-    words.extend(word);
+    if !current.is_empty() {
+        words.push(current);
+    }
     Ok(words)
 }
 
@@ -263,10 +311,38 @@ mod tests {
             "unclosed double quote"
         );
         assert_eq!(why(&rule("-m comment --comment")), "--comment without its text");
-        assert_eq!(check_payload(&rule(r#"--comment "say \"hi\" \\" -j X"#)), Ok(()));
+        assert_eq!(
+            why(&rule(r#"--comment "say \"hi\"" -j X"#)),
+            "argument \"say \\\"hi\\\"\" holds a quote or backslash"
+        );
         let fits = format!("--comment \"{}\" -j X", "c".repeat(COMMENT_MAX_BYTES));
         assert_eq!(check_payload(&rule(&fits)), Ok(()));
         let over = format!("--comment {} -j X", "c".repeat(COMMENT_MAX_BYTES + 1));
         assert!(why(&rule(&over)).starts_with("comment of 256 bytes"));
+    }
+
+    #[test]
+    fn arguments_are_read_as_iptables_restore_reads_them() {
+        assert_eq!(split_args(r#"a"b c"d  -j"#).unwrap(), ["ab c", "d", "-j"]);
+        assert_eq!(split_args(r#""x\"y""#).unwrap(), [r#"x"y"#]);
+        let rule = |args: &str| format!("*nat\n:KUBE-A - [0:0]\n-A KUBE-A {args}\nCOMMIT\n");
+        assert_eq!(why(&rule(r#"--comment "" -j X"#)), "empty argument");
+        for option in ["-t", "-xt", "--t", "--tab", "--table"] {
+            let error = why(&rule(&format!("--comment \"{option}\" -j X")));
+            assert!(
+                error.ends_with("reads as a table option to older iptables-restore"),
+                "{option}: {error}"
+            );
+        }
+        assert_eq!(check_payload(&rule("--comment --tables -j X")), Ok(()));
+        let long = format!("-s {} -j X", "a".repeat(1024));
+        assert_eq!(why(&rule(&long)), "argument of 1024 bytes");
+        let many = vec!["-j X"; 130].join(" ");
+        assert_eq!(why(&rule(&many)), "262 arguments");
+        let wide = format!(
+            "*nat\n:KUBE-A - [0:0]\n-A KUBE-A {}\nCOMMIT\n",
+            "-m x ".repeat(900)
+        );
+        assert!(why(&wide).starts_with("line of"));
     }
 }

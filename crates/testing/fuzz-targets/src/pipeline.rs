@@ -115,23 +115,34 @@ fn check_ignored(ignored: &IgnoredValue) {
     );
 }
 
-/// Renders `state` with `options`, asserts the payload invariants, and that rendering is a
-/// pure function: again from scratch, and through a name cache warmed by an earlier build,
-/// the bytes are the same. Returns the payload.
-pub fn render_checked(state: &DesiredState, options: &IptablesOptions) -> String {
-    let text = render_dry_run(state, options);
+/// Renders `state` with `options` on a host with `local` addresses, asserts the payload
+/// invariants, that the renderer's own text gate refused nothing (every name it sees was
+/// accepted by the model first: the two checks must agree), and that rendering is a pure
+/// function: again from scratch, and through a name cache warmed by an earlier build, the
+/// bytes are the same. Returns the payload.
+pub fn render_checked(state: &DesiredState, options: &IptablesOptions, local: &[IpAddr]) -> String {
+    let text = render_dry_run(state, options, local);
     if let Err(error) = check_payload(&text) {
         panic!("{error}\n--- payload ---\n{text}");
     }
     assert_eq!(
-        render_dry_run(state, options),
+        render_dry_run(state, options, local),
         text,
         "rendering the same state twice gave different payloads"
     );
     let mut names = NameCache::default();
-    let first = build_with_cache(state, options, &mut names);
-    let cached = build_with_cache(state, options, &mut names);
+    let first = build_with_cache(state, options, local, &mut names);
+    assert!(
+        first.refused.is_empty(),
+        "the renderer refused text the model accepted: {:?}",
+        first.refused
+    );
+    let cached = build_with_cache(state, options, local, &mut names);
     assert_eq!(first, cached, "a warm name cache changed the ruleset");
-    assert_eq!(first, build(state, options), "a name cache changed the ruleset");
+    assert_eq!(
+        first,
+        build(state, options, local),
+        "a name cache changed the ruleset"
+    );
     text
 }

@@ -20,14 +20,17 @@ use arbitrary::{Arbitrary, Unstructured};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kpr_iptables::{IptablesBackend, IptablesOptions, LocalDetector, NodePortAddresses};
+use kpr_iptables::{
+    FixedAddresses, InterfaceName, IptablesBackend, IptablesOptions, LocalDetector, NodePortAddresses,
+};
 use kpr_model::{IpFamily, NamespacedName};
 use kpr_state::PendingSync;
 
 use crate::kernel::{ModelKernel, Tables};
 use crate::pipeline::{Pipeline, render_checked};
 use crate::scenario::{
-    Detector, NodePortChoice, OptionChoices, Scenario, ServiceInput, SliceInput, Threshold, primary_ip,
+    BindChoice, Detector, NodePortChoice, OptionChoices, Scenario, ServiceInput, SliceInput, Threshold,
+    primary_ip,
 };
 
 pub fn render(data: &[u8]) {
@@ -107,12 +110,13 @@ pub fn render_scenario(scenario: &Scenario) -> String {
     let mut forward = pipeline(family, &node);
     first.feed(&mut forward, false);
     let options = options(&scenario.options, family, forward.node_ips());
-    let text = render_checked(&forward.take(), &options);
+    let local = local_addresses(family, forward.node_ips());
+    let text = render_checked(&forward.take(), &options, &local);
 
     let mut backward = pipeline(family, &node);
     first.feed(&mut backward, true);
     assert_eq!(
-        render_checked(&backward.take(), &options),
+        render_checked(&backward.take(), &options, &local),
         text,
         "the payload depends on the order the objects arrived in"
     );
@@ -126,7 +130,7 @@ pub fn render_scenario(scenario: &Scenario) -> String {
             .chain(&change.slices)
             .collect();
         let next = Cluster::new(&services, &slices, scenario.ipv6);
-        sync_sequence(&first, &next, family, &node, &options);
+        sync_sequence(&first, &next, family, &node, &options, &local);
     }
     text
 }
@@ -151,10 +155,17 @@ fn pipeline(family: IpFamily, node: &Node) -> Pipeline {
 
 /// `first` then `next` through one backend, against `next` alone through another: the
 /// kernels must end up the same, and a sync without changes must change nothing.
-fn sync_sequence(first: &Cluster, next: &Cluster, family: IpFamily, node: &Node, options: &IptablesOptions) {
+fn sync_sequence(
+    first: &Cluster,
+    next: &Cluster,
+    family: IpFamily,
+    node: &Node,
+    options: &IptablesOptions,
+    local: &[IpAddr],
+) {
     let mut updated = pipeline(family, node);
     first.feed(&mut updated, false);
-    let (kernel, mut backend) = new_backend(options);
+    let (kernel, mut backend) = new_backend(options, local);
     sync(&mut backend, &updated.take_pending());
     next.feed_since(first, &mut updated);
     sync(&mut backend, &updated.take_pending());
@@ -162,7 +173,7 @@ fn sync_sequence(first: &Cluster, next: &Cluster, family: IpFamily, node: &Node,
 
     let mut fresh = pipeline(family, node);
     next.feed(&mut fresh, false);
-    let (fresh_kernel, mut fresh_backend) = new_backend(options);
+    let (fresh_kernel, mut fresh_backend) = new_backend(options, local);
     sync(&mut fresh_backend, &fresh.take_pending());
     let what = "an update left other rules than a fresh sync";
     assert_tables_eq(&after_update, &fresh_kernel.tables(), what);
@@ -172,11 +183,12 @@ fn sync_sequence(first: &Cluster, next: &Cluster, family: IpFamily, node: &Node,
     assert_tables_eq(&after_update, &kernel.tables(), what);
 }
 
-fn new_backend(options: &IptablesOptions) -> (ModelKernel, IptablesBackend) {
+fn new_backend(options: &IptablesOptions, local: &[IpAddr]) -> (ModelKernel, IptablesBackend) {
     let kernel = ModelKernel::default();
     let Ok(backend) = IptablesBackend::new(options.clone(), Box::new(kernel.clone())) else {
         panic!("options the target builds are valid: {options:?}");
     };
+    let backend = backend.with_local_addresses(Box::new(FixedAddresses(local.to_vec())));
     (kernel, backend)
 }
 
@@ -211,12 +223,20 @@ fn options(choices: &OptionChoices, family: IpFamily, node_ips: &[IpAddr]) -> Ip
     let ipv6 = family == IpFamily::V6;
     let primary = primary_ip(node_ips, ipv6);
     let net = |text: &str| text.parse::<IpNet>().into_iter().collect::<Vec<_>>();
+    let interface = |name: &str, prefix: bool| {
+        let checked = if prefix {
+            InterfaceName::prefix(name)
+        } else {
+            InterfaceName::new(name)
+        };
+        checked.unwrap_or_else(|error| panic!("interface name {name:?}: {error}"))
+    };
     let local_detector = match choices.detector {
         Detector::None => LocalDetector::None,
         Detector::ClusterCidr if ipv6 => LocalDetector::ClusterCidr(net("fd00:10:244::/56")),
         Detector::ClusterCidr => LocalDetector::ClusterCidr(net("10.244.0.0/16")),
-        Detector::Bridge => LocalDetector::BridgeInterface("cbr0".to_owned()),
-        Detector::InterfacePrefix => LocalDetector::InterfaceNamePrefix("veth".to_owned()),
+        Detector::Bridge => LocalDetector::BridgeInterface(interface("cbr0", false)),
+        Detector::InterfacePrefix => LocalDetector::InterfaceNamePrefix(interface("veth", true)),
     };
     let nodeport_addresses = match choices.nodeport_addresses {
         NodePortChoice::All => NodePortAddresses::All,
@@ -232,10 +252,12 @@ fn options(choices: &OptionChoices, family: IpFamily, node_ips: &[IpAddr]) -> Ip
         Threshold::Default => IptablesOptions::default().large_cluster_endpoints_threshold,
         Threshold::Small(n) => usize::from(n % 8),
     };
-    let mut node_ips: Vec<IpAddr> = node_ips.iter().copied().filter(|ip| family.matches(ip)).collect();
-    if node_ips.is_empty() {
-        node_ips.push(primary);
-    }
+    let bind_address = match choices.bind_address {
+        BindChoice::Unset => None,
+        BindChoice::Any if ipv6 => Some(IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED)),
+        BindChoice::Any => Some(IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED)),
+        BindChoice::NodeIp => Some(primary),
+    };
     IptablesOptions {
         family,
         masquerade_bit: choices.masquerade_bit % 32,
@@ -244,7 +266,17 @@ fn options(choices: &OptionChoices, family: IpFamily, node_ips: &[IpAddr]) -> Ip
         local_detector,
         localhost_nodeports: choices.localhost_nodeports,
         nodeport_addresses,
-        node_ips,
+        bind_address,
+        conntrack_tcp_be_liberal: choices.tcp_be_liberal,
         large_cluster_endpoints_threshold,
     }
+}
+
+/// The host's addresses of `family`: the Node's, or the fallback primary address.
+fn local_addresses(family: IpFamily, node_ips: &[IpAddr]) -> Vec<IpAddr> {
+    let mut local: Vec<IpAddr> = node_ips.iter().copied().filter(|ip| family.matches(ip)).collect();
+    if local.is_empty() {
+        local.push(primary_ip(node_ips, family == IpFamily::V6));
+    }
+    local
 }

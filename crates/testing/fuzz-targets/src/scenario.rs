@@ -356,6 +356,16 @@ pub struct OptionChoices {
     pub localhost_nodeports: bool,
     pub nodeport_addresses: NodePortChoice,
     pub large_cluster_threshold: Threshold,
+    pub bind_address: BindChoice,
+    pub tcp_be_liberal: bool,
+}
+
+/// `--bind-address`, which can decide the node's primary address.
+#[derive(Arbitrary, Debug)]
+pub enum BindChoice {
+    Unset,
+    Any,
+    NodeIp,
 }
 
 #[derive(Arbitrary, Debug)]

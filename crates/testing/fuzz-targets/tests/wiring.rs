@@ -5,8 +5,9 @@
 use std::path::Path;
 
 use kpr_fuzz_targets::scenario::{
-    Address, AddressType, Change, Detector, EndpointInput, NodeInput, NodePortChoice, Number, OptionChoices,
-    Pick, PortInput, Scenario, ServiceInput, ServiceRef, SliceInput, SlicePortInput, Threshold,
+    Address, AddressType, BindChoice, Change, Detector, EndpointInput, NodeInput, NodePortChoice, Number,
+    OptionChoices, Pick, PortInput, Scenario, ServiceInput, ServiceRef, SliceInput, SlicePortInput,
+    Threshold,
 };
 use kpr_fuzz_targets::{manifest_payloads, render_scenario};
 
@@ -72,6 +73,8 @@ fn web_scenario() -> Scenario {
             localhost_nodeports: true,
             nodeport_addresses: NodePortChoice::All,
             large_cluster_threshold: Threshold::Default,
+            bind_address: BindChoice::Unset,
+            tcp_be_liberal: false,
         },
         node: NodeInput {
             zone: None,

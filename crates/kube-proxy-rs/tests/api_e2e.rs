@@ -21,7 +21,6 @@ use support::*;
 use tokio::runtime::Runtime;
 
 const API_ADDR: &str = "127.0.0.1:6443";
-const WEB_VIP: &str = "10.96.0.10:80";
 
 /// A lab, a test API server listening inside its node namespace, and the kubeconfig for it.
 struct ApiCluster {
@@ -53,6 +52,16 @@ impl ApiCluster {
             api,
             kubeconfig,
         }
+    }
+
+    /// [`ApiCluster::new`] with TCP backends on port 8080 in `backends`, and the API server
+    /// holding Service `web` (on `WEB_VIP`) with ready endpoints on `endpoints`.
+    fn serving_web(pods: usize, backends: &[usize], endpoints: &[usize]) -> Self {
+        let mut c = Self::new(pods);
+        c.cluster.tcp_backends(backends, 8080);
+        c.api.apply(&web_service(json!({}), "web", "10.96.0.10")).unwrap();
+        c.api.apply(&web_slice("web", endpoints)).unwrap();
+        c
     }
 
     fn start_proxy(&mut self, extra: &[&str]) {
@@ -106,10 +115,7 @@ fn web_slice(service: &str, pods: &[usize]) -> EndpointSlice {
 
 #[test]
 fn services_from_the_api_follow_creates_scales_and_deletes() {
-    let mut c = ApiCluster::new(4);
-    c.cluster.tcp_backends(&[0, 1, 2], 8080);
-    c.api.apply(&web_service(json!({}), "web", "10.96.0.10")).unwrap();
-    c.api.apply(&web_slice("web", &[0])).unwrap();
+    let mut c = ApiCluster::serving_web(4, &[0, 1, 2], &[0]);
     c.start_proxy(&[]);
     let client = c.cluster.lab.pod(3);
     wait_spread(client, sock(WEB_VIP), 20, &["pod0"]);
@@ -136,10 +142,7 @@ fn services_from_the_api_follow_creates_scales_and_deletes() {
 
 #[test]
 fn rules_survive_an_api_outage_and_new_changes_apply_after_it() {
-    let mut c = ApiCluster::new(3);
-    c.cluster.tcp_backends(&[0, 1], 8080);
-    c.api.apply(&web_service(json!({}), "web", "10.96.0.10")).unwrap();
-    c.api.apply(&web_slice("web", &[0])).unwrap();
+    let mut c = ApiCluster::serving_web(3, &[0, 1], &[0]);
     c.start_proxy(&["--iptables-sync-period=2s"]);
     let client = c.cluster.lab.pod(2);
     wait_spread(client, sock(WEB_VIP), 10, &["pod0"]);
@@ -163,10 +166,7 @@ fn rules_survive_an_api_outage_and_new_changes_apply_after_it() {
 
 #[test]
 fn a_forced_relist_keeps_every_connection_working() {
-    let mut c = ApiCluster::new(3);
-    c.cluster.tcp_backends(&[0, 1], 8080);
-    c.api.apply(&web_service(json!({}), "web", "10.96.0.10")).unwrap();
-    c.api.apply(&web_slice("web", &[0, 1])).unwrap();
+    let mut c = ApiCluster::serving_web(3, &[0, 1], &[0, 1]);
     c.start_proxy(&[]);
     let client = c.cluster.lab.pod(2);
     wait_spread(client, sock(WEB_VIP), 10, &["pod0", "pod1"]);
@@ -243,10 +243,7 @@ fn services_of_another_proxy_get_no_rules() {
 
 #[test]
 fn an_unreachable_api_server_at_start_up_is_healthy_until_a_queued_change_is_late() {
-    let mut c = ApiCluster::new(2);
-    c.cluster.tcp_backends(&[0], 8080);
-    c.api.apply(&web_service(json!({}), "web", "10.96.0.10")).unwrap();
-    c.api.apply(&web_slice("web", &[0])).unwrap();
+    let mut c = ApiCluster::serving_web(2, &[0], &[0]);
     c.stop_api();
     c.start_proxy(&["--iptables-sync-period=1s"]);
     // Upstream's start-up: healthy while waiting for the initial lists, however long (here
@@ -273,28 +270,12 @@ fn an_unreachable_api_server_at_start_up_is_healthy_until_a_queued_change_is_lat
 
     // A change that cannot be applied (someone else's rule holds our chain) turns it 503
     // once it is late, saying why, and it recovers when the change goes through.
-    let svc_chain = c
-        .cluster
-        .iptables_save()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(":KUBE-SVC-")
-                .map(|rest| format!("KUBE-SVC-{}", &rest[..16]))
-        })
-        .unwrap();
-    c.cluster
-        .node()
-        .sh(&format!(
-            "iptables -t nat -N HOLDER && iptables -t nat -A HOLDER -j {svc_chain}"
-        ))
-        .unwrap();
+    let svc_chain = c.cluster.first_service_chain();
+    c.cluster.hold_chain(&svc_chain);
     c.api.delete::<Service>("default", "web").unwrap();
     let body = c.cluster.wait_healthz(503);
     assert!(body.contains("\"problem\""), "{body}");
-    c.cluster
-        .node()
-        .sh("iptables -t nat -F HOLDER && iptables -t nat -X HOLDER")
-        .unwrap();
+    c.cluster.release_chain();
     c.cluster.wait_healthz(200);
 }
 
@@ -309,10 +290,7 @@ fn node(taints: serde_json::Value) -> Node {
 
 #[test]
 fn a_drained_node_stays_ineligible_after_deletion_and_keeps_serving() {
-    let mut c = ApiCluster::new(2);
-    c.cluster.tcp_backends(&[0], 8080);
-    c.api.apply(&web_service(json!({}), "web", "10.96.0.10")).unwrap();
-    c.api.apply(&web_slice("web", &[0])).unwrap();
+    let mut c = ApiCluster::serving_web(2, &[0], &[0]);
     c.api.apply(&node(json!([]))).unwrap();
     c.start_proxy(&[]);
     let client = c.cluster.lab.pod(1);

@@ -12,14 +12,16 @@ use std::time::{Duration, Instant};
 use kpr_netns::{CLIENT_IP, NODE_IP, POD_GATEWAY, eventually, spread_udp};
 use support::*;
 
-const WEB_VIP: &str = "10.96.0.10:80";
-
 fn web_cluster(pods: &[usize], total_pods: usize, node_port: Option<u16>) -> Cluster {
     let mut cluster = Cluster::new(total_pods);
     cluster.tcp_backends(pods, 8080);
-    let yaml = service("web", "10.96.0.10", 80, 8080, "TCP", node_port) + &slice("web", pods, 8080, "TCP");
-    cluster.write("web.yaml", &yaml);
+    cluster.write("web.yaml", &web_yaml(pods, node_port));
     cluster
+}
+
+/// Service `dns` on 10.96.0.53:53 (UDP, target port 5353) and its slice with `pods`.
+fn dns_yaml(pods: &[usize]) -> String {
+    service("dns", "10.96.0.53", 53, 5353, "UDP", None) + &slice("dns", pods, 5353, "UDP")
 }
 
 #[test]
@@ -73,8 +75,7 @@ fn node_port_spreads_from_the_outside_client() {
 fn udp_cluster_ip_spreads_over_its_pods() {
     let mut cluster = Cluster::new(3);
     cluster.udp_backends(&[0, 1], 5353);
-    let yaml = service("dns", "10.96.0.53", 53, 5353, "UDP", None) + &slice("dns", &[0, 1], 5353, "UDP");
-    cluster.write("dns.yaml", &yaml);
+    cluster.write("dns.yaml", &dns_yaml(&[0, 1]));
     cluster.start_proxy(&[]);
     let counts = eventually(CONVERGE, POLL, || {
         let counts = spread_udp(cluster.lab.pod(2), sock("10.96.0.53:53"), 200);
@@ -92,8 +93,7 @@ fn a_service_whose_endpoints_all_go_away_is_refused_at_once() {
     cluster.start_proxy(&[]);
     wait_spread(cluster.lab.pod(1), sock(WEB_VIP), 10, &["pod0"]);
 
-    let yaml = service("web", "10.96.0.10", 80, 8080, "TCP", None) + &slice("web", &[], 8080, "TCP");
-    cluster.write("web.yaml", &yaml);
+    cluster.write("web.yaml", &web_yaml(&[], None));
     let pod = cluster.lab.pod(1);
     eventually(CONVERGE, POLL, || {
         let started = Instant::now();
@@ -116,13 +116,11 @@ fn editing_a_manifest_moves_traffic_without_a_restart() {
     wait_spread(client, sock(WEB_VIP), 30, &["pod0"]);
     let pid = cluster.proxy.as_ref().unwrap().pid();
 
-    let three = service("web", "10.96.0.10", 80, 8080, "TCP", None) + &slice("web", &[0, 1, 2], 8080, "TCP");
-    cluster.write("web.yaml", &three);
+    cluster.write("web.yaml", &web_yaml(&[0, 1, 2], None));
     let counts = wait_spread(client, sock(WEB_VIP), 300, &["pod0", "pod1", "pod2"]);
     assert_fair(&counts);
 
-    let one = service("web", "10.96.0.10", 80, 8080, "TCP", None) + &slice("web", &[2], 8080, "TCP");
-    cluster.write("web.yaml", &one);
+    cluster.write("web.yaml", &web_yaml(&[2], None));
     wait_spread(client, sock(WEB_VIP), 30, &["pod2"]);
     assert_eq!(
         cluster.proxy.as_ref().unwrap().pid(),
@@ -210,22 +208,10 @@ fn health_turns_503_while_syncs_fail_and_recovers() {
     let mut cluster = web_cluster(&[0], 2, None);
     cluster.start_proxy(&["--iptables-sync-period=2s"]);
     wait_spread(cluster.lab.pod(1), sock(WEB_VIP), 5, &["pod0"]);
-    let svc_chain = cluster
-        .iptables_save()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(":KUBE-SVC-")
-                .map(|rest| format!("KUBE-SVC-{}", &rest[..16]))
-        })
-        .unwrap();
+    let svc_chain = cluster.first_service_chain();
 
     // Someone else's rule jumps to our chain, so deleting the service cannot delete it.
-    cluster
-        .node()
-        .sh(&format!(
-            "iptables -t nat -N HOLDER && iptables -t nat -A HOLDER -j {svc_chain}"
-        ))
-        .unwrap();
+    cluster.hold_chain(&svc_chain);
     cluster.remove("web.yaml");
     let body = cluster.wait_healthz(503);
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -238,10 +224,7 @@ fn health_turns_503_while_syncs_fail_and_recovers() {
         cluster.metric("kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}");
     assert!(failures.unwrap_or(0.0) >= 1.0, "restore failures: {failures:?}");
 
-    cluster
-        .node()
-        .sh("iptables -t nat -F HOLDER && iptables -t nat -X HOLDER")
-        .unwrap();
+    cluster.release_chain();
     cluster.wait_healthz(200);
     let rules = cluster.iptables_save();
     assert!(!rules.contains(&svc_chain), "{svc_chain} still there:\n{rules}");
@@ -288,15 +271,7 @@ fn bad_flags_exit_2_with_a_clear_message() {
 #[test]
 fn dry_run_prints_the_ruleset_and_programs_nothing() {
     let cluster = web_cluster(&[0, 1, 2], 3, Some(30080));
-    let out = cluster
-        .node()
-        .command(proxy_binary())
-        .args(["--dry-run", "--hostname-override=node1"])
-        .arg(format!("--manifests={}", cluster.manifest_path().display()))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = cluster.dry_run();
     assert!(text.starts_with("*filter\n"), "{text}");
     assert!(text.contains("--probability 0.3333333333"), "{text}");
     assert!(text.contains("-A KUBE-NODEPORTS"), "{text}");
@@ -339,10 +314,7 @@ fn a_udp_flow_moves_when_its_endpoint_leaves_the_service() {
     let mut cluster = Cluster::new(3);
     cluster.udp_backends(&[0, 1], 5353);
     let dns = sock("10.96.0.53:53");
-    let yaml = |pods: &[usize]| {
-        service("dns", "10.96.0.53", 53, 5353, "UDP", None) + &slice("dns", pods, 5353, "UDP")
-    };
-    cluster.write("dns.yaml", &yaml(&[0]));
+    cluster.write("dns.yaml", &dns_yaml(&[0]));
     cluster.start_proxy(&[]);
     let client = cluster.lab.pod(2);
     eventually(CONVERGE, POLL, || match udp_from_fixed_port(client, dns)? {
@@ -352,7 +324,7 @@ fn a_udp_flow_moves_when_its_endpoint_leaves_the_service() {
 
     // pod0 keeps answering, but it left the Service: the same flow must now reach pod1. The
     // polling keeps the old conntrack entry alive, so only its deletion can make this pass.
-    cluster.write("dns.yaml", &yaml(&[1]));
+    cluster.write("dns.yaml", &dns_yaml(&[1]));
     eventually(CONVERGE, POLL, || match udp_from_fixed_port(client, dns)? {
         reply if reply == "pod1" => Ok(()),
         other => Err(format!("still answered by {other}")),

@@ -12,8 +12,6 @@ use std::net::SocketAddr;
 use kpr_netns::{NODE_IP, eventually};
 use support::*;
 
-const WEB_VIP: &str = "10.96.0.10:80";
-
 /// `kubeproxy_rejected_objects_total{kind,reason}` once it reaches `at_least`.
 fn wait_rejected(cluster: &Cluster, kind: &str, reason: &str, at_least: f64) -> f64 {
     let sample = format!("kubeproxy_rejected_objects_total{{kind=\"{kind}\",reason=\"{reason}\"}}");
@@ -21,10 +19,6 @@ fn wait_rejected(cluster: &Cluster, kind: &str, reason: &str, at_least: f64) -> 
         Some(n) if n >= at_least => Ok(n),
         other => Err(format!("{sample} = {other:?}\n{}", cluster.proxy_logs())),
     })
-}
-
-fn web(pods: &[usize]) -> String {
-    service("web", "10.96.0.10", 80, 8080, "TCP", None) + &slice("web", pods, 8080, "TCP")
 }
 
 /// A Service document with a hand-picked name and namespace (YAML double-quoted).
@@ -39,7 +33,7 @@ fn named_service(namespace: &str, name: &str, cluster_ip: &str) -> String {
 /// NodePort on the node's SSH port with no endpoints (which would REJECT the node's own
 /// SSH), and two names that would hash to the same chain; next to a valid Service.
 fn hostile_file() -> String {
-    web(&[0, 1])
+    web_yaml(&[0, 1], None)
         + &named_service("default", "evil\\n-A KUBE-SERVICES -j ACCEPT\\n#", "10.96.0.66")
         + "---\n"
         + &service("ssh", "10.96.0.22", 22, 22, "TCP", Some(22))
@@ -102,15 +96,7 @@ fn hostile_names_and_a_node_port_on_ssh_are_refused_while_a_valid_neighbour_serv
 fn dry_run_of_a_hostile_file_prints_only_the_valid_service() {
     let cluster = Cluster::new(2);
     cluster.write("hostile.yaml", &hostile_file());
-    let out = cluster
-        .node()
-        .command(proxy_binary())
-        .args(["--dry-run", "--hostname-override=node1"])
-        .arg(format!("--manifests={}", cluster.manifest_path().display()))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = cluster.dry_run();
     assert!(text.contains("default/web:p"), "{text}");
     assert!(!text.contains("evil"), "{text}");
     assert!(
@@ -126,7 +112,7 @@ fn dry_run_of_a_hostile_file_prints_only_the_valid_service() {
 fn an_ip_typo_keeps_the_old_version_serving() {
     let mut cluster = Cluster::new(3);
     cluster.tcp_backends(&[0, 1], 8080);
-    cluster.write("web.yaml", &web(&[0]));
+    cluster.write("web.yaml", &web_yaml(&[0], None));
     cluster.start_proxy(&[]);
     let client = cluster.lab.pod(2);
     wait_spread(client, sock(WEB_VIP), 20, &["pod0"]);
@@ -152,12 +138,12 @@ fn an_ip_typo_keeps_the_old_version_serving() {
 fn an_oversized_manifest_keeps_its_last_good_contents() {
     let mut cluster = Cluster::new(3);
     cluster.tcp_backends(&[0, 1], 8080);
-    cluster.write("web.yaml", &web(&[0]));
+    cluster.write("web.yaml", &web_yaml(&[0], None));
     cluster.start_proxy(&["--manifests-max-file-bytes=4096"]);
     let client = cluster.lab.pod(2);
     wait_spread(client, sock(WEB_VIP), 20, &["pod0"]);
 
-    let padded = format!("{}# {}\n", web(&[1]), "x".repeat(8192));
+    let padded = format!("{}# {}\n", web_yaml(&[1], None), "x".repeat(8192));
     cluster.write("web.yaml", &padded);
     wait_rejected(&cluster, "Manifest", "too_large", 1.0);
     let logs = cluster.proxy_logs();
@@ -165,7 +151,7 @@ fn an_oversized_manifest_keeps_its_last_good_contents() {
     // Nothing of the oversized version was applied: still pod0 only.
     wait_spread(client, sock(WEB_VIP), 50, &["pod0"]);
 
-    cluster.write("web.yaml", &web(&[1]));
+    cluster.write("web.yaml", &web_yaml(&[1], None));
     wait_spread(client, sock(WEB_VIP), 20, &["pod1"]);
 }
 
@@ -174,8 +160,7 @@ fn a_node_port_taken_by_another_service_is_refused_until_the_holder_goes() {
     let mut cluster = Cluster::new(2);
     cluster.tcp_backends(&[0], 8080);
     cluster.tcp_backends(&[1], 9090);
-    let web = service("web", "10.96.0.10", 80, 8080, "TCP", Some(30080)) + &slice("web", &[0], 8080, "TCP");
-    cluster.write("web.yaml", &web);
+    cluster.write("web.yaml", &web_yaml(&[0], Some(30080)));
     cluster.start_proxy(&[]);
     let node_port = SocketAddr::new(NODE_IP.into(), 30080);
     wait_spread(cluster.lab.client(), node_port, 20, &["pod0"]);
@@ -194,8 +179,7 @@ fn a_node_port_taken_by_another_service_is_refused_until_the_holder_goes() {
 fn the_node_port_range_flag_is_honoured_and_checked() {
     let mut cluster = Cluster::new(1);
     cluster.tcp_backends(&[0], 8080);
-    let web = service("web", "10.96.0.10", 80, 8080, "TCP", Some(8081)) + &slice("web", &[0], 8080, "TCP");
-    cluster.write("web.yaml", &web);
+    cluster.write("web.yaml", &web_yaml(&[0], Some(8081)));
     cluster.start_proxy(&["--service-node-port-range=8000-8999"]);
     wait_spread(
         cluster.lab.client(),

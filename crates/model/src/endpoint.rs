@@ -434,11 +434,7 @@ mod tests {
                 {"addresses": ["10.244.1.12"]}
             ]
         }));
-        let found: Vec<_> = converted
-            .ignored
-            .iter()
-            .map(|w| (w.field.as_str(), w.reason))
-            .collect();
+        let found = converted.dropped();
         assert_eq!(
             found,
             [
@@ -480,11 +476,7 @@ mod tests {
                 {"addresses": ["10.0.0.1"]}
             ]
         }));
-        let found: Vec<_> = converted
-            .ignored
-            .iter()
-            .map(|w| (w.field.as_str(), w.reason))
-            .collect();
+        let found = converted.dropped();
         assert_eq!(
             found,
             [

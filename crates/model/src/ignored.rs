@@ -56,6 +56,15 @@ impl<T> Converted<T> {
             ignored: Vec::new(),
         }
     }
+
+    /// Test support: each dropped entry's field and reason, in order.
+    #[cfg(test)]
+    pub(crate) fn dropped(&self) -> Vec<(&str, RejectReason)> {
+        self.ignored
+            .iter()
+            .map(|w| (w.field.as_str(), w.reason))
+            .collect()
+    }
 }
 
 #[cfg(test)]

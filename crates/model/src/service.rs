@@ -746,11 +746,7 @@ mod tests {
                      "externalIPs": ["127.0.0.1", "169.254.169.254", "0.0.0.0", "192.0.2.1"],
                      "ports": [{"port": 80}]}
         }));
-        let fields: Vec<_> = converted
-            .ignored
-            .iter()
-            .map(|w| (w.field.as_str(), w.reason))
-            .collect();
+        let fields = converted.dropped();
         assert_eq!(
             fields,
             [

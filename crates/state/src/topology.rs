@@ -103,61 +103,18 @@ fn available_for(ep: &Endpoint, topology: Topology, node: &str, zone: &str) -> b
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use kpr_model::{IpFamily, ServiceView, service_view};
-    use std::sync::Arc;
+    // Endpoints from kpr-world's shorthand, converted as a slice would be; the node is the
+    // proxy's own (kpr_world::NODE).
+    pub(crate) use kpr_world::{endpoint as ep, node_view as node};
 
+    /// Port `p` (80, NodePort 30080) of Service `default/s` on 10.0.0.1, with `extra`
+    /// merged into its spec, as kpr-model converts it.
     pub(crate) fn port(extra: serde_json::Value) -> ServicePort {
         let mut spec = serde_json::json!({"clusterIP": "10.0.0.1", "ports": [{"name": "p", "port": 80, "nodePort": 30080}]});
         for (k, v) in extra.as_object().unwrap() {
             spec[k] = v.clone();
         }
-        let svc =
-            serde_json::from_value(serde_json::json!({"metadata": {"name": "s"}, "spec": spec})).unwrap();
-        match service_view(&svc, IpFamily::V4).unwrap().view {
-            ServiceView::Proxied(mut p) => p.remove(0),
-            other => panic!("{other:?}"),
-        }
-    }
-
-    /// `spec` like "10.0.0.1 ready local zone=z1 hint-zone=z1 hint-node=n1".
-    pub(crate) fn ep(spec: &str) -> Endpoint {
-        let mut words = spec.split_whitespace();
-        let ip = words.next().unwrap();
-        let mut e = Endpoint {
-            addr: format!("{ip}:80").parse().unwrap(),
-            is_local: false,
-            ready: false,
-            serving: false,
-            terminating: false,
-            zone_hints: Arc::from([]),
-            node_hints: Arc::from([]),
-        };
-        for w in words {
-            match w {
-                "ready" => {
-                    e.ready = true;
-                    e.serving = true
-                }
-                "serving" => e.serving = true,
-                "terminating" => e.terminating = true,
-                "local" => e.is_local = true,
-                w if w.starts_with("hint-zone=") => e.zone_hints = Arc::from([Arc::from(&w[10..])]),
-                w if w.starts_with("hint-node=") => e.node_hints = Arc::from([Arc::from(&w[10..])]),
-                other => panic!("unknown word {other}"),
-            }
-        }
-        e
-    }
-
-    pub(crate) fn node(zone: Option<&str>) -> NodeView {
-        let mut n = NodeView {
-            name: "n1".into(),
-            ..Default::default()
-        };
-        if let Some(z) = zone {
-            n.labels.insert(kpr_model::ZONE_LABEL.into(), z.into());
-        }
-        n
+        kpr_world::service_port("s", spec)
     }
 
     fn ips(eps: &[&Endpoint]) -> Vec<String> {
@@ -169,7 +126,7 @@ pub(crate) mod tests {
         let eps = [
             ep("10.0.0.1 ready"),
             ep("10.0.0.2 serving terminating"),
-            ep("10.0.0.3"),
+            ep("10.0.0.3 notready"),
         ];
         let c = categorize(&port(serde_json::json!({})), &eps, &node(None));
         assert_eq!(ips(&c.cluster), ["10.0.0.1"]);
@@ -217,8 +174,8 @@ pub(crate) mod tests {
     #[test]
     fn node_hints_for_other_nodes_fall_back_to_zone_hints() {
         let eps = [
-            ep("10.0.0.1 ready hint-node=n2 hint-zone=z1"),
-            ep("10.0.0.2 ready hint-node=n3 hint-zone=z2"),
+            ep("10.0.0.1 ready hint-node=node-b hint-zone=z1"),
+            ep("10.0.0.2 ready hint-node=node-c hint-zone=z2"),
         ];
         let c = categorize(&port(serde_json::json!({})), &eps, &node(Some("z1")));
         assert_eq!(ips(&c.cluster), ["10.0.0.1"]);
@@ -283,8 +240,8 @@ pub(crate) mod tests {
     #[test]
     fn node_hints_win_over_zone_hints() {
         let eps = [
-            ep("10.0.0.1 ready hint-node=n1 hint-zone=z1"),
-            ep("10.0.0.2 ready hint-node=n2 hint-zone=z1"),
+            ep("10.0.0.1 ready hint-node=node-a hint-zone=z1"),
+            ep("10.0.0.2 ready hint-node=node-b hint-zone=z1"),
         ];
         let c = categorize(&port(serde_json::json!({})), &eps, &node(Some("z1")));
         assert_eq!(ips(&c.cluster), ["10.0.0.1"]);

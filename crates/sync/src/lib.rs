@@ -14,6 +14,8 @@
 
 mod intake;
 mod sync;
+#[cfg(test)]
+mod test_support;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -18,7 +18,8 @@ use nix::sys::resource::{UsageWho, getrusage};
 use kpr_conntrack::{ConntrackTable, NetlinkTable, Reconciler, Scope};
 use kpr_model::IpFamily;
 use kpr_netns::{CLIENT_IP, Lab};
-use support::{Cluster, OTHER_VIP, PORT, VIP, dns_service, ep, pod, restore, send_from};
+use kpr_world::{World, ep};
+use support::{OTHER_VIP, PORT, VIP, dns_service, dns_slice_ports, pod, restore, send_from};
 
 const FIRST_PORT: u16 = 1024;
 const PORTS_PER_ADDRESS: usize = 65535 - FIRST_PORT as usize + 1;
@@ -60,19 +61,16 @@ fn main() {
     };
     println!("created {total} flows in {:?}", make_flows());
 
-    let mut both = Cluster::new(IpFamily::V4);
-    both.service("dns", dns_service());
-    both.slice(
-        "dns",
-        "IPv4",
-        pod(0).port(),
-        vec![ep(&pod(0).ip().to_string()), ep(&pod(1).ip().to_string())],
-    );
-    let both = both.pending();
-    let mut one = Cluster::new(IpFamily::V4);
-    one.service("dns", dns_service());
-    one.slice("dns", "IPv4", pod(0).port(), vec![ep(&pod(0).ip().to_string())]);
-    let one = one.pending();
+    let pods_of_dns = |pods: &[usize]| {
+        let mut world = World::new();
+        let endpoints = pods.iter().map(|&i| ep(&pod(i).ip().to_string())).collect();
+        world
+            .service("dns", dns_service())
+            .slice("dns", dns_slice_ports(pod(0).port()), endpoints);
+        world.pending()
+    };
+    let both = pods_of_dns(&[0, 1]);
+    let one = pods_of_dns(&[0]);
 
     node.run(|| {
         for round in 1..=3 {
@@ -94,7 +92,7 @@ fn main() {
         }
         // A sync that changed only another UDP Service: its frontends (cluster IP, external
         // IP, NodePort) are dumped with kernel-side filters over the same big table.
-        let mut other = Cluster::new(IpFamily::V4);
+        let mut other = World::new();
         other.service("other", serde_json::json!({"type": "NodePort", "clusterIP": OTHER_VIP.to_string(),
             "externalIPs": ["192.0.2.99"],
             "ports": [{"name": "dns", "port": PORT, "protocol": "UDP", "nodePort": 30099}]}));

@@ -127,91 +127,39 @@ pub fn scopes_of(state: &DesiredState, services: &BTreeSet<NamespacedName>) -> B
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use k8s_openapi::api::core::v1::Service;
-    use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kpr_model::IpFamily;
-    use kpr_state::PendingSync;
-    use kpr_tracking::{EndpointsTracker, ServiceTracker};
+    use kpr_world::{World, eps};
     use serde_json::{Value, json};
 
     use super::*;
     use crate::entry::FlowTuple;
 
-    /// Services and slices through the real conversions and trackers.
-    struct World {
-        services: ServiceTracker,
-        endpoints: EndpointsTracker,
-        address_type: &'static str,
+    /// The slice ports of the tests' services: `dns` on target port 5353.
+    fn dns_port(protocol: &str) -> Value {
+        json!([{"name": "dns", "port": 5353, "protocol": protocol}])
     }
 
-    impl World {
-        fn new(family: IpFamily) -> Self {
-            Self {
-                services: ServiceTracker::new(family),
-                endpoints: EndpointsTracker::new(family, "node-a"),
-                address_type: if family == IpFamily::V4 { "IPv4" } else { "IPv6" },
-            }
-        }
-
-        fn service(&mut self, name: &str, spec: Value) -> &mut Self {
-            let mut spec = spec;
-            let status = spec.as_object_mut().unwrap().remove("status");
-            let mut object = json!({"metadata": {"name": name, "namespace": "default"}, "spec": spec});
-            if let Some(status) = status {
-                object["status"] = status;
-            }
-            let service: Service = serde_json::from_value(object).unwrap();
-            self.services
-                .update(NamespacedName::new("default", name), Some(&service))
-                .unwrap();
-            self
-        }
-
-        /// Port `dns` with `protocol` and target port 5353; endpoints as `"ip"`,
-        /// `"ip terminating"` (serving) or `"ip notready"` (not serving).
-        fn slice(&mut self, service: &str, protocol: &str, endpoints: &[&str]) -> &mut Self {
-            let endpoints: Vec<Value> = endpoints
-                .iter()
-                .map(|spec| {
-                    let mut words = spec.split_whitespace();
-                    let ip = words.next().unwrap();
-                    let (ready, serving, terminating) = match words.next() {
-                        None => (true, true, false),
-                        Some("terminating") => (false, true, true),
-                        Some("notready") => (false, false, false),
-                        Some(other) => panic!("unknown endpoint word {other}"),
-                    };
-                    json!({"addresses": [ip], "conditions":
-                           {"ready": ready, "serving": serving, "terminating": terminating}})
-                })
-                .collect();
-            let slice: EndpointSlice = serde_json::from_value(json!({
-                "metadata": {"name": format!("{service}-1"), "namespace": "default",
-                             "labels": {"kubernetes.io/service-name": service}},
-                "addressType": self.address_type,
-                "ports": [{"name": "dns", "port": 5353, "protocol": protocol}],
-                "endpoints": endpoints}))
-            .unwrap();
-            self.endpoints
-                .update(
-                    NamespacedName::new("default", &format!("{service}-1")),
-                    Some(&slice),
-                )
-                .unwrap();
-            self
-        }
-
-        fn take(&mut self) -> PendingSync {
-            PendingSync::new(self.services.take(), self.endpoints.take(), Arc::default())
-        }
-    }
+    /// Every frontend of [`dns`]: cluster IP, external IP, load-balancer IP, and the
+    /// NodePort on one of the node's addresses.
+    const DNS_FRONTENDS: [&str; 4] = [
+        "10.96.0.53:53",
+        "192.0.2.9:53",
+        "203.0.113.7:53",
+        "192.168.77.1:30053",
+    ];
 
     fn dns(protocol: &str) -> Value {
         json!({"type": "LoadBalancer", "clusterIP": "10.96.0.53", "externalIPs": ["192.0.2.9"],
                "ports": [{"name": "dns", "port": 53, "protocol": protocol, "targetPort": 5353, "nodePort": 30053}],
                "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}})
+    }
+
+    /// A world with the UDP [`dns`] Service and these endpoints (see [`kpr_world::ep`]).
+    fn dns_with(endpoints: &[&str]) -> World {
+        let mut w = World::new();
+        w.service("dns", dns("UDP"))
+            .slice("dns", dns_port("UDP"), eps(endpoints));
+        w
     }
 
     fn entry(client: &str, to: &str, reply_from: &str) -> UdpEntry {
@@ -232,21 +180,14 @@ mod tests {
     }
 
     fn frontends(world: &mut World) -> Frontends {
-        Frontends::of(&world.take().state)
+        Frontends::of(&world.state())
     }
 
     #[test]
     fn flows_to_serving_endpoints_stay_terminating_ones_included() {
-        let mut w = World::new(IpFamily::V4);
-        w.service("dns", dns("UDP"))
-            .slice("dns", "UDP", &["10.244.1.10", "10.244.1.11 terminating"]);
+        let mut w = dns_with(&["10.244.1.10", "10.244.1.11 serving terminating"]);
         let f = frontends(&mut w);
-        for to in [
-            "10.96.0.53:53",
-            "192.0.2.9:53",
-            "203.0.113.7:53",
-            "192.168.77.1:30053",
-        ] {
+        for to in DNS_FRONTENDS {
             for endpoint in ["10.244.1.10:5353", "10.244.1.11:5353"] {
                 let e = entry("192.168.77.2:40000", to, endpoint);
                 assert!(!f.is_stale(&e), "{e} must stay");
@@ -256,16 +197,9 @@ mod tests {
 
     #[test]
     fn flows_to_endpoints_that_left_or_stopped_serving_are_stale() {
-        let mut w = World::new(IpFamily::V4);
-        w.service("dns", dns("UDP"))
-            .slice("dns", "UDP", &["10.244.1.10", "10.244.1.12 notready"]);
+        let mut w = dns_with(&["10.244.1.10", "10.244.1.12 notready"]);
         let f = frontends(&mut w);
-        for to in [
-            "10.96.0.53:53",
-            "192.0.2.9:53",
-            "203.0.113.7:53",
-            "192.168.77.1:30053",
-        ] {
+        for to in DNS_FRONTENDS {
             for reply_from in [
                 "10.244.1.12:5353", // not serving
                 "10.244.1.99:5353", // gone
@@ -280,13 +214,12 @@ mod tests {
 
     #[test]
     fn other_destinations_are_never_touched() {
-        let mut w = World::new(IpFamily::V4);
-        w.service("dns", dns("UDP")).slice("dns", "UDP", &["10.244.1.10"]);
+        let mut w = dns_with(&["10.244.1.10"]);
         w.service(
             "web",
             json!({"clusterIP": "10.96.0.80", "ports": [{"name": "dns", "port": 53, "protocol": "TCP"}]}),
         )
-        .slice("web", "TCP", &["10.244.1.20"]);
+        .slice("web", dns_port("TCP"), eps(&["10.244.1.20"]));
         let f = frontends(&mut w);
         for (to, reply_from) in [
             ("10.96.0.53:54", "10.244.1.99:5353"),    // the VIP, another port
@@ -301,9 +234,7 @@ mod tests {
 
     #[test]
     fn a_port_without_serving_endpoints_keeps_no_flow() {
-        let mut w = World::new(IpFamily::V4);
-        w.service("dns", dns("UDP"))
-            .slice("dns", "UDP", &["10.244.1.10 notready"]);
+        let mut w = dns_with(&["10.244.1.10 notready"]);
         let f = frontends(&mut w);
         assert!(f.is_stale(&entry("192.168.77.2:40000", "10.96.0.53:53", "10.244.1.10:5353")));
         assert!(f.is_stale(&entry(
@@ -315,21 +246,21 @@ mod tests {
 
     #[test]
     fn tcp_only_clusters_have_nothing_to_reconcile() {
-        let mut w = World::new(IpFamily::V4);
+        let mut w = World::new();
         w.service(
             "web",
             json!({"clusterIP": "10.96.0.80", "ports": [{"name": "dns", "port": 80, "protocol": "TCP"}]}),
         )
-        .slice("web", "TCP", &["10.244.1.20"]);
+        .slice("web", dns_port("TCP"), eps(&["10.244.1.20"]));
         assert!(frontends(&mut w).is_empty());
     }
 
     #[test]
     fn ipv6_flows_are_judged_the_same_way() {
-        let mut w = World::new(IpFamily::V6);
+        let mut w = World::with_family(IpFamily::V6);
         w.service("dns", json!({"clusterIP": "fd00:96::53", "ipFamilies": ["IPv6"],
                                  "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}))
-            .slice("dns", "UDP", &["fd00:244::10", "fd00:244::11 terminating"]);
+            .slice("dns", dns_port("UDP"), eps(&["fd00:244::10", "fd00:244::11 serving terminating"]));
         let f = frontends(&mut w);
         let client = "[fd00:77::2]:40000";
         assert!(!f.is_stale(&entry(client, "[fd00:96::53]:53", "[fd00:244::10]:5353")));
@@ -340,7 +271,7 @@ mod tests {
 
     #[test]
     fn a_frontend_claimed_twice_keeps_flows_to_either_ports_endpoints() {
-        let mut w = World::new(IpFamily::V4);
+        let mut w = World::new();
         for (name, vip, pod) in [
             ("a", "10.96.0.1", "10.244.1.10"),
             ("b", "10.96.0.2", "10.244.1.11"),
@@ -350,7 +281,7 @@ mod tests {
                 json!({"clusterIP": vip, "externalIPs": ["192.0.2.9"],
                                    "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
             )
-            .slice(name, "UDP", &[pod]);
+            .slice(name, dns_port("UDP"), eps(&[pod]));
         }
         let f = frontends(&mut w);
         assert!(!f.is_stale(&entry("192.168.77.2:1", "192.0.2.9:53", "10.244.1.10:5353")));
@@ -360,8 +291,7 @@ mod tests {
 
     #[test]
     fn stale_keeps_the_order_and_drops_the_rest() {
-        let mut w = World::new(IpFamily::V4);
-        w.service("dns", dns("UDP")).slice("dns", "UDP", &["10.244.1.10"]);
+        let mut w = dns_with(&["10.244.1.10"]);
         let f = frontends(&mut w);
         let entries = [
             entry("192.168.77.2:3", "10.96.0.53:53", "10.244.1.99:5353"),
@@ -373,13 +303,12 @@ mod tests {
 
     #[test]
     fn changed_udp_services_give_their_frontends_as_scopes() {
-        let mut w = World::new(IpFamily::V4);
-        w.service("dns", dns("UDP")).slice("dns", "UDP", &["10.244.1.10"]);
+        let mut w = dns_with(&["10.244.1.10"]);
         w.service(
             "web",
             json!({"clusterIP": "10.96.0.80", "ports": [{"name": "dns", "port": 80, "protocol": "TCP"}]}),
         );
-        let pending = w.take();
+        let pending = w.pending();
         let changed = BTreeSet::from([
             NamespacedName::new("default", "dns"),
             NamespacedName::new("default", "web"),

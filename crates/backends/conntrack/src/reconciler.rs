@@ -249,10 +249,7 @@ mod tests {
     use std::net::SocketAddr;
     use std::sync::{Arc, Mutex};
 
-    use k8s_openapi::api::core::v1::Service;
-    use k8s_openapi::api::discovery::v1::EndpointSlice;
-    use kpr_state::PendingSync;
-    use kpr_tracking::{EndpointsTracker, ServiceTracker};
+    use kpr_world::{World, eps};
     use serde_json::json;
 
     use super::*;
@@ -300,43 +297,17 @@ mod tests {
         }
     }
 
-    struct World {
-        services: ServiceTracker,
-        endpoints: EndpointsTracker,
-    }
-
-    impl World {
-        fn new() -> Self {
-            Self {
-                services: ServiceTracker::new(IpFamily::V4),
-                endpoints: EndpointsTracker::new(IpFamily::V4, "node-a"),
-            }
-        }
-
-        /// UDP (or TCP) service `name` on `vip`:53, target port 5353, with `pods`.
-        fn service(&mut self, name: &str, vip: &str, protocol: &str, pods: &[&str]) {
-            let service: Service = serde_json::from_value(json!({
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {"clusterIP": vip, "ports": [{"name": "dns", "port": 53, "protocol": protocol, "targetPort": 5353}]}}))
-            .unwrap();
-            self.services
-                .update(NamespacedName::new("default", name), Some(&service))
-                .unwrap();
-            let endpoints: Vec<_> = pods.iter().map(|ip| json!({"addresses": [ip]})).collect();
-            let slice: EndpointSlice = serde_json::from_value(json!({
-                "metadata": {"name": format!("{name}-1"), "namespace": "default",
-                             "labels": {"kubernetes.io/service-name": name}},
-                "addressType": "IPv4", "ports": [{"name": "dns", "port": 5353, "protocol": protocol}],
-                "endpoints": endpoints}))
-            .unwrap();
-            self.endpoints
-                .update(NamespacedName::new("default", &format!("{name}-1")), Some(&slice))
-                .unwrap();
-        }
-
-        fn take(&mut self) -> PendingSync {
-            PendingSync::new(self.services.take(), self.endpoints.take(), Arc::default())
-        }
+    /// UDP (or TCP) service `name` on `vip`:53, target port 5353, with `pods`.
+    fn dns(w: &mut World, name: &str, vip: &str, protocol: &str, pods: &[&str]) {
+        w.service(
+            name,
+            json!({"clusterIP": vip, "ports": [{"name": "dns", "port": 53, "protocol": protocol, "targetPort": 5353}]}),
+        )
+        .slice(
+            name,
+            json!([{"name": "dns", "port": 5353, "protocol": protocol}]),
+            eps(pods),
+        );
     }
 
     fn flow(source_port: u16, to: &str, reply_from: &str) -> UdpEntry {
@@ -369,17 +340,17 @@ mod tests {
         ];
         let mut r = reconciler(&fake);
         let mut w = World::new();
-        w.service("a", "10.96.0.1", "UDP", &["10.244.1.10"]);
-        w.service("b", "10.96.0.2", "UDP", &["10.244.1.20"]);
-        let first = w.take();
+        dns(&mut w, "a", "10.96.0.1", "UDP", &["10.244.1.10"]);
+        dns(&mut w, "b", "10.96.0.2", "UDP", &["10.244.1.20"]);
+        let first = w.pending();
         let report = r.after_sync(&first.request(false)).unwrap();
         assert_eq!(fake.took_scopes(), [Scope::All]);
         assert_eq!(report.deleted, 1);
         assert_eq!(fake.entries.lock().unwrap().len(), 2);
 
         // Service b's endpoint moves: only b's frontend is looked at.
-        w.service("b", "10.96.0.2", "UDP", &["10.244.1.21"]);
-        let second = w.take();
+        dns(&mut w, "b", "10.96.0.2", "UDP", &["10.244.1.21"]);
+        let second = w.pending();
         let report = r.after_sync(&second.request(false)).unwrap();
         assert_eq!(fake.took_scopes(), [Scope::To("10.96.0.2:53".parse().unwrap())]);
         assert_eq!(report.deleted, 1);
@@ -389,9 +360,9 @@ mod tests {
         );
 
         // A TCP-only change, or none: nothing to look at, nothing to report.
-        w.service("web", "10.96.0.80", "TCP", &["10.244.1.30"]);
-        assert_eq!(r.after_sync(&w.take().request(false)), None);
-        assert_eq!(r.after_sync(&w.take().request(false)), None);
+        dns(&mut w, "web", "10.96.0.80", "TCP", &["10.244.1.30"]);
+        assert_eq!(r.after_sync(&w.pending().request(false)), None);
+        assert_eq!(r.after_sync(&w.pending().request(false)), None);
         assert!(fake.took_scopes().is_empty());
     }
 
@@ -400,11 +371,11 @@ mod tests {
         let fake = Fake::default();
         let mut r = reconciler(&fake);
         let mut w = World::new();
-        w.service("a", "10.96.0.1", "UDP", &["10.244.1.10"]);
-        r.after_sync(&w.take().request(false));
+        dns(&mut w, "a", "10.96.0.1", "UDP", &["10.244.1.10"]);
+        r.after_sync(&w.pending().request(false));
         fake.took_scopes();
         r.sync_failed();
-        assert!(r.after_sync(&w.take().request(false)).is_some());
+        assert!(r.after_sync(&w.pending().request(false)).is_some());
         assert_eq!(fake.took_scopes(), [Scope::All]);
     }
 
@@ -413,12 +384,12 @@ mod tests {
         let fake = Fake::default();
         let mut r = reconciler(&fake);
         let mut w = World::new();
-        w.service("a", "10.96.0.1", "UDP", &["10.244.1.10"]);
+        dns(&mut w, "a", "10.96.0.1", "UDP", &["10.244.1.10"]);
         *fake.fail_listing.lock().unwrap() = true;
-        assert_eq!(r.after_sync(&w.take().request(false)), None);
+        assert_eq!(r.after_sync(&w.pending().request(false)), None);
         *fake.fail_listing.lock().unwrap() = false;
         fake.took_scopes();
-        assert!(r.after_sync(&w.take().request(false)).is_some());
+        assert!(r.after_sync(&w.pending().request(false)).is_some());
         assert_eq!(fake.took_scopes(), [Scope::All]);
     }
 
@@ -427,11 +398,11 @@ mod tests {
         let fake = Fake::default();
         let mut r = reconciler(&fake).with_full_period(Duration::ZERO);
         let mut w = World::new();
-        w.service("a", "10.96.0.1", "UDP", &["10.244.1.10"]);
-        r.after_sync(&w.take().request(false));
+        dns(&mut w, "a", "10.96.0.1", "UDP", &["10.244.1.10"]);
+        r.after_sync(&w.pending().request(false));
         fake.took_scopes();
         // No change at all, yet the period is over.
-        assert!(r.after_sync(&w.take().request(false)).is_some());
+        assert!(r.after_sync(&w.pending().request(false)).is_some());
         assert_eq!(fake.took_scopes(), [Scope::All]);
     }
 
@@ -440,17 +411,18 @@ mod tests {
         let fake = Fake::default();
         let mut r = reconciler(&fake);
         let mut w = World::new();
-        r.after_sync(&w.take().request(false));
+        r.after_sync(&w.pending().request(false));
         fake.took_scopes();
         for i in 0..=MAX_TARGETED_DUMPS {
-            w.service(
+            dns(
+                &mut w,
                 &format!("s{i}"),
                 &format!("10.96.0.{}", i + 1),
                 "UDP",
                 &["10.244.1.10"],
             );
         }
-        r.after_sync(&w.take().request(false));
+        r.after_sync(&w.pending().request(false));
         assert_eq!(fake.took_scopes(), [Scope::All]);
     }
 }

@@ -15,9 +15,10 @@ use std::net::{Ipv6Addr, SocketAddr};
 use kpr_conntrack::{Conntrack, ConntrackTable, NetlinkTable, Reconciler, Scope};
 use kpr_model::IpFamily;
 use kpr_netns::{CLIENT_IP, Netns};
+use kpr_world::{World, ep};
 use support::{
-    Cluster, EXTERNAL_IP, OTHER_VIP, PORT, Route, Seen, VIP, conntrack_entries, dns_service, ep, lab,
-    node_port, pod, send_routes,
+    EXTERNAL_IP, OTHER_VIP, PORT, Route, Seen, VIP, conntrack, conntrack_entries, dns_service,
+    dns_slice_ports, lab, node_port, pod, send_routes,
 };
 
 fn route(
@@ -72,15 +73,13 @@ fn a_restart_keeps_flows_to_serving_endpoints_and_drops_those_to_endpoints_that_
     assert_eq!(before, sorted(all), "every datagram made one DNATed entry");
 
     // The proxy starts: its first sync sees pods 0 and 1 only.
-    let mut cluster = Cluster::new(IpFamily::V4);
-    cluster.service("dns", dns_service());
-    cluster.slice(
+    let mut cluster = World::new();
+    cluster.service("dns", dns_service()).slice(
         "dns",
-        "IPv4",
-        pod(0).port(),
+        dns_slice_ports(pod(0).port()),
         vec![
             ep(&pod(0).ip().to_string()),
-            ep(&format!("{} terminating", pod(1).ip())),
+            ep(&format!("{} serving terminating", pod(1).ip())),
         ],
     );
     let first = cluster.pending();
@@ -109,10 +108,11 @@ fn after_a_sync_only_flows_to_endpoints_that_stopped_serving_go_and_other_destin
         route(other, 42200, pod(1)),
     ];
     let lab = lab(2, &routes);
-    let mut cluster = Cluster::new(IpFamily::V4);
-    cluster.service("dns", dns_service());
+    let mut cluster = World::new();
     let both = vec![ep(&pod(0).ip().to_string()), ep(&pod(1).ip().to_string())];
-    cluster.slice("dns", "IPv4", pod(0).port(), both);
+    cluster
+        .service("dns", dns_service())
+        .slice("dns", dns_slice_ports(pod(0).port()), both);
     let first = cluster.pending();
     let mut reconciler = Reconciler::netlink(IpFamily::V4);
     lab.node().run(|| reconciler.after_sync(&first.request(false)));
@@ -121,8 +121,7 @@ fn after_a_sync_only_flows_to_endpoints_that_stopped_serving_go_and_other_destin
     // Pod 1 stops serving (not ready, not serving): a targeted reconcile of the Service.
     cluster.slice(
         "dns",
-        "IPv4",
-        pod(0).port(),
+        dns_slice_ports(pod(0).port()),
         vec![
             ep(&pod(0).ip().to_string()),
             ep(&format!("{} notready", pod(1).ip())),
@@ -157,9 +156,12 @@ fn flows_created_before_the_rules_existed_are_dropped_once_the_service_has_endpo
     }
     assert_eq!(conntrack_entries(node).len(), 2);
 
-    let mut cluster = Cluster::new(IpFamily::V4);
-    cluster.service("dns", dns_service());
-    cluster.slice("dns", "IPv4", pod(0).port(), vec![ep(&pod(0).ip().to_string())]);
+    let mut cluster = World::new();
+    cluster.service("dns", dns_service()).slice(
+        "dns",
+        dns_slice_ports(pod(0).port()),
+        vec![ep(&pod(0).ip().to_string())],
+    );
     let first = cluster.pending();
     let report = node
         .run(|| Reconciler::netlink(IpFamily::V4).after_sync(&first.request(false)))
@@ -173,25 +175,17 @@ fn flows_created_before_the_rules_existed_are_dropped_once_the_service_has_endpo
 fn insert(netns: &Netns, client: &str, source_port: &str, to: &str, reply_from: &str) {
     let to: SocketAddr = to.parse().unwrap();
     let reply_from: SocketAddr = reply_from.parse().unwrap();
-    let out = netns
-        .command("conntrack")
-        .args(["-I", "-p", "udp", "-t", "600", "-u", "SEEN_REPLY"])
-        .args(["-s", client, "-d", &to.ip().to_string()])
-        .args(["--sport", source_port, "--dport", &to.port().to_string()])
-        .args(["--reply-src", &reply_from.ip().to_string(), "--reply-dst", client])
-        .args([
-            "--reply-port-src",
-            &reply_from.port().to_string(),
-            "--reply-port-dst",
-            source_port,
-        ])
-        .output()
-        .expect("running the conntrack tool (scripts/ensure-packages installs it)");
-    assert!(
-        out.status.success(),
-        "conntrack -I: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (to_ip, to_port) = (to.ip().to_string(), to.port().to_string());
+    let (reply_ip, reply_port) = (reply_from.ip().to_string(), reply_from.port().to_string());
+    let args = [
+        ["-I", "-p", "udp", "-t", "600", "-u", "SEEN_REPLY"].as_slice(),
+        &["-s", client, "-d", &to_ip],
+        &["--sport", source_port, "--dport", &to_port],
+        &["--reply-src", &reply_ip, "--reply-dst", client],
+        &["--reply-port-src", &reply_port, "--reply-port-dst", source_port],
+    ]
+    .concat();
+    conntrack(netns, &args);
 }
 
 #[test]
@@ -234,13 +228,14 @@ fn ipv6_entries_are_listed_and_deleted_exactly() {
             endpoint,
         );
     }
-    let mut cluster = Cluster::new(IpFamily::V6);
-    cluster.service(
-        "dns",
-        serde_json::json!({"clusterIP": vip6.to_string(), "ipFamilies": ["IPv6"],
-                           "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}),
-    );
-    cluster.slice("dns", "IPv6", 5353, vec![ep("fd00:244::10")]);
+    let mut cluster = World::with_family(IpFamily::V6);
+    cluster
+        .service(
+            "dns",
+            serde_json::json!({"clusterIP": vip6.to_string(), "ipFamilies": ["IPv6"],
+                               "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}),
+        )
+        .slice("dns", dns_slice_ports(5353), vec![ep("fd00:244::10")]);
     let first = cluster.pending();
     let (listed, report) = netns.run(|| {
         let v4 = NetlinkTable::new().udp_entries(IpFamily::V4, Scope::All).unwrap();
@@ -253,12 +248,7 @@ fn ipv6_entries_are_listed_and_deleted_exactly() {
     });
     assert_eq!(listed.entries.len(), 2);
     assert_eq!(report.unwrap().deleted, 1);
-    let out = netns
-        .command("conntrack")
-        .args(["-L", "-f", "ipv6", "-p", "udp"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = conntrack(&netns, &["-L", "-f", "ipv6", "-p", "udp"]);
     assert!(
         text.contains("fd00:244::10") && !text.contains("fd00:244::99"),
         "{text}"

@@ -16,10 +16,11 @@ mod common;
 
 use std::net::IpAddr;
 
-use common::{World, check_golden, ep, golden_diff};
+use common::{check_golden, golden_diff};
 use kpr_iptables::{IptablesOptions, LocalDetector, NodePortAddresses, build, render_dry_run};
 use kpr_model::{Protocol, ServicePortName};
 use kpr_naming::ServiceChains;
+use kpr_world::{World, ep};
 use serde_json::{Value, json};
 
 /// Options as a typical cluster runs upstream: pod traffic detected by the cluster CIDR,
@@ -43,6 +44,21 @@ fn http_slice_port() -> Value {
     json!([{"name": "http", "port": 8080}])
 }
 
+/// Service `web` (ClusterIP 10.96.0.10, port `http` 80 -> 8080) with these endpoints.
+fn web(endpoints: Vec<Value>) -> World {
+    let mut world = World::new();
+    world
+        .service("web", clusterip("10.96.0.10", http_port()))
+        .slice("web", http_slice_port(), endpoints);
+    world
+}
+
+/// Service `web` as a NodePort Service (NodePort 30080).
+fn nodeport_web() -> Value {
+    json!({"type": "NodePort", "clusterIP": "10.96.0.10",
+           "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]})
+}
+
 fn render(world: &mut World, opts: &IptablesOptions) -> String {
     render_dry_run(&world.state(), opts, &[])
 }
@@ -61,12 +77,7 @@ fn clusterip_without_endpoints_rejects_in_filter() {
 
 #[test]
 fn clusterip_with_one_endpoint() {
-    let mut world = World::new();
-    world.service("web", clusterip("10.96.0.10", http_port())).slice(
-        "web",
-        http_slice_port(),
-        vec![ep("10.244.1.5")],
-    );
+    let mut world = web(vec![ep("10.244.1.5")]);
     let text = render(&mut world, &cluster_cidr_options());
     assert!(!text.contains("--probability"), "one endpoint is a plain jump");
     check_golden("clusterip_1_endpoint", &text);
@@ -74,12 +85,7 @@ fn clusterip_with_one_endpoint() {
 
 #[test]
 fn clusterip_with_three_endpoints() {
-    let mut world = World::new();
-    world.service("web", clusterip("10.96.0.10", http_port())).slice(
-        "web",
-        http_slice_port(),
-        vec![ep("10.244.1.5"), ep("10.244.2.7 local"), ep("10.244.1.6")],
-    );
+    let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.7 local"), ep("10.244.1.6")]);
     let text = render(&mut world, &cluster_cidr_options());
     let probabilities: Vec<&str> = text
         .lines()
@@ -141,17 +147,11 @@ fn udp_service() {
 #[test]
 fn nodeport_service() {
     let mut world = World::new();
-    world
-        .service(
-            "web",
-            json!({"type": "NodePort", "clusterIP": "10.96.0.10",
-                   "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}),
-        )
-        .slice(
-            "web",
-            http_slice_port(),
-            vec![ep("10.244.1.5"), ep("10.244.2.7 local")],
-        );
+    world.service("web", nodeport_web()).slice(
+        "web",
+        http_slice_port(),
+        vec![ep("10.244.1.5"), ep("10.244.2.7 local")],
+    );
     let text = render(&mut world, &cluster_cidr_options());
     assert!(text.contains(
         "-A KUBE-NODEPORTS -m comment --comment default/web:http -m tcp -p tcp --dport 30080 -j KUBE-EXT-"
@@ -367,12 +367,7 @@ fn both_traffic_policies_local() {
 /// `--masquerade-all`: every cluster-IP connection is masqueraded, whatever its source.
 #[test]
 fn masquerade_all() {
-    let mut world = World::new();
-    world.service("web", clusterip("10.96.0.10", http_port())).slice(
-        "web",
-        http_slice_port(),
-        vec![ep("10.244.1.5")],
-    );
+    let mut world = web(vec![ep("10.244.1.5")]);
     let opts = IptablesOptions {
         masquerade_all: true,
         ..cluster_cidr_options()
@@ -399,12 +394,7 @@ fn many_endpoints(n: usize) -> Vec<Value> {
 /// file uses a threshold of 2 to stay readable; the test below uses upstream's 1000.
 #[test]
 fn large_cluster_mode() {
-    let mut world = World::new();
-    world.service("web", clusterip("10.96.0.10", http_port())).slice(
-        "web",
-        http_slice_port(),
-        vec![ep("10.244.1.5"), ep("10.244.1.6"), ep("10.244.1.7")],
-    );
+    let mut world = web(vec![ep("10.244.1.5"), ep("10.244.1.6"), ep("10.244.1.7")]);
     let opts = IptablesOptions {
         large_cluster_endpoints_threshold: 2,
         ..cluster_cidr_options()
@@ -416,12 +406,7 @@ fn large_cluster_mode() {
 
 #[test]
 fn large_cluster_mode_starts_above_a_thousand_endpoints() {
-    let mut world = World::new();
-    world.service("web", clusterip("10.96.0.10", http_port())).slice(
-        "web",
-        http_slice_port(),
-        many_endpoints(1000),
-    );
+    let mut world = web(many_endpoints(1000));
     let opts = cluster_cidr_options();
     let at_threshold = build(&world.state(), &opts, &[]);
     assert!(!at_threshold.large_cluster, "1000 is not above the threshold");
@@ -450,11 +435,7 @@ fn large_cluster_mode_starts_above_a_thousand_endpoints() {
 fn nodeport_addresses_select_local_addresses() {
     let mut world = World::new();
     world
-        .service(
-            "web",
-            json!({"type": "NodePort", "clusterIP": "10.96.0.10",
-                   "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}),
-        )
+        .service("web", nodeport_web())
         .slice("web", http_slice_port(), vec![ep("10.244.1.5")]);
     let opts = IptablesOptions {
         nodeport_addresses: NodePortAddresses::Cidrs(vec!["192.168.0.0/16".parse().unwrap()]),

@@ -18,14 +18,15 @@ mod common;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use common::{Pending, SKIP_VARIANTS_ENV, World, ep, skip_requested, variant_name};
+use common::{SKIP_VARIANTS_ENV, skip_requested, variant_name};
 use kpr_iptables::{
     ExecError, Iptables, IptablesBackend, IptablesCli, IptablesOptions, IptablesVersion, SavedTable, Table,
     Variant, build, cleanup,
 };
 use kpr_model::IpFamily;
 use kpr_netns::Netns;
-use kpr_state::SyncReport;
+use kpr_state::{PendingSync, SyncReport};
+use kpr_world::{World, ep};
 use serde_json::json;
 
 /// A user's own rules, which no sync and no cleanup may touch.
@@ -233,7 +234,7 @@ impl Node {
     }
 }
 
-fn sync(backend: &mut IptablesBackend, world: &mut World) -> (SyncReport, Pending) {
+fn sync(backend: &mut IptablesBackend, world: &mut World) -> (SyncReport, PendingSync) {
     let pending = world.pending();
     let report = backend
         .sync_rules(&pending.request(false))
@@ -275,7 +276,7 @@ fn web(world: &mut World, name: &str, cluster_ip: &str, pods: &[&str]) {
 }
 
 /// The per-service chains a full render of `pending` wants in nat.
-fn wanted_service_chains(node: &Node, pending: &Pending) -> BTreeSet<String> {
+fn wanted_service_chains(node: &Node, pending: &PendingSync) -> BTreeSet<String> {
     build(&pending.state, &node.opts, &[])
         .nat
         .chains()

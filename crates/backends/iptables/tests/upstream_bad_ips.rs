@@ -27,15 +27,12 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::check_golden;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_iptables::{IptablesOptions, LocalDetector, render_dry_run};
-use kpr_model::{IgnoredValue, IpFamily, NamespacedName, RejectReason, node_view};
-use kpr_state::PendingSync;
-use kpr_tracking::{EndpointsTracker, ServiceTracker};
+use kpr_model::{IgnoredValue, IpFamily, RejectReason};
+use kpr_world::World;
 use serde_json::{Value, json};
 
 const GOLDEN: &str = "upstream_bad_ips";
@@ -74,31 +71,19 @@ fn svc1_slice(endpoints: Value) -> EndpointSlice {
     .unwrap()
 }
 
-/// Feeds the objects through the real trackers, as the sync loop does, and renders a full
-/// sync; also returns what the conversions dropped.
+/// Feeds the objects through the real trackers, as the sync loop does, on upstream's fake
+/// node, and renders a full sync; also returns what the conversions dropped.
 fn render(service: &Service, slice: &EndpointSlice) -> (String, Vec<IgnoredValue>) {
     let node: Node = serde_json::from_value(json!({
         "metadata": {"name": "test-node"},
         "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]}
     }))
     .unwrap();
-    let mut services = ServiceTracker::new(IpFamily::V4);
-    let mut endpoints = EndpointsTracker::new(IpFamily::V4, "test-node");
-    let mut ignored = services
-        .update(NamespacedName::new("ns1", "svc1"), Some(service))
-        .unwrap();
-    ignored.extend(
-        endpoints
-            .update(NamespacedName::new("ns1", "svc1-1"), Some(slice))
-            .unwrap(),
-    );
-    let pending = PendingSync::new(
-        services.take(),
-        endpoints.take(),
-        Arc::new(node_view(&node).unwrap()),
-    );
+    let mut world = World::on_node(IpFamily::V4, &node);
+    let mut ignored = world.apply_service(service);
+    ignored.extend(world.apply_slice(slice));
     (
-        render_dry_run(&pending.state, &upstream_fake_options(), &[]),
+        render_dry_run(&world.state(), &upstream_fake_options(), &[]),
         ignored,
     )
 }

@@ -13,6 +13,8 @@ use std::time::Duration;
 use kpr_netns::{Backend, Lab, Netns, ProcessGuard, eventually, pod_ip};
 
 pub const NODE_NAME: &str = "node1";
+/// The Service most tests run ([`web_yaml`]): cluster IP 10.96.0.10, port 80.
+pub const WEB_VIP: &str = "10.96.0.10:80";
 pub const HEALTHZ: &str = "127.0.0.1:10256";
 pub const METRICS: &str = "127.0.0.1:10249";
 const LAST_SYNC: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
@@ -167,6 +169,48 @@ impl Cluster {
     pub fn iptables_save(&self) -> String {
         self.node().sh("iptables-save").unwrap()
     }
+
+    /// `kube-proxy-rs --dry-run` on the manifest directory, in the node namespace: what it
+    /// printed (the run must succeed).
+    pub fn dry_run(&self) -> String {
+        let out = self
+            .node()
+            .command(proxy_binary())
+            .args(["--dry-run", &format!("--hostname-override={NODE_NAME}")])
+            .arg(format!("--manifests={}", self.manifest_path().display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The first KUBE-SVC- chain in the node's nat table (panics when there is none).
+    pub fn first_service_chain(&self) -> String {
+        self.iptables_save()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(":KUBE-SVC-")
+                    .map(|rest| format!("KUBE-SVC-{}", &rest[..16]))
+            })
+            .unwrap()
+    }
+
+    /// Makes someone else's rule (in chain HOLDER) jump to `chain`, so no sync can delete
+    /// `chain` until [`Cluster::release_chain`].
+    pub fn hold_chain(&self, chain: &str) {
+        self.node()
+            .sh(&format!(
+                "iptables -t nat -N HOLDER && iptables -t nat -A HOLDER -j {chain}"
+            ))
+            .unwrap();
+    }
+
+    /// Removes [`Cluster::hold_chain`]'s rule and chain.
+    pub fn release_chain(&self) {
+        self.node()
+            .sh("iptables -t nat -F HOLDER && iptables -t nat -X HOLDER")
+            .unwrap();
+    }
 }
 
 /// Waits until `n` TCP requests from `ns` to `addr` are all answered by exactly `expected`,
@@ -213,6 +257,12 @@ pub fn service(
          clusterIP: {cluster_ip}\n  clusterIPs: [{cluster_ip}]\n  ports:\n  - name: p\n    port: {port}\n    \
          targetPort: {target}\n    protocol: {protocol}{node_port}\n"
     )
+}
+
+/// Service `web` on [`WEB_VIP`] (target port 8080, TCP; a NodePort Service if `node_port`
+/// is given) and its slice with ready endpoints on `pods`.
+pub fn web_yaml(pods: &[usize], node_port: Option<u16>) -> String {
+    service("web", "10.96.0.10", 80, 8080, "TCP", node_port) + &slice("web", pods, 8080, "TCP")
 }
 
 /// An EndpointSlice for service `name` with ready endpoints on the given pods.

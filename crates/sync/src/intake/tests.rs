@@ -3,16 +3,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Node;
 use kpr_metrics::{Metrics, ProxyHealth};
-use kpr_model::{IpFamily, NamespacedName};
-use kpr_runner::{RunnerConfig, SyncRunner};
+use kpr_model::NamespacedName;
+use kpr_runner::SyncRunner;
 use kpr_sources::Event;
+use kpr_world::slice_object;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::{ProxySettings, Shared};
+use crate::Shared;
+use crate::test_support::{NODE_NAME, metrics_text, node_event, service_event, settings, slice_event};
 
 use super::Intake;
 
@@ -27,15 +29,7 @@ fn waiting_intake_with_metrics(
     sources: Vec<&'static str>,
     health_timeout: Duration,
 ) -> (Intake, Arc<Shared>, Registry) {
-    let settings = ProxySettings {
-        family: IpFamily::V4,
-        node_name: "node1".into(),
-        runner: RunnerConfig {
-            min_interval: Duration::from_millis(20),
-            max_interval: Duration::from_secs(3600),
-        },
-        sources,
-    };
+    let settings = settings(sources);
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let health = Arc::new(ProxyHealth::new(health_timeout));
@@ -54,15 +48,7 @@ fn intake() -> (Intake, Arc<Shared>) {
 }
 
 fn service(ip: &str) -> Event {
-    let object: Service = serde_json::from_value(json!({
-        "metadata": {"name": "web", "namespace": "default"},
-        "spec": {"clusterIP": ip, "ports": [{"port": 80}]}
-    }))
-    .unwrap();
-    Event::Service {
-        id: NamespacedName::new("default", "web"),
-        object: Some(Arc::new(object)),
-    }
+    service_event("web", json!({"clusterIP": ip, "ports": [{"port": 80}]}))
 }
 
 #[test]
@@ -88,16 +74,13 @@ fn changes_are_only_queued_once_every_source_is_in() {
     );
 }
 
+/// The Node in zone z1 with one InternalIP and these taints.
 fn node(taints: serde_json::Value) -> Event {
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": "node1", "labels": {"topology.kubernetes.io/zone": "z1"}},
-        "spec": {"taints": taints},
-        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.10"}]}
-    }))
-    .unwrap();
-    Event::Node {
-        object: Some(Arc::new(node)),
-    }
+    node_with(
+        json!({"topology.kubernetes.io/zone": "z1"}),
+        taints,
+        json!([{"type": "InternalIP", "address": "192.168.0.10"}]),
+    )
 }
 
 fn autoscaler_taint() -> serde_json::Value {
@@ -150,28 +133,17 @@ fn a_node_that_comes_back_is_judged_afresh() {
 
 // === Dropped list entries: logged and counted at intake, once per object version ===
 
-fn service_event(external_ips: serde_json::Value) -> Event {
-    let object: Service = serde_json::from_value(json!({
-        "metadata": {"name": "web", "namespace": "default"},
-        "spec": {"clusterIP": "10.0.0.1", "externalIPs": external_ips, "ports": [{"port": 80}]}
-    }))
-    .unwrap();
-    Event::Service {
-        id: NamespacedName::new("default", "web"),
-        object: Some(Arc::new(object)),
-    }
-}
-
-fn metrics_text(registry: &Registry) -> String {
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
-    text
+fn with_external_ips(external_ips: serde_json::Value) -> Event {
+    service_event(
+        "web",
+        json!({"clusterIP": "10.0.0.1", "externalIPs": external_ips, "ports": [{"port": 80}]}),
+    )
 }
 
 #[test]
 fn a_bad_entry_is_counted_per_object_version_and_the_object_is_kept() {
     let (mut intake, shared, registry) = waiting_intake_with_metrics(vec![], Duration::from_secs(60));
-    intake.apply(service_event(json!(["192.0.2.1", "192.0.2.x", "also bad"])));
+    intake.apply(with_external_ips(json!(["192.0.2.1", "192.0.2.x", "also bad"])));
     let counted = |n: u32| {
         format!(
             "kubeproxy_ignored_values_total{{kind=\"Service\",field=\"spec.externalIPs\",reason=\"invalid_ip\"}} {n}"
@@ -191,10 +163,10 @@ fn a_bad_entry_is_counted_per_object_version_and_the_object_is_kept() {
     // Syncing does not report again; only a new version of the object does.
     shared.trackers().services.take();
     assert!(metrics_text(&registry).contains(&counted(2)));
-    intake.apply(service_event(json!(["192.0.2.x"])));
+    intake.apply(with_external_ips(json!(["192.0.2.x"])));
     assert!(metrics_text(&registry).contains(&counted(3)));
     // A fixed version reports nothing.
-    intake.apply(service_event(json!(["192.0.2.2"])));
+    intake.apply(with_external_ips(json!(["192.0.2.2"])));
     assert!(metrics_text(&registry).contains(&counted(3)));
 }
 
@@ -202,14 +174,12 @@ fn a_bad_entry_is_counted_per_object_version_and_the_object_is_kept() {
 
 fn node_with(labels: serde_json::Value, taints: serde_json::Value, addresses: serde_json::Value) -> Event {
     let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": "node1", "labels": labels},
+        "metadata": {"name": NODE_NAME, "labels": labels},
         "spec": {"taints": taints},
         "status": {"addresses": addresses}
     }))
     .unwrap();
-    Event::Node {
-        object: Some(Arc::new(node)),
-    }
+    node_event(node)
 }
 
 /// Upstream reads node IPs leniently: a malformed address is skipped, and the Node's taint
@@ -278,17 +248,13 @@ fn only_a_zone_change_forces_a_full_sync() {
 #[test]
 fn a_bad_slice_port_is_counted_and_the_good_ports_kept() {
     let (mut intake, shared, registry) = waiting_intake_with_metrics(vec![], Duration::from_secs(60));
-    let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(json!({
-        "metadata": {"name": "web-1", "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 80}, {"name": "admin"}],
-        "endpoints": [{"addresses": ["10.0.0.5"]}]
-    }))
-    .unwrap();
-    intake.apply(Event::EndpointSlice {
-        id: NamespacedName::new("default", "web-1"),
-        object: Some(Arc::new(slice)),
-    });
+    intake.apply(slice_event(slice_object(
+        "web-1",
+        "web",
+        "IPv4",
+        json!([{"name": "http", "port": 80}, {"name": "admin"}]),
+        vec![json!({"addresses": ["10.0.0.5"]})],
+    )));
     let text = metrics_text(&registry);
     assert!(
         text.contains(
@@ -385,17 +351,13 @@ fn the_waiting_text_is_withdrawn_once_every_source_is_in() {
 // === Only real changes queue a sync, as upstream's change trackers decide ===
 
 fn ipv6_slice() -> Event {
-    let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(json!({
-        "metadata": {"name": "web-v6", "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
-        "addressType": "IPv6",
-        "ports": [{"port": 80}],
-        "endpoints": [{"addresses": ["fd00::5"]}]
-    }))
-    .unwrap();
-    Event::EndpointSlice {
-        id: NamespacedName::new("default", "web-v6"),
-        object: Some(Arc::new(slice)),
-    }
+    slice_event(slice_object(
+        "web-v6",
+        "web",
+        "IPv6",
+        json!([{"port": 80}]),
+        vec![json!({"addresses": ["fd00::5"]})],
+    ))
 }
 
 /// A version that changes nothing (a relist sends it again; a slice of the other family)

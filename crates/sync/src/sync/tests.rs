@@ -4,18 +4,17 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_model::ObjectKind;
-use kpr_model::{IpFamily, NamespacedName};
-use kpr_runner::RunnerConfig;
 use kpr_sources::{Event, EventSender, event_channel};
 use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, UnsafeObject};
+use kpr_world::ep;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
-use crate::{ProxySettings, run};
+use crate::run;
+use crate::test_support::{metrics_text, service_event, settings, slice_event};
 
 #[derive(Debug, Default)]
 struct Seen {
@@ -52,27 +51,16 @@ impl Backend for Recording {
 }
 
 fn service(name: &str, ip: &str) -> Event {
-    let object: Service = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"clusterIP": ip, "ports": [{"port": 80}]}
-    }))
-    .unwrap();
-    Event::Service {
-        id: NamespacedName::new("default", name),
-        object: Some(Arc::new(object)),
-    }
+    service_event(name, json!({"clusterIP": ip, "ports": [{"port": 80}]}))
+}
+
+/// Slice `name` of `service` with one ready endpoint on `ip` (port 8080).
+fn slice_object(name: &str, service: &str, ip: &str) -> EndpointSlice {
+    kpr_world::slice_object(name, service, "IPv4", json!([{"port": 8080}]), vec![ep(ip)])
 }
 
 fn slice(name: &str, service: &str, ip: &str) -> Event {
-    let object: EndpointSlice = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4", "ports": [{"port": 8080}], "endpoints": [{"addresses": [ip]}]
-    }))
-    .unwrap();
-    Event::EndpointSlice {
-        id: NamespacedName::new("default", name),
-        object: Some(Arc::new(object)),
-    }
+    slice_event(slice_object(name, service, ip))
 }
 
 struct Harness {
@@ -98,17 +86,8 @@ fn start_failing(sources: Vec<&'static str>, failures: Vec<(SyncKind, FailedStep
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
-    let settings = ProxySettings {
-        family: IpFamily::V4,
-        node_name: "node1".into(),
-        runner: RunnerConfig {
-            min_interval: Duration::from_millis(20),
-            max_interval: Duration::from_secs(3600),
-        },
-        sources,
-    };
     tokio::spawn(run(
-        settings,
+        settings(sources),
         Box::new(Recording(seen.clone())),
         rx,
         metrics,
@@ -149,9 +128,7 @@ impl Harness {
     }
 
     fn metrics_text(&self) -> String {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
-        text
+        metrics_text(&self.registry)
     }
 
     /// The metrics once `line` is among them (the sync loop records after the backend returns).
@@ -333,10 +310,7 @@ async fn objects_the_backend_left_out_are_logged_and_counted_as_unsafe_text() {
 }
 
 fn annotated_slice(ip: &str, trigger: jiff::Timestamp) -> Event {
-    let Event::EndpointSlice { id, object } = slice("a-1", "a", ip) else {
-        unreachable!()
-    };
-    let mut object = (*object.unwrap()).clone();
+    let mut object = slice_object("a-1", "a", ip);
     object.metadata.annotations = Some(
         [(
             kpr_model::LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_string(),
@@ -344,10 +318,7 @@ fn annotated_slice(ip: &str, trigger: jiff::Timestamp) -> Event {
         )]
         .into(),
     );
-    Event::EndpointSlice {
-        id,
-        object: Some(Arc::new(object)),
-    }
+    slice_event(object)
 }
 
 #[tokio::test]
@@ -447,18 +418,9 @@ async fn conntrack_reconciles_are_counted_and_timed_as_upstream() {
     let (events, rx) = event_channel();
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
-    let settings = ProxySettings {
-        family: IpFamily::V4,
-        node_name: "node1".into(),
-        runner: RunnerConfig {
-            min_interval: Duration::from_millis(20),
-            max_interval: Duration::from_secs(3600),
-        },
-        sources: vec!["manifests"],
-    };
     let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
     tokio::spawn(run(
-        settings,
+        settings(vec!["manifests"]),
         Box::new(Reconciling(syncs.clone())),
         rx,
         metrics,
@@ -469,8 +431,7 @@ async fn conntrack_reconciles_are_counted_and_timed_as_upstream() {
     // The metrics are recorded right after the backend returns: wait for them.
     let mut text = String::new();
     for _ in 0..500 {
-        text.clear();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text = metrics_text(&registry);
         if text.contains("kubeproxy_conntrack_reconciler_sync_duration_seconds_count") {
             break;
         }

@@ -1,5 +1,5 @@
-//! Test support: desired states built from Service / EndpointSlice JSON through the real
-//! conversions and trackers, and a namespace lab whose node DNATs real UDP flows.
+//! Test support: the lab's DNS-like Service (its desired state comes from kpr-world, the
+//! real conversions and trackers), and a namespace lab whose node DNATs real UDP flows.
 //!
 //! The lab's node holds the conntrack table under test. Its DNAT rules are the test's own
 //! (one per client source-port range, so each flow's endpoint is known in advance); which
@@ -9,80 +9,16 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kpr_model::{IpFamily, NamespacedName, NodeView};
 use kpr_netns::{CLIENT_IP, Lab, NODE_IP, Netns, pod_ip};
-use kpr_state::PendingSync;
-use kpr_tracking::{EndpointsTracker, ServiceTracker};
 use serde_json::{Value, json};
 
-pub const NODE: &str = "node-a";
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 53);
 pub const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 53);
 pub const OTHER_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 99);
 pub const PORT: u16 = 53;
 pub const TARGET_PORT: u16 = 5353;
 pub const NODE_PORT: u16 = 30053;
-
-/// Services and slices as the API would show them, fed through the trackers.
-pub struct Cluster {
-    services: ServiceTracker,
-    endpoints: EndpointsTracker,
-}
-
-impl Cluster {
-    pub fn new(family: IpFamily) -> Self {
-        Self {
-            services: ServiceTracker::new(family),
-            endpoints: EndpointsTracker::new(family, NODE),
-        }
-    }
-
-    /// Adds or replaces Service `default/<name>` with this `spec` (and `status`, if the
-    /// spec has that key).
-    pub fn service(&mut self, name: &str, spec: Value) -> &mut Self {
-        let mut spec = spec;
-        let status = spec.as_object_mut().unwrap().remove("status");
-        let mut object = json!({"metadata": {"name": name, "namespace": "default"}, "spec": spec});
-        if let Some(status) = status {
-            object["status"] = status;
-        }
-        let service: Service = serde_json::from_value(object).unwrap();
-        self.services
-            .update(NamespacedName::new("default", name), Some(&service))
-            .unwrap();
-        self
-    }
-
-    /// Sets the one slice of `service`: port `dns` (UDP, `target_port`) and endpoints
-    /// from [`ep`].
-    pub fn slice(&mut self, service: &str, address_type: &str, target_port: u16, endpoints: Vec<Value>) {
-        let name = format!("{service}-1");
-        let slice: EndpointSlice = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default",
-                         "labels": {"kubernetes.io/service-name": service}},
-            "addressType": address_type,
-            "ports": [{"name": "dns", "port": target_port, "protocol": "UDP"}],
-            "endpoints": endpoints,
-        }))
-        .unwrap();
-        self.endpoints
-            .update(NamespacedName::new("default", &name), Some(&slice))
-            .unwrap();
-    }
-
-    /// Everything the next sync hands to a backend.
-    pub fn pending(&mut self) -> PendingSync {
-        PendingSync::new(
-            self.services.take(),
-            self.endpoints.take(),
-            Arc::new(NodeView::default()),
-        )
-    }
-}
 
 /// The lab's DNS-like Service: UDP port 53 on [`VIP`] and [`EXTERNAL_IP`], NodePort
 /// [`NODE_PORT`], target port [`TARGET_PORT`].
@@ -92,21 +28,9 @@ pub fn dns_service() -> Value {
                       "nodePort": NODE_PORT}]})
 }
 
-/// An endpoint: the IP, then `terminating` (serving, terminating, not ready) or
-/// `notready` (neither ready nor serving).
-pub fn ep(spec: &str) -> Value {
-    let mut words = spec.split_whitespace();
-    let ip = words.next().unwrap();
-    let (mut ready, mut serving, mut terminating) = (true, true, false);
-    for word in words {
-        match word {
-            "terminating" => (ready, serving, terminating) = (false, true, true),
-            "notready" => (ready, serving, terminating) = (false, false, false),
-            other => panic!("unknown endpoint word {other}"),
-        }
-    }
-    json!({"addresses": [ip], "nodeName": "node-b",
-           "conditions": {"ready": ready, "serving": serving, "terminating": terminating}})
+/// The ports of the DNS-like Service's slices: `dns` (UDP) on `target_port`.
+pub fn dns_slice_ports(target_port: u16) -> Value {
+    json!([{"name": "dns", "port": target_port, "protocol": "UDP"}])
 }
 
 /// Client source ports `first..first + count` DNATed from `frontend` to `endpoint`.
@@ -210,20 +134,27 @@ pub struct Seen {
     pub reply_source: SocketAddr,
 }
 
+/// Runs the `conntrack` tool with `args` in `netns`: its output. Panics (failing the test)
+/// when the tool cannot run or fails.
+pub fn conntrack(netns: &Netns, args: &[&str]) -> String {
+    let out = netns
+        .command("conntrack")
+        .args(args)
+        .output()
+        .expect("running the conntrack tool in the namespace (scripts/ensure-packages installs it)");
+    assert!(
+        out.status.success(),
+        "conntrack {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Every UDP entry in `node`'s table from [`CLIENT_IP`], as the `conntrack` tool lists them.
 /// Panics (failing the test) when the tool cannot run.
 pub fn conntrack_entries(node: &Netns) -> Vec<Seen> {
-    let out = node
-        .command("conntrack")
-        .args(["-L", "-p", "udp", "-f", "ipv4", "-s", &CLIENT_IP.to_string()])
-        .output()
-        .expect("running the conntrack tool in the node namespace (scripts/ensure-packages installs it)");
-    assert!(
-        out.status.success(),
-        "conntrack -L failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut seen: Vec<Seen> = String::from_utf8_lossy(&out.stdout)
+    let client = CLIENT_IP.to_string();
+    let mut seen: Vec<Seen> = conntrack(node, &["-L", "-p", "udp", "-f", "ipv4", "-s", &client])
         .lines()
         .map(parse_conntrack_line)
         .collect();

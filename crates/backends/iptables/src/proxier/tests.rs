@@ -2,14 +2,14 @@
 //! says about itself, and the host facts it reads. The kernel tests run the same backend on
 //! the real binaries.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use kpr_model::{
-    Endpoint, IpFamily, NamespacedName, NodeView, Protocol, ServicePort, ServicePortName, ServiceType,
-};
+use kpr_model::{IpFamily, NamespacedName, ServicePort, ServicePortName};
 use kpr_state::{DesiredState, FailedStep, SyncKind, SyncRequest};
+use kpr_world::{World, ep};
+use serde_json::json;
 
 use super::*;
 use crate::addresses::AddressError;
@@ -167,62 +167,53 @@ fn backend(fake: &Fake, opts: IptablesOptions) -> IptablesBackend {
     IptablesBackend::new(opts, Box::new(fake.clone())).unwrap()
 }
 
-fn name(service: &str) -> ServicePortName {
-    ServicePortName::new("default", service, "http", Protocol::Tcp)
+/// The spec of a NodePort Service on `cluster_ip` (port `http` 80 -> 8080, NodePort 30080).
+fn nodeport(cluster_ip: &str) -> serde_json::Value {
+    json!({"type": "NodePort", "clusterIP": cluster_ip,
+           "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]})
 }
 
-fn port(name: ServicePortName, cluster_ip: &str) -> ServicePort {
-    ServicePort {
-        name,
-        service_type: ServiceType::NodePort,
-        cluster_ip: cluster_ip.parse().unwrap(),
-        port: 80,
-        node_port: Some(30080),
-        external_ips: Vec::new(),
-        load_balancer_ips: Vec::new(),
-        load_balancer_source_ranges: Vec::new(),
-        session_affinity_seconds: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
-    }
-}
-
-fn endpoint(ip: &str) -> Endpoint {
-    Endpoint {
-        addr: format!("{ip}:8080").parse().unwrap(),
-        is_local: false,
-        ready: true,
-        serving: true,
-        terminating: false,
-        zone_hints: Arc::from([]),
-        node_hints: Arc::from([]),
-    }
-}
-
-/// A state with these ports, each with one endpoint.
-fn state(ports: &[ServicePort]) -> DesiredState {
-    let mut services: HashMap<NamespacedName, Vec<ServicePort>> = HashMap::new();
-    let mut endpoints = HashMap::new();
-    for (i, p) in ports.iter().enumerate() {
-        services
-            .entry(p.name.service.clone())
-            .or_default()
-            .push(p.clone());
-        let key = (p.name.port.clone(), p.name.protocol);
-        let eps: Arc<[Endpoint]> = Arc::from([endpoint(&format!("10.244.1.{}", i + 1))]);
-        endpoints.insert(
-            p.name.service.clone(),
-            Arc::new([(key, eps)].into_iter().collect()),
+/// A state with these NodePort Services (name, cluster IP), each with one endpoint, through
+/// the real conversions and trackers.
+fn state(services: &[(&str, &str)]) -> DesiredState {
+    let mut world = World::new();
+    for (i, (name, cluster_ip)) in services.iter().enumerate() {
+        world.service(name, nodeport(cluster_ip)).slice(
+            name,
+            json!([{"name": "http", "port": 8080}]),
+            vec![ep(&format!("10.244.1.{}", i + 1))],
         );
     }
+    world.state()
+}
+
+/// `state` with Service `default/<from>` renamed to `to`: a name the API server (and
+/// kpr-model) refuses, so only a state changed after the conversion can carry it, which is
+/// what the renderer's own check must stop.
+fn renamed(state: DesiredState, from: &str, to: &str) -> DesiredState {
+    let (from, to) = (
+        NamespacedName::new("default", from),
+        NamespacedName::new("default", to),
+    );
+    let mut services = (*state.services).clone();
+    let ports: Vec<ServicePort> = services
+        .remove(&from)
+        .expect("the Service to rename")
+        .iter()
+        .map(|port| ServicePort {
+            name: ServicePortName::new(&to.namespace, &to.name, &port.name.port, port.name.protocol),
+            ..port.clone()
+        })
+        .collect();
+    services.insert(to.clone(), Arc::from(ports));
+    let mut endpoints = (*state.endpoints).clone();
+    if let Some(moved) = endpoints.remove(&from) {
+        endpoints.insert(to, moved);
+    }
     DesiredState {
-        services: Arc::new(services.into_iter().map(|(k, v)| (k, Arc::from(v))).collect()),
+        services: Arc::new(services),
         endpoints: Arc::new(endpoints),
-        node: Arc::new(NodeView {
-            name: "node-a".into(),
-            ..NodeView::default()
-        }),
+        node: state.node,
     }
 }
 
@@ -279,7 +270,7 @@ fn random_fully_only_where_iptables_supports_it() {
 fn failures_say_what_was_attempted_and_whether_the_restore_failed() {
     let fake = Fake::default();
     let mut b = backend(&fake, IptablesOptions::default());
-    let s = state(&[port(name("web"), "10.96.0.10")]);
+    let s = state(&[("web", "10.96.0.10")]);
     let kind = |e: SyncError| (e.attempted(), e.step());
 
     fake.kernel().fail_save = true;
@@ -318,13 +309,12 @@ fn failures_say_what_was_attempted_and_whether_the_restore_failed() {
 fn a_refused_port_is_left_out_reported_once_and_the_rest_syncs() {
     let fake = Fake::default();
     let mut b = backend(&fake, IptablesOptions::default());
-    let evil = ServicePortName::new(
-        "default",
-        "evil\n-A KUBE-SERVICES -j ACCEPT\n#",
-        "http",
-        Protocol::Tcp,
+    let evil = "evil\n-A KUBE-SERVICES -j ACCEPT\n#";
+    let s = renamed(
+        state(&[("evil", "10.96.0.66"), ("web", "10.96.0.10")]),
+        "evil",
+        evil,
     );
-    let s = state(&[port(evil, "10.96.0.66"), port(name("web"), "10.96.0.10")]);
 
     let first = sync(&mut b, &s, &[]).unwrap();
     assert_eq!(first.newly_unsafe.len(), 1, "{:?}", first.newly_unsafe);
@@ -345,7 +335,7 @@ fn a_refused_port_is_left_out_reported_once_and_the_rest_syncs() {
     assert!(again.newly_unsafe.is_empty(), "reported once, not on every sync");
 
     // Fixed, then broken again: reported again.
-    sync(&mut b, &state(&[port(name("web"), "10.96.0.10")]), &["evil"]).unwrap();
+    sync(&mut b, &state(&[("web", "10.96.0.10")]), &["evil"]).unwrap();
     let relapse = sync(&mut b, &s, &[]).unwrap();
     assert_eq!(relapse.newly_unsafe.len(), 1);
 }
@@ -382,7 +372,7 @@ fn nodeport_addresses_are_read_again_on_every_sync() {
         ..IptablesOptions::default()
     };
     let mut b = backend(&fake, opts).with_local_addresses(Box::new(addresses.clone()));
-    let s = state(&[port(name("web"), "10.96.0.10")]);
+    let s = state(&[("web", "10.96.0.10")]);
     let tails = |payload: &str| -> Vec<String> {
         payload
             .lines()
@@ -444,8 +434,8 @@ fn kubelet_firewall_jumps_are_ensured_even_without_our_localnet_rule() {
 fn full_syncs_ensure_the_jumps_before_the_restore_fills_the_chains() {
     let fake = Fake::default();
     let mut b = backend(&fake, IptablesOptions::default());
-    let web = port(name("web"), "10.96.0.10");
-    sync(&mut b, &state(std::slice::from_ref(&web)), &["web"]).unwrap();
+    let web = ("web", "10.96.0.10");
+    sync(&mut b, &state(&[web]), &["web"]).unwrap();
     // Jumps added one by one after the restore would leave a window in which PREROUTING
     // already DNATs and POSTROUTING does not masquerade yet.
     assert_eq!(fake.kernel().rules_at_restore, [jump_rules().len()]);

@@ -397,16 +397,23 @@ fn the_classic_billion_laughs_is_refused() {
     );
 }
 
+/// `items`, a list of `n` values, and `more`, a list of `n` aliases of it: n² values.
+fn quadratic_bomb(n: usize) -> String {
+    format!(
+        "items: &a [{}]\nmore: [{}]\n",
+        vec!["1"; n].join(","),
+        vec!["*a"; n].join(",")
+    )
+}
+
 #[test]
 fn a_quadratic_alias_bomb_is_refused_by_the_budget() {
     // serde_yaml_ng's own guard counts alias jumps, not what they expand to: 20,000 aliases
     // of a 20,000-item list are few jumps for a document of 40,000 events, but 400 million
     // values.
-    let n = 20_000;
     let text = format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nitems: &a [{}]\nmore: [{}]\n",
-        vec!["1"; n].join(","),
-        vec!["*a"; n].join(",")
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\n{}",
+        quadratic_bomb(20_000)
     );
     let rejection = malformed("/m/bomb.yaml", &text);
     assert_eq!(rejection.reason, RejectReason::Malformed);
@@ -423,13 +430,7 @@ fn serde_yaml_ng_alone_would_expand_a_quadratic_bomb() {
     // Why the budget exists: the same shape, small enough to expand here (a million values
     // from 6 KB), passes serde_yaml_ng's own alias guard, and is refused by ours.
     let n = 1000;
-    let text = format!(
-        "items: &a [{}]
-more: [{}]
-",
-        vec!["1"; n].join(","),
-        vec!["*a"; n].join(",")
-    );
+    let text = quadratic_bomb(n);
     let expanded: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
     let total: usize = expanded["more"]
         .as_array()

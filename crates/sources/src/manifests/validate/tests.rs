@@ -78,6 +78,11 @@ fn service_rules(value: &Value, rules: &ValidationRules) -> Result<(), kpr_model
     super::service::check(&Check { key: &key }, &service, rules)
 }
 
+/// [`service_rules`] with the default rules (node-port range 30000-32767).
+fn default_service_rules(value: &Value) -> Result<(), kpr_model::Rejection> {
+    service_rules(value, &ValidationRules::default())
+}
+
 fn slice_rules(value: &Value) -> Result<(), kpr_model::Rejection> {
     let key = key_of(ObjectKind::EndpointSlice, value);
     let slice: EndpointSlice = serde_json::from_value(value.clone()).unwrap();
@@ -181,16 +186,14 @@ fn service_names_and_namespaces() {
             InvalidValue,
         ),
     ];
-    assert_refused(&cases, base_service, |s| {
-        service_rules(s, &ValidationRules::default())
-    });
+    assert_refused(&cases, base_service, default_service_rules);
     assert_accepted(
         &[
             json!({}),
             json!({"metadata": {"name": "a".repeat(63), "namespace": "1-team"}}),
         ],
         base_service,
-        |s| service_rules(s, &ValidationRules::default()),
+        default_service_rules,
     );
 }
 
@@ -277,9 +280,7 @@ fn service_ports() {
             InvalidValue,
         ),
     ];
-    assert_refused(&cases, base_service, |s| {
-        service_rules(s, &ValidationRules::default())
-    });
+    assert_refused(&cases, base_service, default_service_rules);
     let accepted = [
         two(
             json!({"name": "dns", "port": 53, "protocol": "UDP"}),
@@ -292,9 +293,7 @@ fn service_ports() {
         json!({"spec": {"ports": [{"port": 80, "protocol": "SCTP"}]}}),
         json!({"spec": {"type": null, "ports": [{"port": 80, "nodePort": 0}]}}),
     ];
-    assert_accepted(&accepted, base_service, |s| {
-        service_rules(s, &ValidationRules::default())
-    });
+    assert_accepted(&accepted, base_service, default_service_rules);
 }
 
 #[test]
@@ -319,9 +318,7 @@ fn node_ports_stay_inside_the_node_port_range() {
             InvalidValue,
         ),
     ];
-    assert_refused(&cases, node_port_service, |s| {
-        service_rules(s, &ValidationRules::default())
-    });
+    assert_refused(&cases, node_port_service, default_service_rules);
     let rejection = service_rules(
         &patched(node_port_service(), &port(22)),
         &ValidationRules::default(),
@@ -342,7 +339,7 @@ fn node_ports_stay_inside_the_node_port_range() {
             json!({"spec": {"type": "LoadBalancer"}}),
         ],
         node_port_service,
-        |s| service_rules(s, &ValidationRules::default()),
+        default_service_rules,
     );
     // The range follows --service-node-port-range.
     let wide = ValidationRules {
@@ -394,13 +391,11 @@ fn health_check_node_ports_only_where_upstream_allows_them() {
             Conflict,
         ),
     ];
-    assert_refused(&cases, local_lb, |s| {
-        service_rules(s, &ValidationRules::default())
-    });
+    assert_refused(&cases, local_lb, default_service_rules);
     assert_accepted(
         &[json!({}), json!({"spec": {"healthCheckNodePort": 0}})],
         local_lb,
-        |s| service_rules(s, &ValidationRules::default()),
+        default_service_rules,
     );
 }
 
@@ -428,9 +423,7 @@ fn affinity_and_traffic_policies() {
             InvalidValue,
         ),
     ];
-    assert_refused(&cases, base_service, |s| {
-        service_rules(s, &ValidationRules::default())
-    });
+    assert_refused(&cases, base_service, default_service_rules);
     assert_accepted(
         &[
             client_ip(1),
@@ -440,7 +433,7 @@ fn affinity_and_traffic_policies() {
             json!({"spec": {"externalTrafficPolicy": "Cluster"}}),
         ],
         base_service,
-        |s| service_rules(s, &ValidationRules::default()),
+        default_service_rules,
     );
 }
 
@@ -536,9 +529,7 @@ fn cluster_ips_and_ip_families_agree() {
             InvalidValue,
         ),
     ];
-    assert_refused(&cases, base_service, |s| {
-        service_rules(s, &ValidationRules::default())
-    });
+    assert_refused(&cases, base_service, default_service_rules);
     let accepted = [
         json!({"spec": {"clusterIPs": ["10.96.0.10"], "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack"}}),
         json!({"spec": {"clusterIPs": ["10.96.0.10", "fd00::10"], "ipFamilies": ["IPv4", "IPv6"],
@@ -552,9 +543,7 @@ fn cluster_ips_and_ip_families_agree() {
         json!({"spec": {"clusterIP": null}}),
         json!({"spec": {"clusterIP": ""}}),
     ];
-    assert_accepted(&accepted, base_service, |s| {
-        service_rules(s, &ValidationRules::default())
-    });
+    assert_accepted(&accepted, base_service, default_service_rules);
 }
 
 #[test]
@@ -570,9 +559,7 @@ fn malformed_list_entries_are_not_reasons_to_refuse_a_service() {
         },
         "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}, {"ip": "192.0.2.999"}, {"hostname": "lb.example"}]}}
     });
-    assert_accepted(&[lists], base_service, |s| {
-        service_rules(s, &ValidationRules::default())
-    });
+    assert_accepted(&[lists], base_service, default_service_rules);
 }
 
 #[test]
@@ -611,13 +598,11 @@ fn external_name_services() {
             InvalidPort,
         ),
     ];
-    assert_refused(&cases, external, |s| {
-        service_rules(s, &ValidationRules::default())
-    });
+    assert_refused(&cases, external, default_service_rules);
     assert_accepted(
         &[json!({}), json!({"spec": {"externalName": "db.example.com."}})],
         external,
-        |s| service_rules(s, &ValidationRules::default()),
+        default_service_rules,
     );
 }
 

@@ -39,6 +39,7 @@ mod jumps;
 mod names;
 mod options;
 mod proxier;
+pub mod restore_syntax;
 mod rules;
 mod ruleset;
 mod saved;

@@ -6,14 +6,14 @@
 //! `iptables-save`, and the one-rule calls the backend makes on built-in chains. It refuses
 //! what the kernel would refuse in a way the renderer could cause: a jump to a `KUBE-` chain
 //! that does not exist, deleting a chain that still has rules or is still jumped to. Each
-//! payload also passes [`check_payload`] first. Refusals panic: they are findings.
+//! payload also passes kpr-iptables' `check_payload` first. Refusals panic: they are findings.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kpr_iptables::{ExecError, Iptables, IptablesVersion, Table};
 
-use crate::payload::{check_payload, split_args};
+use kpr_iptables::restore_syntax::{check_payload, split_args};
 
 /// Chains and their rules (the text after `-A CHAIN `), per table.
 pub type Tables = BTreeMap<&'static str, BTreeMap<String, Vec<String>>>;

@@ -11,18 +11,16 @@
 //!   backend syncs both into a [`ModelKernel`] and must end where a fresh sync ends.
 //!
 //! Both assert that every payload holds only the lines the renderer means to write
-//! ([`check_payload`]): whatever the input, it can never add a rule of its own.
+//! (kpr-iptables' `restore_syntax::check_payload`): whatever the input, it can never add a rule of its own.
 
 mod kernel;
 mod manifest;
-mod payload;
 mod pipeline;
 mod render;
 pub mod scenario;
 
 pub use kernel::{ModelKernel, Tables};
 pub use manifest::{PATHS as MANIFEST_PATHS, manifest, manifest_payloads};
-pub use payload::{CHAIN_NAME_MAX, COMMENT_MAX_BYTES, PayloadError, check_payload};
 pub use render::{assert_tables_eq, render, render_payload, render_scenario};
 
 /// A target body: panics when the input breaks an invariant.

@@ -16,7 +16,7 @@ use kpr_sources::Event;
 use kpr_state::{DesiredState, PendingSync};
 use kpr_tracking::{EndpointsTracker, ServiceTracker};
 
-use crate::payload::check_payload;
+use kpr_iptables::restore_syntax::check_payload;
 
 /// The node every target runs on.
 pub const NODE: &str = "node-a";

@@ -1,28 +1,26 @@
-//! What a restore payload may look like: the invariant both targets assert on every
-//! rendered payload.
+//! What a restore payload may look like, read the way `iptables-restore` reads it.
 //!
 //! The renderer only means to write five line forms (`*table`, `:CHAIN - [0:0]`,
 //! `-A CHAIN args`, `-X CHAIN`, `COMMIT`), each table closed by `COMMIT`, chains declared
 //! before use. Any other line in the text means some string reached the payload unchecked
 //! (a newline in a name starts a line the renderer never wrote). The arguments of `-A` are
-//! split as `iptables-restore` splits them (blanks separate; a double quote opens a part in
-//! which a backslash escapes the next character, and the closing quote ends the argument),
-//! and each must be one any iptables version reads the same way: not empty, no quote or
-//! backslash inside, not taken for a table option, shorter than iptables' limits; a
-//! `--comment` fits the kernel's 255 bytes.
+//! split as `iptables-restore` splits them ([`split_args`]: blanks separate; a double quote
+//! opens a part in which a backslash escapes the next character, and the closing quote ends
+//! the argument), and each must be one any iptables version reads the same way: not empty,
+//! no quote or backslash inside, not taken for a table option, shorter than iptables' limits;
+//! a `--comment` fits the kernel's 255 bytes.
 //!
-//! kpr-iptables checks its payloads the same way in its own property test
-//! (`tests/rule_text.rs`), but that checker is private to the test and bound to its cases;
-//! once it is a public function of kpr-iptables, this module should go and both call it
-//! (one idea, one place).
+//! Not on the sync path: kpr-naming's text gate and the typed rule builder already make
+//! these lines the only ones the renderer can write. This is the independent reader the
+//! property tests (`tests/rule_text.rs`) and the fuzz targets (kpr-fuzz-targets) hold every
+//! payload to.
 
 use std::collections::BTreeSet;
 use std::fmt;
 
-/// Longest `--comment` the kernel's comment match keeps (256 bytes with the NUL).
-pub const COMMENT_MAX_BYTES: usize = 255;
-/// Longest chain name iptables accepts (XT_EXTENSION_MAXNAMELEN 29, with the NUL).
-pub const CHAIN_NAME_MAX: usize = 28;
+use kpr_naming::CHAIN_NAME_MAX_BYTES;
+use kpr_naming::text::COMMENT_MAX_BYTES;
+
 /// iptables refuses arguments of 1024 bytes or more, and lines of 4096 or more.
 const ARG_MAX_BYTES: usize = 1023;
 const LINE_MAX_BYTES: usize = 4095;
@@ -140,7 +138,7 @@ impl Reader {
 /// Chain names as the renderer makes them: upstream's `KUBE-...` names.
 fn chain_name(name: &str) -> Result<(), String> {
     let plain = name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
-    if name.is_empty() || name.len() > CHAIN_NAME_MAX || !plain {
+    if name.is_empty() || name.len() > CHAIN_NAME_MAX_BYTES || !plain {
         return Err(format!("bad chain name {name:?}"));
     }
     Ok(())
@@ -195,7 +193,7 @@ fn arg(word: &str) -> Result<(), String> {
 
 /// Older iptables-restore versions refuse any argument, quoted or not, that could be the
 /// table option: one dash and a `t` somewhere (`-t`, `-xt`), or `--t` up to `--table`.
-fn looks_like_table_option(word: &str) -> bool {
+pub fn looks_like_table_option(word: &str) -> bool {
     let short = word.starts_with('-') && !word.starts_with("--") && word.contains('t');
     let long = word.starts_with("--t") && "--table".starts_with(word);
     short || long
@@ -204,7 +202,7 @@ fn looks_like_table_option(word: &str) -> bool {
 /// The argument words of one rule as iptables-restore reads them: blanks separate; `"`
 /// opens a quoted part in which `\` escapes the next character, and the closing quote ends
 /// the argument. An unclosed quote is an error.
-pub(crate) fn split_args(args: &str) -> Result<Vec<String>, String> {
+pub fn split_args(args: &str) -> Result<Vec<String>, String> {
     let mut words = Vec::new();
     let mut current = String::new();
     let mut chars = args.chars();

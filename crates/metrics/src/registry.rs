@@ -344,7 +344,8 @@ mod tests {
         m.service_healthcheck_failures_total.get_or_create(&busy).inc();
         let mut text = String::new();
         encode(&mut text, &registry).unwrap();
-        let series = "kubeproxy_service_healthcheck_failures_total{ip_family=\"IPv4\",reason=\"port_in_use\"} 2";
+        let series =
+            "kubeproxy_service_healthcheck_failures_total{ip_family=\"IPv4\",reason=\"port_in_use\"} 2";
         assert!(text.contains(series), "missing {series} in\n{text}");
     }
 

@@ -107,11 +107,7 @@ mod tests {
         world.service("web", load_balancer("Local")).slice(
             "web",
             both_ports(),
-            vec![
-                ep("10.244.1.5 local"),
-                ep("10.244.1.6 local"),
-                ep("10.244.2.7"),
-            ],
+            vec![ep("10.244.1.5 local"), ep("10.244.1.6 local"), ep("10.244.2.7")],
         );
         let checks = health_checks(&state(&mut world));
         assert_eq!(

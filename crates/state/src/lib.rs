@@ -19,11 +19,11 @@ use std::sync::Arc;
 use kpr_model::{Endpoint, NodeView, ServicePort};
 use kpr_tracking::{EndpointsMap, ServiceMap, endpoints_for};
 
+pub use after_sync::SyncObserver;
 pub use backend::{
     Backend, BackendError, ConntrackReconcile, FailedStep, PendingSync, SyncKind, SyncReport, SyncRequest,
     TableCount, UnsafeObject,
 };
-pub use after_sync::SyncObserver;
 pub use health_check::{HealthCheck, HealthChecks, health_checks};
 pub use plan::{PortPlan, Unreachable};
 pub use topology::{Categorized, categorize};

@@ -490,10 +490,7 @@ async fn the_after_sync_observer_hears_successful_syncs_only() {
     h.send(Event::Synced { source: "manifests" }).await;
     h.wait_for_syncs(1).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(
-        observer.0.lock().unwrap().is_empty(),
-        "told about a failed sync"
-    );
+    assert!(observer.0.lock().unwrap().is_empty(), "told about a failed sync");
     // The retry (after the 1 s backoff) succeeds; then a change syncs partially.
     h.wait_for_syncs(2).await;
     h.send(service("b", "10.0.0.2")).await;

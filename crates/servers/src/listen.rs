@@ -217,3 +217,49 @@ impl Serving {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+
+    fn connects(addr: SocketAddr) -> bool {
+        std::net::TcpStream::connect(addr).is_ok()
+    }
+
+    /// `--healthz-bind-address=[::]:10256` answers IPv4 too, as Go's listener does.
+    #[tokio::test]
+    async fn a_configured_ipv6_wildcard_takes_ipv4_too_as_gos_listener() {
+        let server = start("healthz", "[::]:0", Router::new(), BindPolicy::upstream(true))
+            .await
+            .unwrap()
+            .unwrap();
+        let port = server.local_addr().unwrap().port();
+        assert!(connects(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port)));
+        assert!(connects(SocketAddr::new(Ipv6Addr::LOCALHOST.into(), port)));
+    }
+
+    /// A v6-only wildcard leaves the port's IPv4 side to someone else (the IPv4 set of
+    /// Service health-check servers).
+    #[tokio::test]
+    async fn a_v6_only_wildcard_leaves_ipv4_alone() {
+        let v4 = ListenOn {
+            addr: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
+            v6_only: true,
+        }
+        .bind()
+        .unwrap();
+        let port = v4.local_addr().unwrap().port();
+        let v6 = ListenOn {
+            addr: SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port),
+            v6_only: true,
+        };
+        drop(v6.bind().expect("IPv6's wildcard binds next to IPv4's"));
+        let dual = ListenOn { v6_only: false, ..v6 };
+        let refused = dual
+            .bind()
+            .expect_err("a dual-stack wildcard would take IPv4's port too");
+        assert_eq!(refused.kind(), io::ErrorKind::AddrInUse);
+    }
+}

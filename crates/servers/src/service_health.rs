@@ -173,13 +173,13 @@ impl Manager {
         metrics: Metrics,
         recorder: Recorder,
     ) -> Self {
-        if let HealthCheckAddresses::Ips(ips) = &config.addresses {
-            if !ips.iter().any(|ip| config.family.matches(ip)) {
-                tracing::warn!(
-                    ip_family = config.family.label(),
-                    "no node address matches nodePortAddresses: Service health-check ports will not listen"
-                );
-            }
+        if let HealthCheckAddresses::Ips(ips) = &config.addresses
+            && !ips.iter().any(|ip| config.family.matches(ip))
+        {
+            tracing::warn!(
+                ip_family = config.family.label(),
+                "no node address matches nodePortAddresses: Service health-check ports will not listen"
+            );
         }
         Self {
             config,

@@ -7,6 +7,7 @@
 
 mod conntrack_sysctls;
 mod fatal;
+mod health_check_servers;
 mod iptables_mode;
 mod logging;
 mod node;

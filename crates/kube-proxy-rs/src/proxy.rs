@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpr_config::Settings;
+use kpr_events::{LogOnly, Recorder};
 use kpr_iptables::ProcSysctl;
 use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_runner::RunnerConfig;
@@ -22,6 +23,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::conntrack_sysctls;
 use crate::fatal::Fatal;
+use crate::health_check_servers;
 use crate::iptables_mode;
 use crate::node::node_name;
 
@@ -86,13 +88,24 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
 
     adjust_oom_score(config.oom_score_adj());
     set_conntrack_sysctls(&settings);
+    // Events go to the log until the API recorder is wired in.
+    let recorder: Recorder = Arc::new(LogOnly);
+    let health_check_servers =
+        health_check_servers::start(&options, &node_name, health.clone(), metrics.clone(), recorder);
     let backend = iptables_mode::backend(options, sync_period)?;
     if let Err(error) = backend.init(&ProcSysctl::default()) {
         tracing::error!(%error, "host setting for localhost NodePorts failed; they may not answer");
     }
     let (healthz, metrics_server) = serve_http(&settings, &health, &metrics, registry).await?;
     tracing::info!(node = %node_name, mode = %settings.mode, "kube-proxy-rs starting");
-    let proxy = kpr_sync::run(proxy_settings, Box::new(backend), events, metrics, health);
+    let proxy = kpr_sync::run_observed(
+        proxy_settings,
+        Box::new(backend),
+        events,
+        metrics,
+        health,
+        Some(health_check_servers),
+    );
     tokio::select! {
         () = proxy => Err(Fatal::runtime("the sync loop stopped: its event sources ended")),
         result = shutdown_signal() => result,

@@ -9,4 +9,6 @@ mod health;
 mod registry;
 
 pub use health::{HealthReport, ProxyHealth};
-pub use registry::{CodeLabels, FamilyLabels, Metrics, RejectedLabels, TableLabels, TrafficLabels};
+pub use registry::{
+    CodeLabels, FamilyLabels, HealthCheckFailureLabels, Metrics, RejectedLabels, TableLabels, TrafficLabels,
+};

@@ -24,7 +24,7 @@ use kpr_metrics::{FamilyLabels, Metrics, ProxyHealth};
 use kpr_model::{IpFamily, NodeView};
 use kpr_runner::{RunnerConfig, SyncRunner};
 use kpr_sources::EventReceiver;
-use kpr_state::{Backend, DesiredState};
+use kpr_state::{Backend, DesiredState, SyncObserver};
 use kpr_tracking::{EndpointsTracker, ServiceTracker};
 use tokio::sync::watch;
 
@@ -55,6 +55,8 @@ pub(crate) struct Shared {
     pub metrics: Metrics,
     pub health: Arc<ProxyHealth>,
     pub labels: FamilyLabels,
+    /// Told the desired state after each successful sync (the Service health-check servers).
+    pub after_sync: Option<Arc<dyn SyncObserver>>,
 }
 
 impl Shared {
@@ -74,6 +76,7 @@ impl Shared {
             labels: FamilyLabels {
                 ip_family: settings.family.label(),
             },
+            after_sync: None,
         }
     }
 
@@ -92,10 +95,24 @@ pub async fn run(
     metrics: Metrics,
     health: Arc<ProxyHealth>,
 ) {
+    run_observed(settings, backend, events, metrics, health, None).await;
+}
+
+/// [`run`], telling `after_sync` the desired state after each successful sync.
+pub async fn run_observed(
+    settings: ProxySettings,
+    backend: Box<dyn Backend>,
+    events: EventReceiver,
+    metrics: Metrics,
+    health: Arc<ProxyHealth>,
+    after_sync: Option<Arc<dyn SyncObserver>>,
+) {
     // Upstream's SyncLoop marks the proxier updated as it starts, "in case Sync() never
     // succeeds": from here on a queued change that is not applied in time makes it unhealthy.
     health.updated();
-    let shared = Arc::new(Shared::new(&settings, metrics, health));
+    let mut shared = Shared::new(&settings, metrics, health);
+    shared.after_sync = after_sync;
+    let shared = Arc::new(shared);
     // And, as upstream, it synthesizes a "last change queued" time while the sources list.
     shared
         .metrics

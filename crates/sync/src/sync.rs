@@ -34,6 +34,9 @@ pub(crate) fn sync_once(shared: &Shared, backend: &mut dyn Backend) -> Result<()
             record_success(shared, &report);
             record_unsafe_objects(shared, &report.newly_unsafe);
             record_programming_latency(shared, &trigger_times);
+            if let Some(observer) = &shared.after_sync {
+                observer.synced(&pending.state);
+            }
             tracing::debug!(
                 full = report.full,
                 changed = changed.len(),

@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn parses_the_kernels_answer() {
         let mut payload = vec![0, 0, 0, 0];
-        payload.extend(13u16.to_ne_bytes());
+        payload.extend(17u16.to_ne_bytes());
         payload.extend(1u16.to_ne_bytes());
         payload.extend(b"dummy-metric\0");
         payload.extend([0, 0, 0]);

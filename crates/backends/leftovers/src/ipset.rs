@@ -21,6 +21,8 @@ const PROTOCOL: u8 = 6;
 const NAME_MAX: usize = 31;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
+/// Without it the kernel answers "done" for a set that does not exist (ipset's `-exist`).
+const NLM_F_EXCL: u16 = 0x200;
 /// `IPSET_ERR_BUSY`: a rule still matches the set.
 const ERR_BUSY: i32 = 4100;
 
@@ -43,7 +45,7 @@ pub fn destroy_request(name: &str, sequence: u32) -> Option<Vec<u8>> {
     attributes.as_slice().emit(&mut payload[start..]);
     Some(kpr_netlink::message(
         (SUBSYS_IPSET << 8) | CMD_DESTROY,
-        NLM_F_REQUEST | NLM_F_ACK,
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL,
         sequence,
         &payload,
     ))
@@ -90,7 +92,7 @@ mod tests {
         // header + nfgenmsg + protocol (5, padded 8) + name ("KUBE-CLUSTER-IP\0": 16 + 4)
         expected.extend((16u32 + 4 + 8 + 20).to_ne_bytes());
         expected.extend(0x0603u16.to_ne_bytes());
-        expected.extend(0x5u16.to_ne_bytes());
+        expected.extend(0x205u16.to_ne_bytes());
         expected.extend(11u32.to_ne_bytes());
         expected.extend([0; 4]);
         expected.extend([2, 0, 0, 0]);

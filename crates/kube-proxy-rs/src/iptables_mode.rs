@@ -8,9 +8,9 @@ use kpr_config::{LocalMode, NODE_PORT_ADDRESSES_PRIMARY, Settings};
 use kpr_conntrack::Reconciler;
 use kpr_iptables::{
     Accounting, CT_STATE_INVALID_DROPPED, CleanupReport, ExecError, InterfaceAddresses, InterfaceName,
-    IptablesBackend, IptablesCli, IptablesOptions, LOCALHOST_NODEPORTS_ACCEPTED, LocalAddresses, LocalDetector,
-    Modes, NetlinkAccounting, NodePortAddresses, ProcSysctl, Sysctl, UnsafeText, Variant, cleanup_modes,
-    conntrack_tcp_be_liberal, ensure_counters, render_dry_run,
+    IptablesBackend, IptablesCli, IptablesOptions, LOCALHOST_NODEPORTS_ACCEPTED, LocalAddresses,
+    LocalDetector, Modes, NetlinkAccounting, NodePortAddresses, ProcSysctl, Sysctl, UnsafeText, Variant,
+    cleanup_modes, conntrack_tcp_be_liberal, ensure_counters, render_dry_run,
 };
 use kpr_metrics::{IptablesCounter, PacketCounters};
 use kpr_model::IpFamily;
@@ -189,7 +189,10 @@ pub fn remove_other_modes_leftovers() {
             for error in report.errors {
                 match &error.source {
                     ExecError::Spawn { command, .. } if is_save_tool(command) => {
-                        tracing::debug!("{} {variant:?}: IPVS-mode leftovers not checked: {error}", family.label());
+                        tracing::debug!(
+                            "{} {variant:?}: IPVS-mode leftovers not checked: {error}",
+                            family.label()
+                        );
                     }
                     _ => tracing::warn!("{} {variant:?}: IPVS-mode leftovers: {error}", family.label()),
                 }

@@ -84,10 +84,18 @@ fn assert_only_foreign_objects_left(node: &Netns, iptables: &str) {
     assert_eq!(sets, ["KUBE-MINE", "user-set"]);
     assert!(!has_link(node, "kube-ipvs0"));
     assert!(has_link(node, "kube-ipvs1"));
-    for ipvs_only in ["KUBE-IPVS-FILTER", "KUBE-NODE-PORT ", "KUBE-LOAD-BALANCER", "--match-set"] {
+    for ipvs_only in [
+        "KUBE-IPVS-FILTER",
+        "KUBE-NODE-PORT ",
+        "KUBE-LOAD-BALANCER",
+        "--match-set",
+    ] {
         assert!(!iptables.contains(ipvs_only), "{ipvs_only} left:\n{iptables}");
     }
-    assert!(iptables.contains("-A USER-CHAIN -s 10.9.9.9/32 -j ACCEPT"), "{iptables}");
+    assert!(
+        iptables.contains("-A USER-CHAIN -s 10.9.9.9/32 -j ACCEPT"),
+        "{iptables}"
+    );
     assert!(iptables.contains("-A INPUT -j USER-CHAIN"), "{iptables}");
 }
 
@@ -103,7 +111,10 @@ fn starting_removes_what_ipvs_and_nftables_modes_left_and_serves() {
     wait_spread(cluster.lab.pod(0), sock(WEB_VIP), 5, &["pod0"]);
     let iptables = cluster.iptables_save();
     assert_only_foreign_objects_left(cluster.node(), &iptables);
-    assert!(iptables.contains("KUBE-SVC-"), "our own rules are in place:\n{iptables}");
+    assert!(
+        iptables.contains("KUBE-SVC-"),
+        "our own rules are in place:\n{iptables}"
+    );
     let logs = cluster.proxy_logs();
     assert!(logs.contains("link kube-ipvs0"), "the removal is logged:\n{logs}");
 }
@@ -124,7 +135,12 @@ fn cleanup_removes_every_modes_leftovers_and_nothing_else() {
     make(cluster.node(), &leftovers);
     make(cluster.node(), FOREIGN);
 
-    let out = cluster.node().command(proxy_binary()).arg("--cleanup").output().unwrap();
+    let out = cluster
+        .node()
+        .command(proxy_binary())
+        .arg("--cleanup")
+        .output()
+        .unwrap();
     let logs = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{logs}");
     let iptables = cluster.iptables_save() + &cluster.node().sh("iptables-legacy-save").unwrap();
@@ -141,13 +157,28 @@ fn cleanup_names_the_set_a_foreign_rule_still_uses_and_exits_1() {
         cluster.node(),
         "iptables -N USER-SETS && iptables -A USER-SETS -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT",
     );
-    let out = cluster.node().command(proxy_binary()).arg("--cleanup").output().unwrap();
+    let out = cluster
+        .node()
+        .command(proxy_binary())
+        .arg("--cleanup")
+        .output()
+        .unwrap();
     let logs = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{logs}");
-    assert!(logs.contains("ipset KUBE-CLUSTER-IP"), "the set is not named:\n{logs}");
-    assert_eq!(ipsets(cluster.node()), ["KUBE-CLUSTER-IP"], "everything else went");
+    assert!(
+        logs.contains("ipset KUBE-CLUSTER-IP"),
+        "the set is not named:\n{logs}"
+    );
+    assert_eq!(
+        ipsets(cluster.node()),
+        ["KUBE-CLUSTER-IP"],
+        "everything else went"
+    );
     assert!(!has_link(cluster.node(), "kube-ipvs0"));
-    assert!(cluster.iptables_save().contains("-A USER-SETS"), "the user's rule stays");
+    assert!(
+        cluster.iptables_save().contains("-A USER-SETS"),
+        "the user's rule stays"
+    );
 }
 
 /// A connection from `client` to `server`, through the node, with one exchange done.
@@ -172,7 +203,11 @@ fn localhost_nodeport_and_invalid_packets_show_in_upstreams_metrics() {
     cluster.tcp_backends(&[0], 8080);
     cluster.write("web.yaml", &web_yaml(&[0], Some(30080)));
     cluster.start_proxy(&[]);
-    assert_eq!(cluster.metric(LOCALHOST_ACCEPTED), Some(0.0), "counters start at 0");
+    assert_eq!(
+        cluster.metric(LOCALHOST_ACCEPTED),
+        Some(0.0),
+        "counters start at 0"
+    );
     assert_eq!(cluster.metric(INVALID_DROPPED), Some(0.0));
 
     // Three connections to the NodePort on 127.0.0.1, one on the node's own address.
@@ -184,7 +219,8 @@ fn localhost_nodeport_and_invalid_packets_show_in_upstreams_metrics() {
     // The client talks to a pod through the node; then the node forgets the connection,
     // and (with loose pickup off) its next packets are INVALID there: dropped and counted.
     let node = cluster.node();
-    node.set_sysctl("net.netfilter.nf_conntrack_tcp_loose", "0").unwrap();
+    node.set_sysctl("net.netfilter.nf_conntrack_tcp_loose", "0")
+        .unwrap();
     let server = SocketAddr::new(pod_ip(0).into(), 9000);
     let (mut outgoing, _incoming) = connected(cluster.lab.client(), cluster.lab.pod(0), server);
     node.sh("conntrack -F").unwrap();

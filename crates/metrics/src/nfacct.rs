@@ -84,7 +84,8 @@ impl Collector for NfacctCollector {
             }
         };
         let counter = ConstCounter::new(packets);
-        let metric = encoder.encode_descriptor(self.metric.name, self.metric.help, None, counter.metric_type())?;
+        let metric =
+            encoder.encode_descriptor(self.metric.name, self.metric.help, None, counter.metric_type())?;
         counter.encode(metric)
     }
 }
@@ -147,7 +148,10 @@ mod tests {
             (IptablesCounter::LocalhostNodeportsAccepted, Ok(Some(3))),
         ])));
         assert!(!text.contains("ct_state_invalid"), "{text}");
-        assert!(text.contains("kubeproxy_iptables_localhost_nodeports_accepted_packets_total 3"), "{text}");
+        assert!(
+            text.contains("kubeproxy_iptables_localhost_nodeports_accepted_packets_total 3"),
+            "{text}"
+        );
         assert!(!scrape(Fixed(HashMap::new())).contains("kubeproxy_iptables"));
     }
 }

@@ -176,8 +176,7 @@ pub fn plan_table_for(modes: Modes, table: Table, saved: &str) -> TableCleanup {
         .collect();
     // Chains that stay and whose rules we may still edit: built-in ones and a staying
     // mode's kube-proxy chains; everything else is someone else's.
-    let editable =
-        |name: &str| builtin.contains(name) || kube_proxy_chain(table, name, &saved);
+    let editable = |name: &str| builtin.contains(name) || kube_proxy_chain(table, name, &saved);
     let mut jumps = Vec::new();
     let mut still_referenced = BTreeSet::new();
     for rule in &saved.rules {
@@ -446,8 +445,14 @@ COMMIT
             ]
         );
         let payload = plan.payload();
-        assert!(!payload.contains("USER-NAT"), "a user's rule is never touched:\n{payload}");
-        assert!(!payload.contains(":KUBE-SERVICES"), "shared chains are not flushed:\n{payload}");
+        assert!(
+            !payload.contains("USER-NAT"),
+            "a user's rule is never touched:\n{payload}"
+        );
+        assert!(
+            !payload.contains(":KUBE-SERVICES"),
+            "shared chains are not flushed:\n{payload}"
+        );
 
         let plan = plan_table_for(Modes::IPVS, Table::Filter, IPVS_FILTER);
         assert_eq!(
@@ -486,7 +491,9 @@ COMMIT
             ]
         );
         assert!(
-            plan.jumps.iter().all(|r| ["PREROUTING", "OUTPUT", "POSTROUTING"].contains(&r.chain.as_str())),
+            plan.jumps
+                .iter()
+                .all(|r| ["PREROUTING", "OUTPUT", "POSTROUTING"].contains(&r.chain.as_str())),
             "{:?}",
             plan.jumps
         );

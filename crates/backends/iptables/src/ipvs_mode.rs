@@ -66,9 +66,7 @@ pub fn ipvs_set_names() -> Vec<String> {
 
 /// Whether `name` is one of IPVS mode's sets (either family).
 pub fn is_ipvs_set(name: &str) -> bool {
-    IPVS_SETS
-        .iter()
-        .any(|set| *set == name || ipv6_name(set) == name)
+    IPVS_SETS.iter().any(|set| *set == name || ipv6_name(set) == name)
 }
 
 #[cfg(test)]

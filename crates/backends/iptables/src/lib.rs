@@ -51,20 +51,21 @@ mod saved;
 
 pub use addresses::{AddressError, FixedAddresses, InterfaceAddresses, LocalAddresses};
 pub use cleanup::{
-    CLEANUP_TABLES, CleanupError, CleanupReport, Modes, TableCleanup, cleanup, cleanup_modes, plan_table, plan_table_for,
+    CLEANUP_TABLES, CleanupError, CleanupReport, Modes, TableCleanup, cleanup, cleanup_modes, plan_table,
+    plan_table_for,
 };
-pub use ipvs_mode::{IPVS_SETS, ipvs_only_chains, ipvs_set_names, is_ipvs_set};
 pub use exec::{ExecError, Iptables, IptablesCli, IptablesVersion, Variant, restore_error_line};
 pub use host::{
     HostError, ProcSysctl, ROUTE_LOCALNET, Sysctl, TCP_BE_LIBERAL, conntrack_tcp_be_liberal, prepare_host,
 };
+pub use ipvs_mode::{IPVS_SETS, ipvs_only_chains, ipvs_set_names, is_ipvs_set};
 pub use jumps::{JumpRule, jump_rules};
 /// The checked text types [`LocalDetector`] takes (from kpr-naming).
 pub use kpr_naming::{InterfaceName, UnsafeText};
 pub use names::NameCache;
 pub use nfacct::{
-    Accounting, CT_STATE_INVALID_DROPPED, Counter, LOCALHOST_NODEPORTS_ACCEPTED, NetlinkAccounting, NfacctCounters,
-    NfacctError, ensure_counters, get_request, new_request, parse_counter,
+    Accounting, CT_STATE_INVALID_DROPPED, Counter, LOCALHOST_NODEPORTS_ACCEPTED, NetlinkAccounting,
+    NfacctCounters, NfacctError, ensure_counters, get_request, new_request, parse_counter,
 };
 pub use options::{
     DEFAULT_LARGE_CLUSTER_ENDPOINTS_THRESHOLD, DEFAULT_MASQUERADE_BIT, IptablesOptions, LocalDetector,

@@ -298,7 +298,10 @@ mod tests {
         let mut cut = vec![0, 0, 0, 0];
         cut.extend(40u16.to_ne_bytes());
         cut.extend(1u16.to_ne_bytes());
-        assert!(parse_counter(&cut).is_err(), "an attribute longer than the message");
+        assert!(
+            parse_counter(&cut).is_err(),
+            "an attribute longer than the message"
+        );
     }
 
     #[test]
@@ -342,10 +345,16 @@ mod tests {
     #[test]
     fn ensure_creates_what_is_missing_and_keeps_what_exists() {
         let memory = Memory::default();
-        memory.counters.borrow_mut().insert(CT_STATE_INVALID_DROPPED.into(), 5);
+        memory
+            .counters
+            .borrow_mut()
+            .insert(CT_STATE_INVALID_DROPPED.into(), 5);
         assert_eq!(ensure_counters(&memory), NfacctCounters::ALL);
         let counters = memory.counters.borrow();
-        assert_eq!(counters[CT_STATE_INVALID_DROPPED], 5, "an existing counter is not reset");
+        assert_eq!(
+            counters[CT_STATE_INVALID_DROPPED], 5,
+            "an existing counter is not reset"
+        );
         assert_eq!(counters[LOCALHOST_NODEPORTS_ACCEPTED], 0);
     }
 

@@ -42,15 +42,17 @@ fn counted() -> IptablesOptions {
     }
 }
 
-const INVALID_DROP: &str =
-    "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP";
+const INVALID_DROP: &str = "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP";
 
 #[test]
 fn nfacct_counters_are_matched_as_upstream_writes_them() {
     let mut world = nodeport_world("10.96.0.10", &["10.244.1.5", "10.244.2.7"]);
     let text = render_dry_run(&world.state(), &counted(), &[]);
     assert!(text.lines().any(|l| l == INVALID_DROP), "{text}");
-    let nodeports: Vec<&str> = text.lines().filter(|l| l.starts_with("-A KUBE-NODEPORTS")).collect();
+    let nodeports: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-NODEPORTS"))
+        .collect();
     assert_eq!(nodeports.len(), 2, "{nodeports:?}");
     assert!(
         nodeports[0].starts_with(
@@ -102,13 +104,20 @@ fn no_localhost_count_where_localhost_nodeports_do_not_work() {
         json!({"type": "NodePort", "clusterIP": "fd00:10:96::10", "ipFamilies": ["IPv6"],
                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}),
     )
-    .slice("web", json!([{"name": "http", "port": 8080}]), vec![ep("fd00:10:244:1::5")]);
+    .slice(
+        "web",
+        json!([{"name": "http", "port": 8080}]),
+        vec![ep("fd00:10:244:1::5")],
+    );
     let opts = IptablesOptions {
         family: IpFamily::V6,
         ..counted()
     };
     let text = render_dry_run(&v6.state(), &opts, &[]);
     assert!(!text.contains("localhost_nps_accepted_pkts"), "{text}");
-    assert!(text.contains("--nfacct-name ct_state_invalid_dropped_pkts"), "IPv6 counts INVALID drops too");
+    assert!(
+        text.contains("--nfacct-name ct_state_invalid_dropped_pkts"),
+        "IPv6 counts INVALID drops too"
+    );
     assert!(text.contains("KUBE-EXT-"), "the v6 NodePort is rendered:\n{text}");
 }

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use common::skip_requested;
 use kpr_iptables::{
-    Accounting, CT_STATE_INVALID_DROPPED, IptablesBackend, IptablesCli, IptablesOptions, LOCALHOST_NODEPORTS_ACCEPTED,
-    NetlinkAccounting, NfacctCounters, Variant, ensure_counters,
+    Accounting, CT_STATE_INVALID_DROPPED, IptablesBackend, IptablesCli, IptablesOptions,
+    LOCALHOST_NODEPORTS_ACCEPTED, NetlinkAccounting, NfacctCounters, Variant, ensure_counters,
 };
 use kpr_model::IpFamily;
 use kpr_netns::Netns;
@@ -37,12 +37,20 @@ fn packets(ns: &Netns, counter: &str) -> u64 {
 #[test]
 fn counters_are_created_once_per_namespace() {
     let ns = Netns::new("nfacct").unwrap();
-    let before = ns.run(|| NetlinkAccounting.get(LOCALHOST_NODEPORTS_ACCEPTED)).unwrap();
+    let before = ns
+        .run(|| NetlinkAccounting.get(LOCALHOST_NODEPORTS_ACCEPTED))
+        .unwrap();
     assert_eq!(before, None, "a new namespace has no counters");
-    assert_eq!(ns.run(|| ensure_counters(&NetlinkAccounting)), NfacctCounters::ALL);
+    assert_eq!(
+        ns.run(|| ensure_counters(&NetlinkAccounting)),
+        NfacctCounters::ALL
+    );
     assert_eq!(packets(&ns, LOCALHOST_NODEPORTS_ACCEPTED), 0);
     assert_eq!(packets(&ns, CT_STATE_INVALID_DROPPED), 0);
-    assert_eq!(ns.run(|| ensure_counters(&NetlinkAccounting)), NfacctCounters::ALL);
+    assert_eq!(
+        ns.run(|| ensure_counters(&NetlinkAccounting)),
+        NfacctCounters::ALL
+    );
 }
 
 /// A NodePort Service on 30080 whose one endpoint listens on an address of the
@@ -53,7 +61,8 @@ fn localhost_nodeport_connections_are_counted(variant: Variant) {
     }
     let ns = Netns::new("nfacct").unwrap();
     let counters = ns.run(|| ensure_counters(&NetlinkAccounting));
-    ns.ip(&["addr", "add", &format!("{POD}/32"), "dev", "lo"]).unwrap();
+    ns.ip(&["addr", "add", &format!("{POD}/32"), "dev", "lo"])
+        .unwrap();
     ns.set_sysctl("net.ipv4.conf.all.route_localnet", "1").unwrap();
     let _pod = ns
         .tcp_backend(format!("{POD}:8080").parse().unwrap(), "pod")

@@ -103,7 +103,11 @@ mod tests {
         expected.extend(2u16.to_ne_bytes());
         expected.extend(b"KUBE-CLUSTER-IP\0");
         assert_eq!(destroy_request("KUBE-CLUSTER-IP", 11).unwrap(), expected);
-        assert_eq!(destroy_request("", 1), None, "an empty name would destroy every set");
+        assert_eq!(
+            destroy_request("", 1),
+            None,
+            "an empty name would destroy every set"
+        );
         assert_eq!(destroy_request(&"K".repeat(32), 1), None);
         assert_eq!(destroy_request("A\0B", 1), None);
     }

@@ -16,8 +16,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use kpr_netlink::{Answer, Channel, ENOENT, NETLINK_GENERIC, NetlinkError};
 use netlink_packet_core::{
-    DefaultNla, Emitable, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkDeserializable, NetlinkHeader,
-    NetlinkMessage, NetlinkPayload, NlasIterator,
+    DefaultNla, Emitable, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkDeserializable,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NlasIterator,
 };
 use netlink_packet_generic::GenlMessage;
 use netlink_packet_generic::ctrl::nlas::GenlCtrlAttrs;
@@ -71,7 +71,10 @@ impl std::fmt::Display for VirtualService {
 
 /// The services among `services` that upstream's IPVS mode made: those whose address is
 /// one of `kube-ipvs0`'s.
-pub fn upstreams_services<'a>(services: &'a [VirtualService], link_addresses: &[IpAddr]) -> Vec<&'a VirtualService> {
+pub fn upstreams_services<'a>(
+    services: &'a [VirtualService],
+    link_addresses: &[IpAddr],
+) -> Vec<&'a VirtualService> {
     services
         .iter()
         .filter(|service| link_addresses.contains(&service.address))
@@ -170,7 +173,9 @@ pub fn parse_service(payload: &[u8]) -> Result<Option<VirtualService>, String> {
 }
 
 fn prefix(bytes: &[u8], n: usize) -> Result<&[u8], String> {
-    bytes.get(..n).ok_or_else(|| format!("{} bytes, {n} needed", bytes.len()))
+    bytes
+        .get(..n)
+        .ok_or_else(|| format!("{} bytes, {n} needed", bytes.len()))
 }
 
 fn array<const N: usize>(value: &[u8]) -> Result<[u8; N], String> {
@@ -248,13 +253,18 @@ pub(crate) fn remove_services_on(link_addresses: &[IpAddr], report: &mut Report)
         match parse_service(answer.payload()) {
             Ok(Some(service)) => services.push(service),
             Ok(None) => {}
-            Err(reason) => tracing::warn!(%reason, "unreadable IPVS service in the kernel's list; left alone"),
+            Err(reason) => {
+                tracing::warn!(%reason, "unreadable IPVS service in the kernel's list; left alone")
+            }
         }
     }
     for service in upstreams_services(&services, link_addresses) {
         let result = channel.request(|sequence| delete_service_request(id, service, sequence));
         match result {
-            Ok(_) | Err(NetlinkError::Kernel { errno: kpr_netlink::ESRCH }) => report.removed(service.to_string()),
+            Ok(_)
+            | Err(NetlinkError::Kernel {
+                errno: kpr_netlink::ESRCH,
+            }) => report.removed(service.to_string()),
             Err(error) => report.failed(LeftoverError::netlink(service.to_string(), &error)),
         }
     }
@@ -379,6 +389,10 @@ mod tests {
             .lines()
             .any(|l| l.starts_with("ip_vs "))
             || std::path::Path::new("/proc/net/ip_vs").exists();
-        assert_eq!(present.is_some(), has_module, "family lookup disagrees with /proc");
+        assert_eq!(
+            present.is_some(),
+            has_module,
+            "family lookup disagrees with /proc"
+        );
     }
 }

@@ -7,7 +7,8 @@ use std::net::IpAddr;
 
 use kpr_netlink::{Answer, Channel, ENODEV, NETLINK_ROUTE, NetlinkError};
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkDeserializable, NetlinkHeader, NetlinkMessage,
+    NetlinkPayload,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
@@ -46,14 +47,22 @@ fn parse(answer: &Answer) -> Option<RouteNetlinkMessage> {
 pub(crate) fn get_link_request(name: &str, sequence: u32) -> Vec<u8> {
     let mut message = LinkMessage::default();
     message.attributes.push(LinkAttribute::IfName(name.to_string()));
-    serialize(NLM_F_REQUEST | NLM_F_ACK, sequence, RouteNetlinkMessage::GetLink(message))
+    serialize(
+        NLM_F_REQUEST | NLM_F_ACK,
+        sequence,
+        RouteNetlinkMessage::GetLink(message),
+    )
 }
 
 /// `RTM_DELLINK` for the link with `index`.
 pub(crate) fn delete_link_request(index: u32, sequence: u32) -> Vec<u8> {
     let mut message = LinkMessage::default();
     message.header.index = index;
-    serialize(NLM_F_REQUEST | NLM_F_ACK, sequence, RouteNetlinkMessage::DelLink(message))
+    serialize(
+        NLM_F_REQUEST | NLM_F_ACK,
+        sequence,
+        RouteNetlinkMessage::DelLink(message),
+    )
 }
 
 /// `RTM_GETADDR` dump of every address.
@@ -139,7 +148,10 @@ mod tests {
     fn delete_names_the_index() {
         let bytes = delete_link_request(42, 1);
         assert_eq!(u16::from_ne_bytes([bytes[4], bytes[5]]), 17, "RTM_DELLINK");
-        assert_eq!(u32::from_ne_bytes([bytes[20], bytes[21], bytes[22], bytes[23]]), 42);
+        assert_eq!(
+            u32::from_ne_bytes([bytes[20], bytes[21], bytes[22], bytes[23]]),
+            42
+        );
         assert_eq!(bytes.len(), 32, "nothing but the header and ifinfomsg");
     }
 

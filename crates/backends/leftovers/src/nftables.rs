@@ -70,7 +70,12 @@ pub fn delete_table_batch(family: NftFamily, sequence: u32) -> Vec<u8> {
         sequence,
         &delete,
     ));
-    bytes.extend(kpr_netlink::message(BATCH_END, NLM_F_REQUEST, sequence, &batch_header));
+    bytes.extend(kpr_netlink::message(
+        BATCH_END,
+        NLM_F_REQUEST,
+        sequence,
+        &batch_header,
+    ));
     bytes
 }
 

@@ -97,7 +97,10 @@ fn a_set_still_used_by_a_foreign_rule_is_reported_by_name_and_the_rest_goes() {
         "{failure}"
     );
     assert!(sets(&node).contains(&"KUBE-CLUSTER-IP".to_string()));
-    assert!(!sets(&node).contains(&"KUBE-NODE-PORT-TCP".to_string()), "the other sets still go");
+    assert!(
+        !sets(&node).contains(&"KUBE-NODE-PORT-TCP".to_string()),
+        "the other sets still go"
+    );
     assert!(!has_link(&node, IPVS_LINK));
     // (iptables-nft made an `ip filter` table for the user's chain.)
     let tables = tables(&node);

@@ -85,7 +85,9 @@ pub struct Channel {
 
 impl std::fmt::Debug for Channel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Channel").field("sequence", &self.sequence).finish()
+        f.debug_struct("Channel")
+            .field("sequence", &self.sequence)
+            .finish()
     }
 }
 
@@ -237,8 +239,15 @@ mod tests {
         let messages = split(&datagram).unwrap();
         assert_eq!(messages.len(), 2);
         assert_eq!(messages[0].message_type, 0x0700);
-        assert_eq!(messages[0].bytes.len(), HEADER_LEN + 5, "padding is not part of the message");
-        assert_eq!((messages[1].message_type, messages[1].flags, messages[1].sequence), (NLMSG_DONE, 2, 5));
+        assert_eq!(
+            messages[0].bytes.len(),
+            HEADER_LEN + 5,
+            "padding is not part of the message"
+        );
+        assert_eq!(
+            (messages[1].message_type, messages[1].flags, messages[1].sequence),
+            (NLMSG_DONE, 2, 5)
+        );
     }
 
     #[test]
@@ -247,7 +256,10 @@ mod tests {
         datagram[0] = 200;
         assert!(matches!(split(&datagram), Err(NetlinkError::Malformed(_))));
         assert!(matches!(split(&datagram[..7]), Err(NetlinkError::Malformed(_))));
-        assert!(matches!(error_code(&datagram[..18]), Err(NetlinkError::Malformed(_))));
+        assert!(matches!(
+            error_code(&datagram[..18]),
+            Err(NetlinkError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -66,6 +66,10 @@ fn run(settings: Settings) -> Result<(), Fatal> {
             settings.mode
         )));
     }
+    if !settings.dry_run {
+        // Upstream's platform cleanup: before the proxy starts, best effort.
+        iptables_mode::remove_other_modes_leftovers();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -78,6 +78,7 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    iptables_mode::register_nfacct_metrics(&mut registry);
     // Upstream's healthTimeout: two sync periods without applying a queued change.
     let health = Arc::new(ProxyHealth::new(sync_period * 2));
     if settings.dry_run {

@@ -140,11 +140,17 @@ fn log_format_comes_from_the_file_unless_flagged() {
     let scratch = Scratch::new();
     assert_eq!(run(&[]).unwrap().log_format, LogFormat::Text);
     let body = "logging:\n  format: json\n";
-    assert_eq!(with_config(&scratch, body, &[]).unwrap().log_format, LogFormat::Json);
+    assert_eq!(
+        with_config(&scratch, body, &[]).unwrap().log_format,
+        LogFormat::Json
+    );
     let settings = with_config(&scratch, body, &["--logging-format=text"]).unwrap();
     assert_eq!(settings.log_format, LogFormat::Text);
     assert_eq!(settings.config.logging["format"], "text", "what /configz shows");
-    assert_eq!(run(&["--logging-format", "json"]).unwrap().log_format, LogFormat::Json);
+    assert_eq!(
+        run(&["--logging-format", "json"]).unwrap().log_format,
+        LogFormat::Json
+    );
 }
 
 #[test]
@@ -152,13 +158,19 @@ fn a_bad_log_format_is_a_usage_error_naming_the_flag_or_the_file() {
     let err = run(&["--logging-format=xml"]).unwrap_err();
     assert_eq!(err.exit_code(), 2);
     let text = err.to_string();
-    assert!(text.contains("--logging-format") && text.contains("\"xml\""), "{text}");
+    assert!(
+        text.contains("--logging-format") && text.contains("\"xml\""),
+        "{text}"
+    );
     assert!(text.contains("supported values: \"json\", \"text\""), "{text}");
 
     let scratch = Scratch::new();
     let err = with_config(&scratch, "logging:\n  format: yaml\n", &[]).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("logging.format") && text.contains("config.yaml"), "{text}");
+    assert!(
+        text.contains("logging.format") && text.contains("config.yaml"),
+        "{text}"
+    );
 }
 
 #[test]

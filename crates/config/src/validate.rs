@@ -648,12 +648,18 @@ mod tests {
     #[test]
     fn log_format_is_text_or_json() {
         for good in ["text", "json"] {
-            assert!(errors_for(|c| {
-                c.logging.insert("format".into(), good.into());
-            })
-            .is_empty());
+            assert!(
+                errors_for(|c| {
+                    c.logging.insert("format".into(), good.into());
+                })
+                .is_empty()
+            );
         }
-        for bad in [serde_json::json!("JSON"), serde_json::json!("xml"), serde_json::json!(1)] {
+        for bad in [
+            serde_json::json!("JSON"),
+            serde_json::json!("xml"),
+            serde_json::json!(1),
+        ] {
             let errors = errors_for(|c| {
                 c.logging.insert("format".into(), bad);
             });

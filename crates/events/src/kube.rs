@@ -15,12 +15,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ::kube::Client;
-use ::kube::runtime::events::{Event, EventType as KubeEventType, Recorder, Reporter};
+use ::kube::runtime::events::{Event, EventType as KubeEventType, Recorder};
 use k8s_openapi::api::core::v1::ObjectReference;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{Notify, mpsc};
 
 use crate::{EventRecorder, EventType, ObjectRef, ProxyEvent};
+
+/// Who reports: kube-runtime's reporter (controller and instance names).
+pub use ::kube::runtime::events::Reporter;
 
 /// Upstream's reporting controller (`cmd/kube-proxy/app/server.go`).
 pub const REPORTING_CONTROLLER: &str = "kube-proxy";

@@ -86,11 +86,12 @@ where
                 }
             }
         }
-        event.record(&mut pairs);
         let metadata = event.metadata();
+        pairs.bridged_log = metadata.fields().field(LOG_TARGET).is_some();
+        event.record(&mut pairs);
         let line = Line {
             ts_millis: millis_since_epoch((self.clock)()),
-            caller: caller(metadata),
+            caller: pairs.log_caller().or_else(|| caller(metadata)),
             level: *metadata.level(),
             message: pairs.message.unwrap_or_default(),
             fields: pairs.fields,
@@ -104,19 +105,39 @@ where
     }
 }
 
+/// The fields tracing-log gives an event from the `log` crate (rustls, ...), carrying the
+/// record's origin instead of the event's metadata.
+const LOG_TARGET: &str = "log.target";
+const LOG_FILE: &str = "log.file";
+const LOG_LINE: &str = "log.line";
+const LOG_MODULE_PATH: &str = "log.module_path";
+
 /// A span's or an event's fields as JSON values, and the event's message.
 #[derive(Clone, Debug, Default)]
 struct Pairs {
     message: Option<String>,
     fields: Vec<(String, Value)>,
+    /// The event came from the `log` crate: its `log.*` fields are its origin, not pairs.
+    bridged_log: bool,
+    log_file: Option<String>,
+    log_line: Option<u32>,
 }
 
 impl Pairs {
     fn push(&mut self, field: &Field, value: Value) {
         match (field.name(), value) {
             ("message", Value::String(text)) => self.message = Some(text),
+            (LOG_FILE, Value::String(file)) if self.bridged_log => self.log_file = Some(file),
+            (LOG_LINE, Value::Number(line)) if self.bridged_log => {
+                self.log_line = line.as_u64().and_then(|l| u32::try_from(l).ok());
+            }
+            (LOG_TARGET | LOG_MODULE_PATH, _) if self.bridged_log => {}
             (name, value) => self.fields.push((name.to_string(), value)),
         }
+    }
+
+    fn log_caller(&self) -> Option<String> {
+        Some(short_caller(self.log_file.as_deref()?, self.log_line?))
     }
 }
 

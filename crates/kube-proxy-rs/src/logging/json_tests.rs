@@ -160,6 +160,22 @@ fn span_fields_come_first_outermost_first() {
 }
 
 #[test]
+fn a_log_crate_record_has_its_own_caller_and_no_log_fields() {
+    // What tracing-log makes of a `log` record (rustls logs this way).
+    let out = capture(|| {
+        tracing::debug!(
+            log.target = "rustls::webpki::anchors",
+            log.module_path = "rustls::webpki::anchors",
+            log.file = "/root/.cargo/registry/src/x/rustls-0.23.46/src/webpki/anchors.rs",
+            log.line = 54_u32,
+            "processed 145 certs"
+        )
+    });
+    let expected = "{\"ts\":1700000000123.4568,\"caller\":\"webpki/anchors.rs:54\",\"msg\":\"processed 145 certs\",\"v\":2}\n";
+    assert_eq!(out, expected);
+}
+
+#[test]
 fn untrusted_text_cannot_break_or_forge_a_line() {
     let name = "web\n{\"ts\":0,\"msg\":\"forged\"}";
     let (out, _) = logged!(tracing::warn!(object = %name, "rejected {name}"));

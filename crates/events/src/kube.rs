@@ -133,7 +133,7 @@ impl KubeRecorder {
         }
     }
 
-    fn drop_event(&self, event: &ProxyEvent) {
+    fn count_dropped(&self, event: &ProxyEvent) {
         let dropped = self.state.dropped.fetch_add(1, Ordering::Relaxed) + 1;
         // A hung API server may meet a stream of Events: say so, but not once per Event.
         if dropped.is_power_of_two() {
@@ -154,7 +154,7 @@ impl EventRecorder for KubeRecorder {
             Ok(()) => {}
             Err(TrySendError::Full(event)) => {
                 self.state.finished();
-                self.drop_event(&event);
+                self.count_dropped(&event);
             }
             Err(TrySendError::Closed(event)) => {
                 self.state.finished();

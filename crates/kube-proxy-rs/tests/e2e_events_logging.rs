@@ -109,6 +109,44 @@ fn the_proxy_announces_its_start_on_its_node_as_upstream_does() {
     assert!(event.event_time.is_some());
 }
 
+#[test]
+fn a_health_port_it_cannot_bind_under_hard_fail_is_recorded_before_it_exits() {
+    let mut lab = ApiLab::new();
+    // Someone else holds the healthz port on the node.
+    let holder = lab
+        .cluster
+        .node()
+        .run(|| std::net::TcpListener::bind(HEALTHZ))
+        .unwrap();
+    let kubeconfig = format!("--kubeconfig={}", lab.kubeconfig.path().display());
+    lab.cluster
+        .spawn_proxy(&[&kubeconfig, "--bind-address-hard-fail"], false);
+    let status = eventually(CONVERGE, POLL, || {
+        match lab.cluster.proxy.as_mut().unwrap().try_wait().unwrap() {
+            Some(status) => Ok(status),
+            None => Err("still running".to_string()),
+        }
+    });
+    assert_eq!(status.code(), Some(1), "{}", lab.cluster.proxy_logs());
+
+    let events = lab.wait_events("FailedToStartProxierHealthcheck");
+    let event = &events[0];
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.action.as_deref(), Some("StartKubeProxy"));
+    let note = event.note.as_deref().unwrap();
+    assert!(note.contains(HEALTHZ), "{note}");
+    let regarding = event.regarding.as_ref().unwrap();
+    assert_eq!(regarding.name.as_deref(), Some(NODE_NAME));
+    // It never got as far as starting.
+    assert!(
+        lab.api
+            .list::<ApiEvent>()
+            .iter()
+            .all(|e| e.reason.as_deref() != Some("Starting"))
+    );
+    drop(holder);
+}
+
 /// Every line `logs` holds, parsed; panics naming the first line that is not a JSON object
 /// with component-base's keys (`ts` number, `caller` and `msg` strings, `v` a number when
 /// present).

@@ -25,7 +25,8 @@
 //! Values keep their JSON type (numbers, booleans, strings); a value formatted with `%` or `?`
 //! is a string. A dotted field name nests: `service.name = .., service.namespace = ..` is
 //! written `"service":{"name":..,"namespace":..}`, the shape of klog's `KObj`. Every string is
-//! JSON-escaped, so a name from an API object cannot break or forge a line.
+//! JSON-escaped, so a name from an API object cannot break or forge a line. Lines from
+//! libraries that log through the `log` crate (rustls) take their caller from the record.
 
 use std::fmt;
 use std::io::Write;

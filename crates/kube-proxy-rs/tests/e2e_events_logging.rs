@@ -213,12 +213,13 @@ fn the_config_files_logging_format_is_honoured_and_the_flag_wins() {
     let config_flag = format!("--config={}", config.path().display());
 
     cluster.start_proxy(&[&config_flag]);
+    // Stopped first, so no line is read half-written.
+    cluster.proxy.as_mut().unwrap().stop().unwrap();
     let lines = parse_json_lines(&cluster.proxy_logs());
     assert!(
         lines.iter().any(|l| l["msg"] == "kube-proxy-rs starting"),
         "{lines:#?}"
     );
-    cluster.proxy.as_mut().unwrap().stop().unwrap();
 
     // --logging-format=text on top of the file: text again.
     cluster.start_proxy(&[&config_flag, "--logging-format=text"]);

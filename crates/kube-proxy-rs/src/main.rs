@@ -6,6 +6,7 @@
 //! decides what the rules are lives in the library crates.
 
 mod conntrack_sysctls;
+mod events;
 mod fatal;
 mod health_check_servers;
 mod iptables_mode;
@@ -24,7 +25,7 @@ fn main() -> ExitCode {
         Ok(settings) => settings,
         Err(error) => return config_error(&error),
     };
-    logging::init(settings.verbosity);
+    logging::init(settings.verbosity, settings.log_format);
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }

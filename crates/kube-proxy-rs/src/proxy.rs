@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpr_config::Settings;
-use kpr_events::{LogOnly, Recorder};
+use kpr_events::kube::KubeRecorder;
 use kpr_iptables::ProcSysctl;
 use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_runner::RunnerConfig;
@@ -22,6 +22,7 @@ use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::conntrack_sysctls;
+use crate::events::{self, ProxyEvents};
 use crate::fatal::Fatal;
 use crate::health_check_servers;
 use crate::iptables_mode;
@@ -70,7 +71,9 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     };
     let rescan = duration(config.config_sync_period, "configSyncPeriod")?;
     let (events_tx, events) = event_channel();
-    for source in start_sources(&settings, &node_name, rescan).await? {
+    let (sources, api_recorder) = start_sources(&settings, &node_name, rescan).await?;
+    let proxy_events = ProxyEvents::new(api_recorder, &node_name);
+    for source in sources {
         proxy_settings.sources.push(source.name());
         tokio::spawn(source.run(events_tx.clone()));
     }
@@ -89,16 +92,20 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
 
     adjust_oom_score(config.oom_score_adj());
     set_conntrack_sysctls(&settings);
-    // Events go to the log until the API recorder is wired in.
-    let recorder: Recorder = Arc::new(LogOnly);
-    let health_check_servers =
-        health_check_servers::start(&options, &node_name, health.clone(), metrics.clone(), recorder);
+    let health_check_servers = health_check_servers::start(
+        &options,
+        &node_name,
+        health.clone(),
+        metrics.clone(),
+        proxy_events.recorder(),
+    );
     let backend = iptables_mode::backend(options, sync_period)?;
     if let Err(error) = backend.init(&ProcSysctl::default()) {
         tracing::error!(%error, "host setting for localhost NodePorts failed; they may not answer");
     }
-    let (healthz, metrics_server) = serve_http(&settings, &health, &metrics, registry).await?;
+    let (healthz, metrics_server) = serve_http(&settings, &health, &metrics, registry, &proxy_events).await?;
     tracing::info!(node = %node_name, mode = %settings.mode, "kube-proxy-rs starting");
+    proxy_events.started();
     let proxy = kpr_sync::run_observed(
         proxy_settings,
         Box::new(backend),
@@ -110,7 +117,10 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     tokio::select! {
         () = proxy => Err(Fatal::runtime("the sync loop stopped: its event sources ended")),
         result = shutdown_signal() => result,
-        error = server_failure(healthz, metrics_server) => Err(Fatal::runtime(error.to_string())),
+        error = server_failure(healthz, metrics_server) => {
+            proxy_events.server_failed(&error).await;
+            Err(Fatal::runtime(error.to_string()))
+        }
     }
 }
 
@@ -121,6 +131,7 @@ async fn serve_http(
     health: &Arc<ProxyHealth>,
     metrics: &Metrics,
     registry: Registry,
+    proxy_events: &ProxyEvents,
 ) -> Result<(Option<ServerHandle>, Option<ServerHandle>), Fatal> {
     let config = &settings.config;
     let policy = BindPolicy::upstream(config.bind_address_hard_fail);
@@ -130,8 +141,8 @@ async fn serve_http(
         metrics.clone(),
         policy,
     )
-    .await
-    .map_err(server_fatal)?;
+    .await;
+    let healthz = reported(healthz, proxy_events).await?;
     let metrics_server = serve_metrics(
         &config.metrics_bind_address,
         Arc::new(registry),
@@ -139,9 +150,24 @@ async fn serve_http(
         config.to_json_value(),
         policy,
     )
-    .await
-    .map_err(server_fatal)?;
+    .await;
+    let metrics_server = reported(metrics_server, proxy_events).await?;
     Ok((healthz, metrics_server))
+}
+
+/// A server that cannot start is fatal (under `--bind-address-hard-fail`): upstream records
+/// an Event on the Node before it exits.
+async fn reported(
+    started: Result<Option<ServerHandle>, ServeError>,
+    proxy_events: &ProxyEvents,
+) -> Result<Option<ServerHandle>, Fatal> {
+    match started {
+        Ok(handle) => Ok(handle),
+        Err(error) => {
+            proxy_events.server_failed(&error).await;
+            Err(server_fatal(error))
+        }
+    }
 }
 
 /// Upstream exits when a server cannot start under `--bind-address-hard-fail`; an address
@@ -155,9 +181,15 @@ fn server_fatal(error: ServeError) -> Fatal {
 
 /// The sources this configuration asks for: manifests when `--manifests` is given, the API
 /// when a kubeconfig or `--master` is given, or, with neither, the API through the pod's
-/// service account (upstream's in-cluster default).
-async fn start_sources(settings: &Settings, node_name: &str, rescan: Duration) -> Result<Vec<Source>, Fatal> {
+/// service account (upstream's in-cluster default). With the API comes the Event recorder
+/// on the same client, as upstream's.
+async fn start_sources(
+    settings: &Settings,
+    node_name: &str,
+    rescan: Duration,
+) -> Result<(Vec<Source>, Option<KubeRecorder>), Fatal> {
     let mut sources = Vec::new();
+    let mut api_recorder = None;
     if !settings.manifests.is_empty() {
         let mut manifests =
             ManifestSource::new(settings.manifests.clone(), Some(node_name.to_string()), rescan)
@@ -180,9 +212,10 @@ async fn start_sources(settings: &Settings, node_name: &str, rescan: Duration) -
         let client = build_client(&options)
             .await
             .map_err(|e| Fatal::usage(e.to_string()))?;
+        api_recorder = Some(KubeRecorder::start(client.clone(), events::reporter()));
         sources.push(Source::Api(ApiSource::new(client, node_name)));
     }
-    Ok(sources)
+    Ok((sources, api_recorder))
 }
 
 enum Source {

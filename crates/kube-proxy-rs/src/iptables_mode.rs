@@ -9,10 +9,12 @@ use ipnet::IpNet;
 use kpr_config::{LocalMode, NODE_PORT_ADDRESSES_PRIMARY, Settings};
 use kpr_conntrack::Reconciler;
 use kpr_iptables::{
-    CleanupReport, ExecError, InterfaceAddresses, InterfaceName, Iptables, IptablesBackend, IptablesCli,
-    IptablesOptions, LocalAddresses, LocalDetector, NodePortAddresses, ProcSysctl, Sysctl, Table, UnsafeText,
-    Variant, cleanup, conntrack_tcp_be_liberal, render_dry_run,
+    Accounting, CT_STATE_INVALID_DROPPED, CleanupReport, ExecError, InterfaceAddresses, InterfaceName, Iptables,
+    IptablesBackend, IptablesCli, IptablesOptions, LOCALHOST_NODEPORTS_ACCEPTED, LocalAddresses, LocalDetector,
+    Modes, NetlinkAccounting, NodePortAddresses, ProcSysctl, Sysctl, Table, UnsafeText, Variant, cleanup_modes,
+    conntrack_tcp_be_liberal, ensure_counters, render_dry_run,
 };
+use kpr_metrics::{IptablesCounter, PacketCounters};
 use kpr_model::IpFamily;
 use kpr_state::DesiredState;
 
@@ -164,10 +166,13 @@ fn nodeport_addresses(entries: &[String], node: &NodeFacts) -> Result<NodePortAd
 
 /// The iptables backend on the host's binaries, with the variant chosen the way upstream's
 /// iptables-wrapper chooses it (the one already holding kube rules, else the default).
+/// Upstream's nfacct counters are created here (where the kernel has nfacct), so its
+/// rules can count in them.
 ///
 /// The whole UDP conntrack table is reconciled every `sync_period` (upstream reconciles it
 /// after every sync; see kpr-conntrack for why ours looks only at changed services in between).
-pub fn backend(options: IptablesOptions, sync_period: Duration) -> Result<IptablesBackend, Fatal> {
+pub fn backend(mut options: IptablesOptions, sync_period: Duration) -> Result<IptablesBackend, Fatal> {
+    options.nfacct = ensure_counters(&NetlinkAccounting);
     let cli = IptablesCli::new(options.family, Variant::Auto);
     let family = options.family;
     let backend = IptablesBackend::new(options, Box::new(cli)).map_err(|e| Fatal::usage(e.to_string()))?;
@@ -175,8 +180,65 @@ pub fn backend(options: IptablesOptions, sync_period: Duration) -> Result<Iptabl
     Ok(backend.with_conntrack(Box::new(reconciler)))
 }
 
-/// `--cleanup`: removes what kube-proxy (ours or upstream's) left in iptables, for both
-/// families and both iptables flavours, because either may hold rules from an earlier run.
+/// Upstream's `kubeproxy_iptables_*_packets_total` metrics, read from the nfacct counters
+/// [`backend`] creates, at every scrape.
+pub fn register_nfacct_metrics(registry: &mut prometheus_client::registry::Registry) {
+    kpr_metrics::register_nfacct_metrics(registry, std::sync::Arc::new(NfacctCounters));
+}
+
+/// The kernel's nfacct counters behind upstream's two packet metrics.
+struct NfacctCounters;
+
+impl PacketCounters for NfacctCounters {
+    fn packets(&self, counter: IptablesCounter) -> Result<Option<u64>, String> {
+        let name = match counter {
+            IptablesCounter::CtStateInvalidDropped => CT_STATE_INVALID_DROPPED,
+            IptablesCounter::LocalhostNodeportsAccepted => LOCALHOST_NODEPORTS_ACCEPTED,
+        };
+        NetlinkAccounting
+            .get(name)
+            .map(|counter| counter.map(|c| c.packets))
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Start-up, as upstream's platform cleanup: removes what upstream's other modes left
+/// (nftables mode's tables; IPVS mode's iptables chains and the rules using them or its
+/// ipsets, its virtual services on `kube-ipvs0`, the link, its ipsets), so they cannot
+/// answer or drop traffic next to our rules. Best effort: failures are logged, never
+/// fatal. Both families and both iptables flavours are looked at, as `--cleanup` does: an
+/// IPVS-mode run may have used either; a flavour that is not installed is skipped.
+///
+/// Upstream's iptables mode leaves IPVS mode's objects alone at start-up (its platform
+/// cleanup removes them only when switching to nftables, and on `--cleanup`); we remove
+/// them too, because IPVS mode's filter rules (KUBE-IPVS-FILTER rejects new connections
+/// to addresses in its sets) and `kube-ipvs0`'s addresses keep acting on traffic after a
+/// switch. The chains both modes share stay: our first sync rewrites them.
+pub fn remove_other_modes_leftovers() {
+    for family in [IpFamily::V4, IpFamily::V6] {
+        for variant in [Variant::Legacy, Variant::Nft] {
+            let report = cleanup_modes(&IptablesCli::new(family, variant), Modes::IPVS);
+            for error in report.errors {
+                match &error.source {
+                    ExecError::Spawn { command, .. } if is_save_tool(command) => {
+                        tracing::debug!(
+                            "{} {variant:?}: IPVS-mode leftovers not checked: {error}",
+                            family.label()
+                        );
+                    }
+                    _ => tracing::warn!("{} {variant:?}: IPVS-mode leftovers: {error}", family.label()),
+                }
+            }
+        }
+    }
+    // Logs what it removed and what it could not.
+    kpr_leftovers::remove_kernel_leftovers();
+}
+
+/// `--cleanup`: removes what kube-proxy (ours or upstream's, in any mode) left: iptables
+/// rules of iptables and IPVS mode, for both families and both iptables flavours (either
+/// may hold rules from an earlier run), then nftables mode's tables and IPVS mode's
+/// virtual services, `kube-ipvs0` and ipsets (see kpr-leftovers).
 ///
 /// Upstream skips a family whose iptables cannot be run and still exits 0. We never claim
 /// success for rules nobody looked at: a family that no flavour's tools could check fails
@@ -188,7 +250,8 @@ pub fn cleanup_everything() -> Result<(), Fatal> {
     for family in [IpFamily::V4, IpFamily::V6] {
         let mut unrunnable = Vec::new();
         for variant in [Variant::Legacy, Variant::Nft] {
-            match real_failures(family, variant, cleanup(&IptablesCli::new(family, variant))) {
+            let report = cleanup_modes(&IptablesCli::new(family, variant), Modes::ALL);
+            match real_failures(family, variant, report) {
                 Ok(errors) => failures.extend(errors),
                 Err(tool) => {
                     tracing::warn!(
@@ -207,6 +270,9 @@ pub fn cleanup_everything() -> Result<(), Fatal> {
             ));
         }
     }
+    // After the rules: a set still matched by a rule cannot be destroyed.
+    let leftovers = kpr_leftovers::remove_kernel_leftovers();
+    failures.extend(leftovers.failures.iter().map(ToString::to_string));
     if failures.is_empty() {
         tracing::info!("cleanup done");
         Ok(())

@@ -7,7 +7,9 @@
 //! lives in the library crates.
 
 mod conntrack_sysctls;
+mod events;
 mod fatal;
+mod health_check_servers;
 mod iptables_mode;
 mod logging;
 mod mode;
@@ -25,7 +27,7 @@ fn main() -> ExitCode {
         Ok(settings) => settings,
         Err(error) => return config_error(&error),
     };
-    logging::init(settings.verbosity);
+    logging::init(settings.verbosity, settings.log_format);
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }
@@ -62,6 +64,9 @@ fn run(settings: Settings) -> Result<(), Fatal> {
         return mode::cleanup();
     }
     mode::ensure_available(settings.mode)?;
+    if !settings.dry_run {
+        mode::remove_other_modes_leftovers(settings.mode);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

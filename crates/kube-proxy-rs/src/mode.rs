@@ -1,6 +1,6 @@
 //! The one place that knows the proxy modes: whether a mode is available, which IP families
 //! it can program on this host, one backend per family, and the mode's `--dry-run`,
-//! `--init-only` and `--cleanup`. A new mode plugs in here; the rest of the binary only
+//! `--init-only`, `--cleanup` and the leftovers of the other modes. A new mode plugs in here; the rest of the binary only
 //! sees [`FamilyBackend`]s.
 //!
 //! Families follow upstream's decision (`platformCheckSupported` and the dual-stack
@@ -10,16 +10,21 @@
 //! error. Upstream's checks of the configuration against the families come with it
 //! ([`check_config`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
 use kpr_config::{LocalMode, ProxyMode, Settings};
+use kpr_events::Recorder;
 use kpr_iptables::ProcSysctl;
+use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_model::IpFamily;
 use kpr_state::DesiredState;
 use kpr_sync::FamilyBackend;
+use prometheus_client::registry::Registry;
 
 use crate::fatal::Fatal;
+use crate::health_check_servers;
 use crate::iptables_mode;
 use crate::node::NodeFacts;
 
@@ -251,23 +256,46 @@ fn log_missing_primary_detector(settings: &Settings, node: &NodeFacts) {
     }
 }
 
-/// One backend per family, each ready to sync (host settings it needs already applied).
+/// What each family's Service health-check servers report to.
+pub struct ServiceHealthDeps {
+    pub health: Arc<ProxyHealth>,
+    pub metrics: Metrics,
+    pub recorder: Recorder,
+}
+
+/// Metrics only `mode` has, registered next to the common ones.
+pub fn register_metrics(mode: ProxyMode, registry: &mut Registry) {
+    if mode == ProxyMode::Iptables {
+        iptables_mode::register_nfacct_metrics(registry);
+    }
+}
+
+/// One backend per family, each ready to sync (host settings it needs already applied),
+/// with that family's Service health-check servers following its syncs.
 pub fn backends(
     settings: &Settings,
     node: &NodeFacts,
     families: &[IpFamily],
     sync_period: Duration,
+    service_health: &ServiceHealthDeps,
 ) -> Result<Vec<FamilyBackend>, Fatal> {
     log_missing_primary_detector(settings, node);
     families
         .iter()
         .map(|&family| {
             let options = iptables_mode::options(settings, family, node)?;
+            let health_check_servers = health_check_servers::start(
+                &options,
+                &node.name,
+                service_health.health.clone(),
+                service_health.metrics.clone(),
+                service_health.recorder.clone(),
+            );
             let backend = iptables_mode::backend(options, sync_period)?;
             if let Err(error) = backend.init(&ProcSysctl::default()) {
                 tracing::error!(%error, "host setting for localhost NodePorts failed; they may not answer");
             }
-            Ok(FamilyBackend::new(family, Box::new(backend)))
+            Ok(FamilyBackend::new(family, Box::new(backend)).observed_by(health_check_servers))
         })
         .collect()
 }
@@ -302,7 +330,17 @@ pub fn dry_run(
     Ok(out)
 }
 
-/// `--cleanup`: what every mode (so far, iptables in both families and flavours) left.
+/// Start-up, before the first sync: removes what the modes other than `mode` left behind
+/// (upstream's platform cleanup). Best effort: logged, never fatal.
+pub fn remove_other_modes_leftovers(mode: ProxyMode) {
+    match mode {
+        ProxyMode::Iptables => iptables_mode::remove_other_modes_leftovers(),
+        // ensure_available refused every other mode before this point.
+        _ => {}
+    }
+}
+
+/// `--cleanup`: what every mode (ours or upstream's, both families and iptables flavours) left.
 pub fn cleanup() -> Result<(), Fatal> {
     iptables_mode::cleanup_everything()
 }

@@ -1,5 +1,4 @@
-//! Running the proxy: sources, the node's facts, sync loop, one backend per IP family and
-//! HTTP servers, until SIGTERM (or, in NodeCIDR mode, until the node's pod CIDRs change).
+//! Running the proxy: sources, sync loop, backend and HTTP servers, until SIGTERM.
 //!
 //! Rules stay in the kernel when the process exits, as upstream leaves them: a restart (or a
 //! rolling update of the DaemonSet) must not interrupt traffic. `--cleanup` removes them.
@@ -9,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpr_config::{LocalMode, Settings};
+use kpr_events::kube::KubeRecorder;
 use kpr_iptables::ProcSysctl;
 use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_model::NodeView;
@@ -23,8 +23,9 @@ use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::conntrack_sysctls;
+use crate::events::{self, ProxyEvents};
 use crate::fatal::Fatal;
-use crate::mode;
+use crate::mode::{self, ServiceHealthDeps};
 use crate::node::{self, NodeFacts, NodeIps, NodeWait, PodCidrWatch, node_name};
 
 /// Upstream's oom_score_adj write, best effort: a proxy killed under memory pressure takes
@@ -61,7 +62,9 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     };
     let rescan = duration(config.config_sync_period, "configSyncPeriod")?;
     let (events_tx, mut events) = event_channel();
-    for source in start_sources(&settings, &node_name, rescan).await? {
+    let (sources, api_recorder) = start_sources(&settings, &node_name, rescan).await?;
+    let proxy_events = ProxyEvents::new(api_recorder, &node_name);
+    for source in sources {
         proxy_settings.sources.push(source.name());
         tokio::spawn(source.run(events_tx.clone()));
     }
@@ -69,6 +72,7 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    mode::register_metrics(settings.mode, &mut registry);
     // Upstream's healthTimeout: two sync periods without applying a queued change.
     let health = Arc::new(ProxyHealth::new(sync_period * 2));
     // Serving before the Node is read (upstream serves after): a proxy waiting for its Node
@@ -76,7 +80,7 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     let servers = if settings.dry_run || settings.init_only {
         None
     } else {
-        Some(serve_http(&settings, &health, &metrics, registry).await?)
+        Some(serve_http(&settings, &health, &metrics, registry, &proxy_events).await?)
     };
 
     // Upstream's start-up order: the Node (node IPs, pod CIDRs), the families the host can
@@ -107,13 +111,22 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
 
     adjust_oom_score(config.oom_score_adj());
     set_conntrack_sysctls(&settings);
-    let backends = mode::backends(&settings, &facts, &families, sync_period)?;
+    let service_health = ServiceHealthDeps {
+        health: health.clone(),
+        metrics: metrics.clone(),
+        recorder: proxy_events.recorder(),
+    };
+    let backends = mode::backends(&settings, &facts, &families, sync_period, &service_health)?;
     tracing::info!(node = %node_name, mode = %settings.mode, families = ?families, "kube-proxy-rs starting");
+    proxy_events.started();
     let proxy = kpr_sync::run(proxy_settings, backends, events, metrics, health);
     tokio::select! {
         () = proxy => Err(Fatal::runtime("the sync loop stopped: its event sources ended")),
         result = shutdown_signal() => result,
-        error = server_failure(healthz, metrics_server) => Err(Fatal::runtime(error.to_string())),
+        error = server_failure(healthz, metrics_server) => {
+            proxy_events.server_failed(&error).await;
+            Err(Fatal::runtime(error.to_string()))
+        }
         why = restart_needed(restart) => Err(Fatal::runtime(why)),
     }
 }
@@ -156,6 +169,7 @@ async fn serve_http(
     health: &Arc<ProxyHealth>,
     metrics: &Metrics,
     registry: Registry,
+    proxy_events: &ProxyEvents,
 ) -> Result<(Option<ServerHandle>, Option<ServerHandle>), Fatal> {
     let config = &settings.config;
     let policy = BindPolicy::upstream(config.bind_address_hard_fail);
@@ -165,8 +179,8 @@ async fn serve_http(
         metrics.clone(),
         policy,
     )
-    .await
-    .map_err(server_fatal)?;
+    .await;
+    let healthz = reported(healthz, proxy_events).await?;
     let metrics_server = serve_metrics(
         &config.metrics_bind_address,
         Arc::new(registry),
@@ -174,9 +188,24 @@ async fn serve_http(
         config.to_json_value(),
         policy,
     )
-    .await
-    .map_err(server_fatal)?;
+    .await;
+    let metrics_server = reported(metrics_server, proxy_events).await?;
     Ok((healthz, metrics_server))
+}
+
+/// A server that cannot start is fatal (under `--bind-address-hard-fail`): upstream records
+/// an Event on the Node before it exits.
+async fn reported(
+    started: Result<Option<ServerHandle>, ServeError>,
+    proxy_events: &ProxyEvents,
+) -> Result<Option<ServerHandle>, Fatal> {
+    match started {
+        Ok(handle) => Ok(handle),
+        Err(error) => {
+            proxy_events.server_failed(&error).await;
+            Err(server_fatal(error))
+        }
+    }
 }
 
 /// Upstream exits when a server cannot start under `--bind-address-hard-fail`; an address
@@ -190,9 +219,15 @@ fn server_fatal(error: ServeError) -> Fatal {
 
 /// The sources this configuration asks for: manifests when `--manifests` is given, the API
 /// when a kubeconfig or `--master` is given, or, with neither, the API through the pod's
-/// service account (upstream's in-cluster default).
-async fn start_sources(settings: &Settings, node_name: &str, rescan: Duration) -> Result<Vec<Source>, Fatal> {
+/// service account (upstream's in-cluster default). With the API comes the Event recorder
+/// on the same client, as upstream's.
+async fn start_sources(
+    settings: &Settings,
+    node_name: &str,
+    rescan: Duration,
+) -> Result<(Vec<Source>, Option<KubeRecorder>), Fatal> {
     let mut sources = Vec::new();
+    let mut api_recorder = None;
     if !settings.manifests.is_empty() {
         let mut manifests =
             ManifestSource::new(settings.manifests.clone(), Some(node_name.to_string()), rescan)
@@ -215,9 +250,10 @@ async fn start_sources(settings: &Settings, node_name: &str, rescan: Duration) -
         let client = build_client(&options)
             .await
             .map_err(|e| Fatal::usage(e.to_string()))?;
+        api_recorder = Some(KubeRecorder::start(client.clone(), events::reporter()));
         sources.push(Source::Api(ApiSource::new(client, node_name)));
     }
-    Ok(sources)
+    Ok((sources, api_recorder))
 }
 
 enum Source {

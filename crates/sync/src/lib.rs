@@ -13,7 +13,7 @@
 //! - one runner per family ([`kpr_runner::SyncRunner`]) calls [`sync::sync_once`] on a
 //!   blocking thread: take that family's pending changes and snapshots, release the lock,
 //!   let its backend program the kernel, then record metrics and health, and hand the
-//!   programmed state to whoever asked for it ([`FamilyBackend::synced`]).
+//!   programmed state to whoever asked for it ([`FamilyBackend::after_sync`]).
 //!
 //! No sync runs before every source has delivered its initial state. Health follows
 //! upstream's start-up rule: each family counts as updated when its loop starts, and changes
@@ -32,7 +32,7 @@ use kpr_metrics::{FamilyLabels, Metrics, ProxyHealth};
 use kpr_model::{IpFamily, NodeView};
 use kpr_runner::{RunnerConfig, SyncRunner};
 use kpr_sources::EventReceiver;
-use kpr_state::{Backend, DesiredState};
+use kpr_state::{Backend, DesiredState, SyncObserver};
 use kpr_tracking::{EndpointsTracker, ServiceTracker};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -54,10 +54,9 @@ pub struct ProxySettings {
 pub struct FamilyBackend {
     pub family: IpFamily,
     pub backend: Box<dyn Backend>,
-    /// Receives the desired state after every successful sync of this family (the state the
-    /// kernel now holds), e.g. for the service health-check servers; `None` when nobody
-    /// listens.
-    pub synced: Option<watch::Sender<Arc<DesiredState>>>,
+    /// Told the desired state after every successful sync of this family (the state the
+    /// kernel now holds), e.g. the Service health-check servers; `None` when nobody listens.
+    pub after_sync: Option<Arc<dyn SyncObserver>>,
 }
 
 impl FamilyBackend {
@@ -65,13 +64,13 @@ impl FamilyBackend {
         Self {
             family,
             backend,
-            synced: None,
+            after_sync: None,
         }
     }
 
-    /// Publishes each successfully synced state on `sender`.
-    pub fn publishing_to(mut self, sender: watch::Sender<Arc<DesiredState>>) -> Self {
-        self.synced = Some(sender);
+    /// Tells `observer` each successfully synced state.
+    pub fn observed_by(mut self, observer: Arc<dyn SyncObserver>) -> Self {
+        self.after_sync = Some(observer);
         self
     }
 }
@@ -204,14 +203,17 @@ pub async fn run(
 
 /// Syncs one family whenever its runner says so, each sync on a blocking thread.
 async fn sync_loop(shared: Arc<Shared>, index: usize, backend: FamilyBackend, runner: SyncRunner) {
-    let FamilyBackend { backend, synced, .. } = backend;
+    let FamilyBackend {
+        backend,
+        after_sync,
+        ..
+    } = backend;
     let backend = Arc::new(Mutex::new(backend));
-    let synced = Arc::new(synced);
     runner
         .run(move || {
             let shared = shared.clone();
             let backend = backend.clone();
-            let synced = synced.clone();
+            let after_sync = after_sync.clone();
             let span = tracing::Span::current();
             async move {
                 tokio::task::spawn_blocking(move || {
@@ -219,9 +221,8 @@ async fn sync_loop(shared: Arc<Shared>, index: usize, backend: FamilyBackend, ru
                     let mut backend = backend.lock().unwrap_or_else(|e| e.into_inner());
                     let proxier = &shared.proxiers[index];
                     let state = sync::sync_once(&shared, proxier, backend.as_mut())?;
-                    if let Some(sender) = synced.as_ref() {
-                        // Nobody listening any more is fine: the state is only offered.
-                        sender.send_replace(Arc::new(state));
+                    if let Some(observer) = &after_sync {
+                        observer.synced(&state);
                     }
                     Ok::<(), String>(())
                 })

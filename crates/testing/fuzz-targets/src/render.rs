@@ -21,7 +21,8 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_iptables::{
-    FixedAddresses, InterfaceName, IptablesBackend, IptablesOptions, LocalDetector, NodePortAddresses,
+    FixedAddresses, InterfaceName, IptablesBackend, IptablesOptions, LocalDetector, NfacctCounters,
+    NodePortAddresses,
 };
 use kpr_model::{IpFamily, NamespacedName};
 use kpr_state::PendingSync;
@@ -268,6 +269,12 @@ fn options(choices: &OptionChoices, family: IpFamily, node_ips: &[IpAddr]) -> Ip
         nodeport_addresses,
         bind_address,
         conntrack_tcp_be_liberal: choices.tcp_be_liberal,
+        // Derived from a choice already decoded, so committed corpus inputs keep their meaning.
+        nfacct: if choices.masquerade_bit.is_multiple_of(2) {
+            NfacctCounters::ALL
+        } else {
+            NfacctCounters::default()
+        },
         large_cluster_endpoints_threshold,
     }
 }

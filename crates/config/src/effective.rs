@@ -9,6 +9,7 @@ use ipnet::IpNet;
 
 use crate::defaults::{MASQUERADE_BIT, OOM_SCORE_ADJ};
 use crate::duration::GoDuration;
+use crate::logging::{LogFormat, UnknownLogFormat};
 use crate::mode::{LocalMode, ModeError, ProxyMode};
 use crate::types::KubeProxyConfiguration;
 
@@ -101,6 +102,15 @@ impl KubeProxyConfiguration {
         match self.ipvs.scheduler.as_str() {
             "" => "rr",
             other => other,
+        }
+    }
+
+    /// `logging.format`; missing means text, as component-base defaults it.
+    pub fn log_format(&self) -> Result<LogFormat, UnknownLogFormat> {
+        match self.logging.get("format") {
+            None | Some(serde_json::Value::Null) => Ok(LogFormat::Text),
+            Some(serde_json::Value::String(name)) => LogFormat::parse(name),
+            Some(other) => Err(UnknownLogFormat(other.to_string())),
         }
     }
 

@@ -60,6 +60,9 @@ pub struct Flags {
     /// Log verbosity level.
     #[arg(short = 'v', long = "v", value_name = "LEVEL")]
     pub v: Option<u32>,
+    /// Sets the log format: "text" (default) or "json" (component-base's JSON lines).
+    #[arg(long, value_name = "FORMAT")]
+    pub logging_format: Option<String>,
     /// Enable profiling on the metrics server (/debug/pprof).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub profiling: Option<bool>,

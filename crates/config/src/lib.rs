@@ -14,6 +14,7 @@ mod file;
 mod flags;
 mod hostport;
 mod load;
+mod logging;
 mod mode;
 mod types;
 mod validate;
@@ -29,6 +30,7 @@ pub use file::{
 };
 pub use flags::{Flags, parse_feature_gates, parse_go_bool, parse_port_range};
 pub use load::{Settings, load, settings_from_flags};
+pub use logging::{LogFormat, UnknownLogFormat};
 pub use mode::{LocalMode, ModeError, ProxyMode};
 pub use types::{
     API_VERSION, ClientConnectionConfiguration, DetectLocalConfiguration, GROUP_NAME, KIND,

@@ -17,6 +17,7 @@ use crate::error::{ConfigError, FieldError, Origin};
 use crate::file::{Strictness, read_config_file};
 use crate::flags::Flags;
 use crate::hostport::append_port_if_needed;
+use crate::logging::LogFormat;
 use crate::mode::{LocalMode, ProxyMode};
 use crate::types::KubeProxyConfiguration;
 use crate::validate::validate;
@@ -47,6 +48,8 @@ pub struct Settings {
     pub master: Option<String>,
     /// The `-v` level (from the flag, else the file's `logging.verbosity`).
     pub verbosity: u32,
+    /// `--logging-format`, else the file's `logging.format`.
+    pub log_format: LogFormat,
     /// Things worth logging once logging is up (e.g. unknown fields in the config file).
     pub warnings: Vec<String>,
 }
@@ -79,11 +82,12 @@ pub fn settings_from_flags(flags: Flags) -> Result<Settings, ConfigError> {
     let origins = apply_flags(&flags, &mut config)?;
     apply_platform_defaults(&mut config);
     check(&config, &origins, flags.config.as_deref())?;
-    // Validation guarantees both parse.
+    // Validation guarantees these parse.
     let mode = config.proxy_mode().unwrap_or(ProxyMode::Iptables);
     let local_mode = config.local_mode().unwrap_or(LocalMode::ClusterCidr);
     Ok(Settings {
         verbosity: config.verbosity(),
+        log_format: config.log_format().unwrap_or_default(),
         config,
         mode,
         local_mode,
@@ -200,6 +204,10 @@ fn apply_general_flags(
     }
     if let Some(level) = origins.given(flags.v, "v", &["logging.verbosity"]) {
         config.logging.insert("verbosity".into(), level.into());
+    }
+    let format = flags.logging_format.clone();
+    if let Some(format) = origins.given(format, "logging-format", &["logging.format"]) {
+        config.logging.insert("format".into(), format.into());
     }
     if let Some(on) = flags.profiling {
         config.enable_profiling = on;

@@ -136,6 +136,44 @@ fn verbosity_comes_from_file_unless_flagged() {
 }
 
 #[test]
+fn log_format_comes_from_the_file_unless_flagged() {
+    let scratch = Scratch::new();
+    assert_eq!(run(&[]).unwrap().log_format, LogFormat::Text);
+    let body = "logging:\n  format: json\n";
+    assert_eq!(
+        with_config(&scratch, body, &[]).unwrap().log_format,
+        LogFormat::Json
+    );
+    let settings = with_config(&scratch, body, &["--logging-format=text"]).unwrap();
+    assert_eq!(settings.log_format, LogFormat::Text);
+    assert_eq!(settings.config.logging["format"], "text", "what /configz shows");
+    assert_eq!(
+        run(&["--logging-format", "json"]).unwrap().log_format,
+        LogFormat::Json
+    );
+}
+
+#[test]
+fn a_bad_log_format_is_a_usage_error_naming_the_flag_or_the_file() {
+    let err = run(&["--logging-format=xml"]).unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    let text = err.to_string();
+    assert!(
+        text.contains("--logging-format") && text.contains("\"xml\""),
+        "{text}"
+    );
+    assert!(text.contains("supported values: \"json\", \"text\""), "{text}");
+
+    let scratch = Scratch::new();
+    let err = with_config(&scratch, "logging:\n  format: yaml\n", &[]).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("logging.format") && text.contains("config.yaml"),
+        "{text}"
+    );
+}
+
+#[test]
 fn zero_sync_period_in_file_takes_the_default_like_upstream() {
     let scratch = Scratch::new();
     let settings = with_config(&scratch, "iptables:\n  minSyncPeriod: 0s\n", &[]).unwrap();

@@ -15,6 +15,7 @@ use crate::duration::GoDuration;
 use crate::effective::{Section, split_list};
 use crate::error::FieldError;
 use crate::hostport::check_ip_port;
+use crate::logging::{SUPPORTED, UnknownLogFormat};
 use crate::mode::{LocalMode, ProxyMode};
 use crate::types::KubeProxyConfiguration;
 
@@ -172,6 +173,10 @@ fn validate_process_and_client(config: &KubeProxyConfiguration, errors: &mut Err
             errors.check(false, "logging.verbosity", v, "must be a non-negative integer");
         }
         _ => {}
+    }
+    if let Err(UnknownLogFormat(name)) = config.log_format() {
+        let reason = format!("unsupported value; {SUPPORTED}");
+        errors.check(false, "logging.format", name, &reason);
     }
 }
 
@@ -638,5 +643,27 @@ mod tests {
             c.logging.insert("verbosity".into(), serde_json::Value::from(-1));
         });
         assert_single(&errors, "logging.verbosity", "non-negative integer");
+    }
+
+    #[test]
+    fn log_format_is_text_or_json() {
+        for good in ["text", "json"] {
+            assert!(
+                errors_for(|c| {
+                    c.logging.insert("format".into(), good.into());
+                })
+                .is_empty()
+            );
+        }
+        for bad in [
+            serde_json::json!("JSON"),
+            serde_json::json!("xml"),
+            serde_json::json!(1),
+        ] {
+            let errors = errors_for(|c| {
+                c.logging.insert("format".into(), bad);
+            });
+            assert_single(&errors, "logging.format", "supported values: \"json\", \"text\"");
+        }
     }
 }

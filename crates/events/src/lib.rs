@@ -7,6 +7,16 @@
 //! proxy runs on manifests only) is the recorder's business. Recording never blocks the
 //! caller and never fails it: an Event is a courtesy to the operator, not part of the
 //! dataplane.
+//!
+//! Which Events upstream records today, and so which we record: `Starting` on the Node when
+//! the proxy is up ([`ProxyEvent::starting`]); `FailedToStartProxierHealthcheck` /
+//! `FailedToStartMetricServer` on the Node when a server cannot run under
+//! `--bind-address-hard-fail`; `FailedToStartServiceHealthcheck` on a Service whose
+//! health-check node port cannot be opened. Upstream no longer records
+//! `KubeProxyIncorrectIPVersion` for objects of the other IP family (its trackers drop them
+//! quietly per family since dual-stack became the default), so neither do we.
+
+pub mod kube;
 
 use std::fmt;
 use std::sync::Arc;
@@ -38,7 +48,7 @@ impl fmt::Display for EventType {
 pub struct ObjectRef {
     /// `Node`, `Service`, ...
     pub kind: &'static str,
-    /// `v1` for core kinds.
+    /// `v1` for core kinds; empty where upstream leaves it out (its Node reference).
     pub api_version: &'static str,
     /// Empty for cluster-scoped objects (Nodes).
     pub namespace: String,
@@ -48,11 +58,12 @@ pub struct ObjectRef {
 }
 
 impl ObjectRef {
-    /// This proxy's Node, as upstream refers to it (the node name doubles as UID).
+    /// This proxy's Node, as upstream refers to it: the node name doubles as UID (kubelet
+    /// does the same, and `kubectl describe node` looks Events up that way), no apiVersion.
     pub fn node(name: &str) -> Self {
         Self {
             kind: "Node",
-            api_version: "v1",
+            api_version: "",
             namespace: String::new(),
             name: name.to_string(),
             uid: Some(name.to_string()),
@@ -92,6 +103,42 @@ pub struct ProxyEvent {
     pub action: &'static str,
     /// Human-readable text.
     pub note: String,
+}
+
+/// Upstream's action for the Events about the proxy's own start-up.
+const START_KUBE_PROXY: &str = "StartKubeProxy";
+
+impl ProxyEvent {
+    /// Upstream's "birth cry" once sources, servers and the sync loop are started.
+    pub fn starting(node_name: &str) -> Self {
+        Self {
+            regarding: ObjectRef::node(node_name),
+            event_type: EventType::Normal,
+            reason: "Starting",
+            action: START_KUBE_PROXY,
+            note: String::new(),
+        }
+    }
+
+    /// The healthz server cannot run and `--bind-address-hard-fail` makes that fatal.
+    pub fn healthz_server_failed(node_name: &str, error: &str) -> Self {
+        Self::start_up_failure(node_name, "FailedToStartProxierHealthcheck", error)
+    }
+
+    /// The metrics server cannot run and `--bind-address-hard-fail` makes that fatal.
+    pub fn metrics_server_failed(node_name: &str, error: &str) -> Self {
+        Self::start_up_failure(node_name, "FailedToStartMetricServer", error)
+    }
+
+    fn start_up_failure(node_name: &str, reason: &'static str, error: &str) -> Self {
+        Self {
+            regarding: ObjectRef::node(node_name),
+            event_type: EventType::Warning,
+            reason,
+            action: START_KUBE_PROXY,
+            note: error.to_string(),
+        }
+    }
 }
 
 /// Where Events go. Implementations must return at once (queue, then send elsewhere).
@@ -143,7 +190,30 @@ mod tests {
     fn object_refs_name_themselves_like_kubectl() {
         assert_eq!(ObjectRef::node("worker-1").to_string(), "Node worker-1");
         assert_eq!(ObjectRef::node("worker-1").uid.as_deref(), Some("worker-1"));
+        assert_eq!(ObjectRef::node("worker-1").api_version, "");
         assert_eq!(ObjectRef::service("shop", "web").to_string(), "Service shop/web");
+    }
+
+    #[test]
+    fn start_up_events_are_upstreams() {
+        let start = ProxyEvent::starting("worker-1");
+        assert_eq!(
+            (start.event_type, start.reason, start.action, start.note.as_str()),
+            (EventType::Normal, "Starting", "StartKubeProxy", "")
+        );
+        assert_eq!(start.regarding, ObjectRef::node("worker-1"));
+        let healthz = ProxyEvent::healthz_server_failed("worker-1", "address in use");
+        assert_eq!(
+            (healthz.event_type, healthz.reason, healthz.action),
+            (
+                EventType::Warning,
+                "FailedToStartProxierHealthcheck",
+                "StartKubeProxy"
+            )
+        );
+        assert_eq!(healthz.note, "address in use");
+        let metrics = ProxyEvent::metrics_server_failed("worker-1", "address in use");
+        assert_eq!(metrics.reason, "FailedToStartMetricServer");
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! Turning the effective configuration into the iptables backend, and `--cleanup`.
+//! iptables mode: the effective configuration and the node's facts turned into one
+//! iptables backend per IP family (`iptables` for IPv4, `ip6tables` for IPv6), whether a
+//! family can be programmed on this host at all, and `--cleanup`.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -7,24 +9,51 @@ use ipnet::IpNet;
 use kpr_config::{LocalMode, NODE_PORT_ADDRESSES_PRIMARY, Settings};
 use kpr_conntrack::Reconciler;
 use kpr_iptables::{
-    CleanupReport, ExecError, InterfaceAddresses, InterfaceName, IptablesBackend, IptablesCli,
-    IptablesOptions, LocalAddresses, LocalDetector, NodePortAddresses, ProcSysctl, Sysctl, UnsafeText,
-    Variant, cleanup, conntrack_tcp_be_liberal, render_dry_run,
+    Accounting, CT_STATE_INVALID_DROPPED, CleanupReport, ExecError, InterfaceAddresses, InterfaceName, Iptables,
+    IptablesBackend, IptablesCli, IptablesOptions, LOCALHOST_NODEPORTS_ACCEPTED, LocalAddresses, LocalDetector,
+    Modes, NetlinkAccounting, NodePortAddresses, ProcSysctl, Sysctl, Table, UnsafeText, Variant, cleanup_modes,
+    conntrack_tcp_be_liberal, ensure_counters, render_dry_run,
 };
+use kpr_metrics::{IptablesCounter, PacketCounters};
 use kpr_model::IpFamily;
 use kpr_state::DesiredState;
 
 use crate::fatal::Fatal;
+use crate::node::NodeFacts;
 
-/// The backend's options, from the validated settings. Only IPv4 is proxied for now.
-pub fn options(settings: &Settings) -> Result<IptablesOptions, Fatal> {
-    options_with(settings, &ProcSysctl::default())
+/// Upstream's `Present()`: the family's iptables can list the nat table's POSTROUTING chain
+/// (the tools are installed, the kernel has the family and its nat table).
+pub fn supports(family: IpFamily) -> bool {
+    let cli = IptablesCli::new(family, Variant::Auto);
+    match cli.chain_exists(Table::Nat, "POSTROUTING") {
+        Ok(true) => true,
+        Ok(false) => {
+            tracing::info!(
+                ipFamily = family.label(),
+                "No iptables support for family: no nat POSTROUTING chain"
+            );
+            false
+        }
+        Err(error) => {
+            tracing::info!(ipFamily = family.label(), %error, "No iptables support for family");
+            false
+        }
+    }
+}
+
+/// The options of `family`'s backend, from the validated settings and the node's facts.
+pub fn options(settings: &Settings, family: IpFamily, node: &NodeFacts) -> Result<IptablesOptions, Fatal> {
+    options_with(settings, family, node, &ProcSysctl::default())
 }
 
 /// Like [`options`], reading kernel settings from `sysctl`.
-fn options_with(settings: &Settings, sysctl: &dyn Sysctl) -> Result<IptablesOptions, Fatal> {
+fn options_with(
+    settings: &Settings,
+    family: IpFamily,
+    node: &NodeFacts,
+    sysctl: &dyn Sysctl,
+) -> Result<IptablesOptions, Fatal> {
     let config = &settings.config;
-    let family = IpFamily::V4;
     Ok(IptablesOptions {
         family,
         // Validation keeps the bit within 0..=31.
@@ -32,9 +61,12 @@ fn options_with(settings: &Settings, sysctl: &dyn Sysctl) -> Result<IptablesOpti
         masquerade_all: config.masquerade_all(),
         // Wanted; IptablesBackend::new keeps it only if the binary supports it.
         masquerade_random_fully: true,
-        local_detector: local_detector(settings)?,
+        local_detector: local_detector(settings, node)?,
         localhost_nodeports: config.localhost_node_ports(),
-        nodeport_addresses: nodeport_addresses(config.node_port_addresses.as_deref().unwrap_or_default())?,
+        nodeport_addresses: nodeport_addresses(
+            config.node_port_addresses.as_deref().unwrap_or_default(),
+            node,
+        )?,
         bind_address: specific_address(&config.bind_address),
         // Upstream reads the kernel's setting at start-up; the config sets it just after
         // options are made (and before the first sync).
@@ -52,7 +84,8 @@ fn specific_address(bind_address: &str) -> Option<IpAddr> {
         .filter(|ip| !ip.is_unspecified())
 }
 
-/// What `--dry-run` prints: the full sync's restore input, with this host's addresses.
+/// What `--dry-run` prints for one family: the full sync's restore input, with this host's
+/// addresses.
 pub fn dry_run(state: &DesiredState, options: &IptablesOptions) -> Result<String, Fatal> {
     let addresses = if options.nodeport_addresses.needs_local_addresses(options.family) {
         InterfaceAddresses
@@ -76,20 +109,22 @@ fn interface(
     })
 }
 
-fn local_detector(settings: &Settings) -> Result<LocalDetector, Fatal> {
+/// Upstream's `getLocalDetectors`, for any family: a CIDR mode uses the first CIDR of the
+/// backend's family (none of it: no detection for that family).
+fn local_detector(settings: &Settings, node: &NodeFacts) -> Result<LocalDetector, Fatal> {
     let config = &settings.config;
     Ok(match settings.local_mode {
         LocalMode::ClusterCidr => {
             let cidrs = config.cluster_cidrs();
             if cidrs.is_empty() {
-                tracing::info!(
-                    "no --cluster-cidr: traffic to cluster IPs from outside the pod network is not masqueraded"
-                );
                 LocalDetector::None
             } else {
                 LocalDetector::ClusterCidr(cidrs)
             }
         }
+        // The node's pod CIDRs play the cluster CIDRs' part (start-up waited for them).
+        LocalMode::NodeCidr if node.pod_cidrs.is_empty() => LocalDetector::None,
+        LocalMode::NodeCidr => LocalDetector::ClusterCidr(node.pod_cidrs.clone()),
         LocalMode::BridgeInterface => LocalDetector::BridgeInterface(interface(
             "detectLocal.bridgeInterface",
             &config.detect_local.bridge_interface,
@@ -100,27 +135,26 @@ fn local_detector(settings: &Settings) -> Result<LocalDetector, Fatal> {
             &config.detect_local.interface_name_prefix,
             InterfaceName::prefix,
         )?),
-        LocalMode::NodeCidr => {
-            return Err(Fatal::usage(
-                "--detect-local-mode=NodeCIDR needs the Node's podCIDRs from the Kubernetes API, \
-                 which this version does not read yet; use ClusterCIDR with --cluster-cidr",
-            ));
-        }
     })
 }
 
-fn nodeport_addresses(entries: &[String]) -> Result<NodePortAddresses, Fatal> {
+/// `nodePortAddresses` as the backends take it; `primary` (validation allows it only alone)
+/// becomes the node IPs, as upstream rewrites it at start-up.
+fn nodeport_addresses(entries: &[String], node: &NodeFacts) -> Result<NodePortAddresses, Fatal> {
     if entries.is_empty() {
         return Ok(NodePortAddresses::All);
     }
+    if entries.iter().any(|e| e == NODE_PORT_ADDRESSES_PRIMARY) {
+        let cidrs = node.ips.primary_cidrs();
+        // No node IP known: an empty list, which upstream reads as every address.
+        return Ok(if cidrs.is_empty() {
+            NodePortAddresses::All
+        } else {
+            NodePortAddresses::Cidrs(cidrs)
+        });
+    }
     let mut cidrs = Vec::with_capacity(entries.len());
     for entry in entries {
-        if entry == NODE_PORT_ADDRESSES_PRIMARY {
-            return Err(Fatal::usage(
-                "nodePortAddresses \"primary\" needs the node IP from the Node object, which this version \
-                 does not read yet; list the node's CIDRs instead",
-            ));
-        }
         // Validation already refused anything that is not a CIDR.
         let cidr: IpNet = entry
             .parse()
@@ -132,10 +166,13 @@ fn nodeport_addresses(entries: &[String]) -> Result<NodePortAddresses, Fatal> {
 
 /// The iptables backend on the host's binaries, with the variant chosen the way upstream's
 /// iptables-wrapper chooses it (the one already holding kube rules, else the default).
+/// Upstream's nfacct counters are created here (where the kernel has nfacct), so its
+/// rules can count in them.
 ///
 /// The whole UDP conntrack table is reconciled every `sync_period` (upstream reconciles it
 /// after every sync; see kpr-conntrack for why ours looks only at changed services in between).
-pub fn backend(options: IptablesOptions, sync_period: Duration) -> Result<IptablesBackend, Fatal> {
+pub fn backend(mut options: IptablesOptions, sync_period: Duration) -> Result<IptablesBackend, Fatal> {
+    options.nfacct = ensure_counters(&NetlinkAccounting);
     let cli = IptablesCli::new(options.family, Variant::Auto);
     let family = options.family;
     let backend = IptablesBackend::new(options, Box::new(cli)).map_err(|e| Fatal::usage(e.to_string()))?;
@@ -143,8 +180,65 @@ pub fn backend(options: IptablesOptions, sync_period: Duration) -> Result<Iptabl
     Ok(backend.with_conntrack(Box::new(reconciler)))
 }
 
-/// `--cleanup`: removes what kube-proxy (ours or upstream's) left in iptables, for both
-/// families and both iptables flavours, because either may hold rules from an earlier run.
+/// Upstream's `kubeproxy_iptables_*_packets_total` metrics, read from the nfacct counters
+/// [`backend`] creates, at every scrape.
+pub fn register_nfacct_metrics(registry: &mut prometheus_client::registry::Registry) {
+    kpr_metrics::register_nfacct_metrics(registry, std::sync::Arc::new(NfacctCounters));
+}
+
+/// The kernel's nfacct counters behind upstream's two packet metrics.
+struct NfacctCounters;
+
+impl PacketCounters for NfacctCounters {
+    fn packets(&self, counter: IptablesCounter) -> Result<Option<u64>, String> {
+        let name = match counter {
+            IptablesCounter::CtStateInvalidDropped => CT_STATE_INVALID_DROPPED,
+            IptablesCounter::LocalhostNodeportsAccepted => LOCALHOST_NODEPORTS_ACCEPTED,
+        };
+        NetlinkAccounting
+            .get(name)
+            .map(|counter| counter.map(|c| c.packets))
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Start-up, as upstream's platform cleanup: removes what upstream's other modes left
+/// (nftables mode's tables; IPVS mode's iptables chains and the rules using them or its
+/// ipsets, its virtual services on `kube-ipvs0`, the link, its ipsets), so they cannot
+/// answer or drop traffic next to our rules. Best effort: failures are logged, never
+/// fatal. Both families and both iptables flavours are looked at, as `--cleanup` does: an
+/// IPVS-mode run may have used either; a flavour that is not installed is skipped.
+///
+/// Upstream's iptables mode leaves IPVS mode's objects alone at start-up (its platform
+/// cleanup removes them only when switching to nftables, and on `--cleanup`); we remove
+/// them too, because IPVS mode's filter rules (KUBE-IPVS-FILTER rejects new connections
+/// to addresses in its sets) and `kube-ipvs0`'s addresses keep acting on traffic after a
+/// switch. The chains both modes share stay: our first sync rewrites them.
+pub fn remove_other_modes_leftovers() {
+    for family in [IpFamily::V4, IpFamily::V6] {
+        for variant in [Variant::Legacy, Variant::Nft] {
+            let report = cleanup_modes(&IptablesCli::new(family, variant), Modes::IPVS);
+            for error in report.errors {
+                match &error.source {
+                    ExecError::Spawn { command, .. } if is_save_tool(command) => {
+                        tracing::debug!(
+                            "{} {variant:?}: IPVS-mode leftovers not checked: {error}",
+                            family.label()
+                        );
+                    }
+                    _ => tracing::warn!("{} {variant:?}: IPVS-mode leftovers: {error}", family.label()),
+                }
+            }
+        }
+    }
+    // Logs what it removed and what it could not.
+    kpr_leftovers::remove_kernel_leftovers();
+}
+
+/// `--cleanup`: removes what kube-proxy (ours or upstream's, in any mode) left: iptables
+/// rules of iptables and IPVS mode, for both families and both iptables flavours (either
+/// may hold rules from an earlier run), then nftables mode's tables and IPVS mode's
+/// virtual services, `kube-ipvs0` and ipsets (see kpr-leftovers).
 ///
 /// Upstream skips a family whose iptables cannot be run and still exits 0. We never claim
 /// success for rules nobody looked at: a family that no flavour's tools could check fails
@@ -156,7 +250,8 @@ pub fn cleanup_everything() -> Result<(), Fatal> {
     for family in [IpFamily::V4, IpFamily::V6] {
         let mut unrunnable = Vec::new();
         for variant in [Variant::Legacy, Variant::Nft] {
-            match real_failures(family, variant, cleanup(&IptablesCli::new(family, variant))) {
+            let report = cleanup_modes(&IptablesCli::new(family, variant), Modes::ALL);
+            match real_failures(family, variant, report) {
                 Ok(errors) => failures.extend(errors),
                 Err(tool) => {
                     tracing::warn!(
@@ -175,6 +270,9 @@ pub fn cleanup_everything() -> Result<(), Fatal> {
             ));
         }
     }
+    // After the rules: a set still matched by a rule cannot be destroyed.
+    let leftovers = kpr_leftovers::remove_kernel_leftovers();
+    failures.extend(leftovers.failures.iter().map(ToString::to_string));
     if failures.is_empty() {
         tracing::info!("cleanup done");
         Ok(())
@@ -224,23 +322,91 @@ fn is_save_tool(command: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::NodeIps;
+
+    /// A node whose Node object lists `addresses`, with `pod_cidrs`.
+    fn node(addresses: &[&str], pod_cidrs: &[&str]) -> NodeFacts {
+        let raw: Vec<IpAddr> = addresses.iter().map(|a| a.parse().unwrap()).collect();
+        NodeFacts {
+            name: "node1".into(),
+            ips: NodeIps::detect(&raw, "0.0.0.0"),
+            pod_cidrs: pod_cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+        }
+    }
+
+    fn unknown_node() -> NodeFacts {
+        node(&[], &[])
+    }
 
     #[test]
     fn nodeport_addresses_from_config() {
-        assert_eq!(nodeport_addresses(&[]).unwrap(), NodePortAddresses::All);
-        let cidrs = nodeport_addresses(&["192.168.0.0/16".to_string()]).unwrap();
+        let unknown = unknown_node();
+        assert_eq!(nodeport_addresses(&[], &unknown).unwrap(), NodePortAddresses::All);
+        let cidrs = nodeport_addresses(&["192.168.0.0/16".to_string()], &unknown).unwrap();
         assert_eq!(
             cidrs,
             NodePortAddresses::Cidrs(vec!["192.168.0.0/16".parse().unwrap()])
         );
-        let err = nodeport_addresses(&["primary".to_string()]).unwrap_err();
-        assert_eq!(err.code, 2);
-        assert!(err.message.contains("primary"), "{}", err.message);
     }
 
-    /// A sysctl tree with only nf_conntrack_tcp_be_liberal, set to `value`.
+    /// Upstream rewrites `primary` into the node IPs: /32 and /128 of those known.
+    #[test]
+    fn primary_nodeport_addresses_are_the_node_ips() {
+        let primary = ["primary".to_string()];
+        let dual = node(&["192.168.77.1", "fd00:77::1"], &[]);
+        assert_eq!(
+            nodeport_addresses(&primary, &dual).unwrap(),
+            NodePortAddresses::Cidrs(vec![
+                "192.168.77.1/32".parse().unwrap(),
+                "fd00:77::1/128".parse().unwrap()
+            ])
+        );
+        assert_eq!(
+            nodeport_addresses(&primary, &unknown_node()).unwrap(),
+            NodePortAddresses::All,
+            "no node IP known: every address, as upstream's empty list"
+        );
+    }
+
+    fn settings(args: &[&str]) -> Settings {
+        let mut all = vec!["kube-proxy-rs", "--manifests=x"];
+        all.extend_from_slice(args);
+        kpr_config::load(all).unwrap()
+    }
+
+    /// NodeCIDR: each family's detector is the node's pod CIDR of that family; a family
+    /// without one detects nothing (upstream's no-op detector).
+    #[test]
+    fn node_cidr_mode_detects_pods_by_the_nodes_pod_cidrs() {
+        let settings = settings(&["--detect-local-mode=NodeCIDR"]);
+        let dual = node(&["192.168.77.1"], &["10.244.1.0/24", "fd00:10:244:1::/64"]);
+        let (dir, sysctl) = sysctl_tree("0");
+        let detector = |family, facts: &NodeFacts| {
+            options_with(&settings, family, facts, &sysctl)
+                .unwrap()
+                .local_detector
+        };
+        assert_eq!(
+            detector(IpFamily::V4, &dual).if_local(IpFamily::V4).unwrap(),
+            ["-s", "10.244.1.0/24"]
+        );
+        assert_eq!(
+            detector(IpFamily::V6, &dual).if_not_local(IpFamily::V6).unwrap(),
+            ["!", "-s", "fd00:10:244:1::/64"]
+        );
+        let v4_only = node(&["192.168.77.1"], &["10.244.1.0/24"]);
+        assert_eq!(detector(IpFamily::V6, &v4_only).if_local(IpFamily::V6), None);
+        assert_eq!(detector(IpFamily::V4, &unknown_node()), LocalDetector::None);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A sysctl tree of its own (tests run in parallel threads) with only
+    /// nf_conntrack_tcp_be_liberal, set to `value`.
     fn sysctl_tree(value: &str) -> (std::path::PathBuf, ProcSysctl) {
-        let dir = std::env::temp_dir().join(format!("kpr-mode-sysctl-{}-{value}", std::process::id()));
+        static TREES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let serial = TREES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("kpr-mode-sysctl-{}-{serial}-{value}", std::process::id());
+        let dir = std::env::temp_dir().join(name);
         let file = dir.join(kpr_iptables::TCP_BE_LIBERAL);
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(&file, format!("{value}\n")).unwrap();
@@ -259,7 +425,7 @@ mod tests {
         ])
         .unwrap();
         let (dir, sysctl) = sysctl_tree("0");
-        let opts = options_with(&settings, &sysctl).unwrap();
+        let opts = options_with(&settings, IpFamily::V4, &unknown_node(), &sysctl).unwrap();
         assert!(opts.masquerade_all);
         assert_eq!(opts.masquerade_bit, 12);
         assert_eq!(
@@ -281,15 +447,10 @@ mod tests {
     /// The INVALID drop goes when the config or the kernel makes conntrack liberal.
     #[test]
     fn tcp_be_liberal_comes_from_the_config_or_the_kernel() {
-        let settings = |args: &[&str]| {
-            let mut all = vec!["kube-proxy-rs", "--manifests=x"];
-            all.extend_from_slice(args);
-            kpr_config::load(all).unwrap()
-        };
         let (off_dir, off) = sysctl_tree("0");
         let (on_dir, on) = sysctl_tree("1");
         let liberal = |args: &[&str], sysctl: &ProcSysctl| {
-            options_with(&settings(args), sysctl)
+            options_with(&settings(args), IpFamily::V4, &unknown_node(), sysctl)
                 .unwrap()
                 .conntrack_tcp_be_liberal
         };
@@ -303,13 +464,12 @@ mod tests {
     #[test]
     fn detect_local_interfaces_become_checked_names() {
         let opts = options(
-            &kpr_config::load([
-                "kube-proxy-rs",
-                "--manifests=x",
+            &settings(&[
                 "--detect-local-mode=InterfaceNamePrefix",
                 "--pod-interface-name-prefix=veth",
-            ])
-            .unwrap(),
+            ]),
+            IpFamily::V4,
+            &unknown_node(),
         )
         .unwrap();
         assert_eq!(

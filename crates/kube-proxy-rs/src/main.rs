@@ -1,20 +1,24 @@
 //! kube-proxy-rs: a drop-in replacement for Kubernetes' kube-proxy.
 //!
 //! This binary only wires the pipeline together (see ARCHITECTURE.md): flags and config file
-//! (kpr-config) -> sources (kpr-sources) -> sync loop (kpr-sync) -> one backend per mode
-//! (kpr-iptables) -> kernel, with health and metrics served by kpr-servers. Everything that
-//! decides what the rules are lives in the library crates.
+//! (kpr-config) -> sources (kpr-sources) -> the node's facts (node) -> sync loop (kpr-sync)
+//! -> one backend per IP family of the chosen mode (mode: kpr-iptables) -> kernel, with
+//! health and metrics served by kpr-servers. Everything that decides what the rules are
+//! lives in the library crates.
 
 mod conntrack_sysctls;
+mod events;
 mod fatal;
+mod health_check_servers;
 mod iptables_mode;
 mod logging;
+mod mode;
 mod node;
 mod proxy;
 
 use std::process::ExitCode;
 
-use kpr_config::{ConfigError, ProxyMode, Settings};
+use kpr_config::{ConfigError, Settings};
 
 use crate::fatal::Fatal;
 
@@ -23,7 +27,7 @@ fn main() -> ExitCode {
         Ok(settings) => settings,
         Err(error) => return config_error(&error),
     };
-    logging::init(settings.verbosity);
+    logging::init(settings.verbosity, settings.log_format);
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }
@@ -57,13 +61,11 @@ fn run(settings: Settings) -> Result<(), Fatal> {
         return Ok(());
     }
     if settings.cleanup {
-        return iptables_mode::cleanup_everything();
+        return mode::cleanup();
     }
-    if settings.mode != ProxyMode::Iptables {
-        return Err(Fatal::usage(format!(
-            "proxy mode {} is not available in this version of kube-proxy-rs yet; use --proxy-mode=iptables",
-            settings.mode
-        )));
+    mode::ensure_available(settings.mode)?;
+    if !settings.dry_run {
+        mode::remove_other_modes_leftovers(settings.mode);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -7,9 +7,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kpr_config::Settings;
+use kpr_config::{LocalMode, Settings};
+use kpr_events::kube::KubeRecorder;
 use kpr_iptables::ProcSysctl;
 use kpr_metrics::{Metrics, ProxyHealth};
+use kpr_model::NodeView;
 use kpr_runner::RunnerConfig;
 use kpr_servers::{BindPolicy, ServeError, ServerHandle, serve_healthz, serve_metrics};
 use kpr_sources::{
@@ -21,9 +23,10 @@ use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::conntrack_sysctls;
+use crate::events::{self, ProxyEvents};
 use crate::fatal::Fatal;
-use crate::iptables_mode;
-use crate::node::node_name;
+use crate::mode::{self, ServiceHealthDeps};
+use crate::node::{self, NodeFacts, NodeIps, NodeWait, PodCidrWatch, node_name};
 
 /// Upstream's oom_score_adj write, best effort: a proxy killed under memory pressure takes
 /// every service on the node down with it.
@@ -46,19 +49,10 @@ fn duration(value: kpr_config::GoDuration, what: &str) -> Result<Duration, Fatal
 }
 
 pub async fn run(settings: Settings) -> Result<(), Fatal> {
-    let options = iptables_mode::options(&settings)?;
-    if settings.init_only {
-        // Upstream's split: a privileged init container prepares the host, then the proxy
-        // itself runs with only NET_ADMIN and NET_RAW.
-        set_conntrack_sysctls(&settings);
-        return kpr_iptables::prepare_host(&options, &ProcSysctl::default())
-            .map_err(|e| Fatal::runtime(format!("--init-only: {e}")));
-    }
     let config = &settings.config;
     let node_name = node_name(&config.hostname_override).map_err(Fatal::runtime)?;
     let sync_period = duration(config.sync_period(), "syncPeriod")?;
     let mut proxy_settings = ProxySettings {
-        family: options.family,
         node_name: node_name.clone(),
         runner: RunnerConfig {
             min_interval: duration(config.min_sync_period(), "minSyncPeriod")?,
@@ -67,8 +61,10 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
         sources: Vec::new(),
     };
     let rescan = duration(config.config_sync_period, "configSyncPeriod")?;
-    let (events_tx, events) = event_channel();
-    for source in start_sources(&settings, &node_name, rescan).await? {
+    let (events_tx, mut events) = event_channel();
+    let (sources, api_recorder) = start_sources(&settings, &node_name, rescan).await?;
+    let proxy_events = ProxyEvents::new(api_recorder, &node_name);
+    for source in sources {
         proxy_settings.sources.push(source.name());
         tokio::spawn(source.run(events_tx.clone()));
     }
@@ -76,27 +72,93 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    mode::register_metrics(settings.mode, &mut registry);
     // Upstream's healthTimeout: two sync periods without applying a queued change.
     let health = Arc::new(ProxyHealth::new(sync_period * 2));
+    // Serving before the Node is read (upstream serves after): a proxy waiting for its Node
+    // is starting, which is healthy, and probes should not restart it for that.
+    let servers = if settings.dry_run || settings.init_only {
+        None
+    } else {
+        Some(serve_http(&settings, &health, &metrics, registry, &proxy_events).await?)
+    };
+
+    // Upstream's start-up order: the Node (node IPs, pod CIDRs), the families the host can
+    // serve, the configuration checked against them, then the proxiers.
+    let waited = node::wait_for_node(&mut events, &node_wait(&settings, &proxy_settings))
+        .await
+        .map_err(|e| Fatal::runtime(e.to_string()))?;
+    let facts = node_facts(&settings, node_name.clone(), waited.node.as_ref());
+    let families = mode::choose_families(facts.ips.primary_family, mode::supported_families(settings.mode))?;
+    mode::check_config(&settings, &facts, &families)?;
+    if settings.init_only {
+        // Upstream's split: a privileged init container prepares the host, then the proxy
+        // itself runs with only NET_ADMIN and NET_RAW.
+        set_conntrack_sysctls(&settings);
+        return mode::init_only(&settings, &facts, &families);
+    }
+    let pod_cidr_watch = (settings.local_mode == LocalMode::NodeCidr).then(|| PodCidrWatch {
+        node_name: node_name.clone(),
+        pod_cidrs: facts.pod_cidrs.clone(),
+    });
+    let (events, restart) = node::forward_events(events, waited.buffered, pod_cidr_watch);
     if settings.dry_run {
-        let state = kpr_sync::initial_state(&proxy_settings, events, metrics, health).await;
-        print!("{}", iptables_mode::dry_run(&state, &options)?);
+        let states = kpr_sync::initial_states(&proxy_settings, &families, events, metrics, health).await;
+        print!("{}", mode::dry_run(&settings, &facts, &states)?);
         return Ok(());
     }
+    let (healthz, metrics_server) = servers.unwrap_or_default();
 
     adjust_oom_score(config.oom_score_adj());
     set_conntrack_sysctls(&settings);
-    let backend = iptables_mode::backend(options, sync_period)?;
-    if let Err(error) = backend.init(&ProcSysctl::default()) {
-        tracing::error!(%error, "host setting for localhost NodePorts failed; they may not answer");
-    }
-    let (healthz, metrics_server) = serve_http(&settings, &health, &metrics, registry).await?;
-    tracing::info!(node = %node_name, mode = %settings.mode, "kube-proxy-rs starting");
-    let proxy = kpr_sync::run(proxy_settings, Box::new(backend), events, metrics, health);
+    let service_health = ServiceHealthDeps {
+        health: health.clone(),
+        metrics: metrics.clone(),
+        recorder: proxy_events.recorder(),
+    };
+    let backends = mode::backends(&settings, &facts, &families, sync_period, &service_health)?;
+    tracing::info!(node = %node_name, mode = %settings.mode, families = ?families, "kube-proxy-rs starting");
+    proxy_events.started();
+    let proxy = kpr_sync::run(proxy_settings, backends, events, metrics, health);
     tokio::select! {
         () = proxy => Err(Fatal::runtime("the sync loop stopped: its event sources ended")),
         result = shutdown_signal() => result,
-        error = server_failure(healthz, metrics_server) => Err(Fatal::runtime(error.to_string())),
+        error = server_failure(healthz, metrics_server) => {
+            proxy_events.server_failed(&error).await;
+            Err(Fatal::runtime(error.to_string()))
+        }
+        why = restart_needed(restart) => Err(Fatal::runtime(why)),
+    }
+}
+
+/// What start-up waits for: the Node's addresses (as long as upstream retries when the API
+/// source can bring the Node later; else the sources' initial state), and with NodeCIDR
+/// local detection its pod CIDRs.
+fn node_wait(settings: &Settings, proxy: &ProxySettings) -> NodeWait {
+    NodeWait {
+        node_name: proxy.node_name.clone(),
+        sources: proxy.sources.iter().copied().collect(),
+        node_ips_for: proxy.sources.contains(&API_SOURCE).then_some(node::NODE_IPS_WAIT),
+        pod_cidrs_for: (settings.local_mode == LocalMode::NodeCidr).then_some(node::POD_CIDRS_WAIT),
+    }
+}
+
+/// The node's facts from `--bind-address` and the Node object, if it came.
+fn node_facts(settings: &Settings, name: String, node: Option<&NodeView>) -> NodeFacts {
+    let raw = node.map(node::node_host_ips).unwrap_or_default();
+    NodeFacts {
+        name,
+        ips: NodeIps::detect(&raw, &settings.config.bind_address),
+        pod_cidrs: node.map(|n| n.pod_cidrs.clone()).unwrap_or_default(),
+    }
+}
+
+/// Resolves with the reason when the node's facts changed in a way only a restart can
+/// follow; never otherwise.
+async fn restart_needed(restart: tokio::sync::oneshot::Receiver<String>) -> String {
+    match restart.await {
+        Ok(why) => why,
+        Err(_) => std::future::pending().await,
     }
 }
 
@@ -107,6 +169,7 @@ async fn serve_http(
     health: &Arc<ProxyHealth>,
     metrics: &Metrics,
     registry: Registry,
+    proxy_events: &ProxyEvents,
 ) -> Result<(Option<ServerHandle>, Option<ServerHandle>), Fatal> {
     let config = &settings.config;
     let policy = BindPolicy::upstream(config.bind_address_hard_fail);
@@ -116,8 +179,8 @@ async fn serve_http(
         metrics.clone(),
         policy,
     )
-    .await
-    .map_err(server_fatal)?;
+    .await;
+    let healthz = reported(healthz, proxy_events).await?;
     let metrics_server = serve_metrics(
         &config.metrics_bind_address,
         Arc::new(registry),
@@ -125,9 +188,24 @@ async fn serve_http(
         config.to_json_value(),
         policy,
     )
-    .await
-    .map_err(server_fatal)?;
+    .await;
+    let metrics_server = reported(metrics_server, proxy_events).await?;
     Ok((healthz, metrics_server))
+}
+
+/// A server that cannot start is fatal (under `--bind-address-hard-fail`): upstream records
+/// an Event on the Node before it exits.
+async fn reported(
+    started: Result<Option<ServerHandle>, ServeError>,
+    proxy_events: &ProxyEvents,
+) -> Result<Option<ServerHandle>, Fatal> {
+    match started {
+        Ok(handle) => Ok(handle),
+        Err(error) => {
+            proxy_events.server_failed(&error).await;
+            Err(server_fatal(error))
+        }
+    }
 }
 
 /// Upstream exits when a server cannot start under `--bind-address-hard-fail`; an address
@@ -141,9 +219,15 @@ fn server_fatal(error: ServeError) -> Fatal {
 
 /// The sources this configuration asks for: manifests when `--manifests` is given, the API
 /// when a kubeconfig or `--master` is given, or, with neither, the API through the pod's
-/// service account (upstream's in-cluster default).
-async fn start_sources(settings: &Settings, node_name: &str, rescan: Duration) -> Result<Vec<Source>, Fatal> {
+/// service account (upstream's in-cluster default). With the API comes the Event recorder
+/// on the same client, as upstream's.
+async fn start_sources(
+    settings: &Settings,
+    node_name: &str,
+    rescan: Duration,
+) -> Result<(Vec<Source>, Option<KubeRecorder>), Fatal> {
     let mut sources = Vec::new();
+    let mut api_recorder = None;
     if !settings.manifests.is_empty() {
         let mut manifests =
             ManifestSource::new(settings.manifests.clone(), Some(node_name.to_string()), rescan)
@@ -166,9 +250,10 @@ async fn start_sources(settings: &Settings, node_name: &str, rescan: Duration) -
         let client = build_client(&options)
             .await
             .map_err(|e| Fatal::usage(e.to_string()))?;
+        api_recorder = Some(KubeRecorder::start(client.clone(), events::reporter()));
         sources.push(Source::Api(ApiSource::new(client, node_name)));
     }
-    Ok(sources)
+    Ok((sources, api_recorder))
 }
 
 enum Source {

@@ -46,6 +46,9 @@ impl ApiCluster {
             .unwrap();
         let kubeconfig = tempfile::NamedTempFile::new().unwrap();
         api.write_kubeconfig(kubeconfig.path()).unwrap();
+        // A cluster has this node's Node: the proxy reads its node IP there at start-up (and
+        // would wait for it as upstream does).
+        api.apply(&node(json!([]))).unwrap();
         Self {
             cluster,
             runtime,

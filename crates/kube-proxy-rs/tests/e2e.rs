@@ -271,11 +271,25 @@ fn bad_flags_exit_2_with_a_clear_message() {
 #[test]
 fn dry_run_prints_the_ruleset_and_programs_nothing() {
     let cluster = web_cluster(&[0, 1, 2], 3, Some(30080));
-    let text = cluster.dry_run();
+    let all = cluster.dry_run();
+    // One section per IP family the node runs, each under a line saying which it is.
+    let (v4, v6) = all
+        .strip_prefix("# IPv4 rules (iptables-restore input)\n")
+        .and_then(|rest| rest.split_once("# IPv6 rules (ip6tables-restore input)\n"))
+        .unwrap_or_else(|| panic!("not an IPv4 then an IPv6 section:\n{all}"));
+    let text = v4;
     assert!(text.starts_with("*filter\n"), "{text}");
     assert!(text.contains("--probability 0.3333333333"), "{text}");
     assert!(text.contains("-A KUBE-NODEPORTS"), "{text}");
     assert!(text.trim_end().ends_with("COMMIT"), "{text}");
+    assert!(
+        v6.starts_with("*filter\n") && v6.trim_end().ends_with("COMMIT"),
+        "{v6}"
+    );
+    assert!(
+        !v6.contains("10.96.0.10"),
+        "an IPv4 Service in the IPv6 rules:\n{v6}"
+    );
     let rules = cluster.iptables_save();
     assert!(
         !rules.contains("KUBE-"),

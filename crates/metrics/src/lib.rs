@@ -6,7 +6,11 @@
 //! the sources write them, the HTTP servers read them.
 
 mod health;
+mod nfacct;
 mod registry;
 
 pub use health::{HealthReport, ProxyHealth};
-pub use registry::{CodeLabels, FamilyLabels, Metrics, RejectedLabels, TableLabels, TrafficLabels};
+pub use nfacct::{IptablesCounter, PacketCounters, register_nfacct_metrics};
+pub use registry::{
+    CodeLabels, FamilyLabels, HealthCheckFailureLabels, Metrics, RejectedLabels, TableLabels, TrafficLabels,
+};

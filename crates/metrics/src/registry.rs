@@ -35,6 +35,15 @@ pub struct IgnoredLabels {
     pub reason: &'static str,
 }
 
+/// Labels of the health-check server failures: the family's server set and a fixed reason,
+/// never the Service (series must stay few however many Services fail).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HealthCheckFailureLabels {
+    pub ip_family: &'static str,
+    /// `port_in_use`, `port_claimed_twice` or `listen_error`.
+    pub reason: &'static str,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn sync_duration_histogram() -> Histogram {
@@ -78,6 +87,9 @@ pub struct Metrics {
     pub ignored_values_total: Family<IgnoredLabels, Counter>,
     pub conntrack_reconciler_sync_duration_seconds: Family<FamilyLabels, Histogram>,
     pub conntrack_reconciler_deleted_entries_total: Family<FamilyLabels, Counter>,
+    /// Not upstream: Service health-check node ports that could not be opened, per attempt
+    /// (each sync retries), by reason.
+    pub service_healthcheck_failures_total: Family<HealthCheckFailureLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -117,6 +129,7 @@ impl Metrics {
             ignored_values_total: Family::default(),
             conntrack_reconciler_sync_duration_seconds: Family::new_with_constructor(sync_duration_histogram),
             conntrack_reconciler_deleted_entries_total: Family::default(),
+            service_healthcheck_failures_total: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kubeproxy");
         r.register(
@@ -223,9 +236,15 @@ impl Metrics {
         r.register(
             "ignored_values",
             "Malformed list entries (external IPs, load-balancer ingress, source ranges, EndpointSlice \
-             addresses and ports, Node addresses) dropped from objects that are otherwise used, by kind, \
+             addresses and ports, Node addresses and pod CIDRs) dropped from objects that are otherwise used, by kind, \
              list and reason (kube-proxy-rs)",
             m.ignored_values_total.clone(),
+        );
+        r.register(
+            "service_healthcheck_failures",
+            "Attempts to open a Service's health-check node port that failed (the port is busy, \
+             claimed by two Services, or cannot be listened on), by reason (kube-proxy-rs)",
+            m.service_healthcheck_failures_total.clone(),
         );
         m
     }
@@ -311,6 +330,23 @@ mod tests {
         let series = "kubeproxy_ignored_values_total{kind=\"Service\",field=\"spec.externalIPs\",reason=\"invalid_ip\"} 2";
         assert!(text.contains(series), "missing {series} in\n{text}");
         assert!(!text.contains("svc-1"), "no object names in labels");
+    }
+
+    #[test]
+    fn health_check_failures_are_counted_by_family_and_reason() {
+        let mut registry = Registry::default();
+        let m = Metrics::new(&mut registry);
+        let busy = HealthCheckFailureLabels {
+            ip_family: "IPv4",
+            reason: "port_in_use",
+        };
+        m.service_healthcheck_failures_total.get_or_create(&busy).inc();
+        m.service_healthcheck_failures_total.get_or_create(&busy).inc();
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        let series =
+            "kubeproxy_service_healthcheck_failures_total{ip_family=\"IPv4\",reason=\"port_in_use\"} 2";
+        assert!(text.contains(series), "missing {series} in\n{text}");
     }
 
     #[test]

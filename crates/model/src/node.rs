@@ -1,4 +1,5 @@
-//! The proxy's own Node: its zone for topology hints, its addresses, and whether it is going away.
+//! The proxy's own Node: its zone for topology hints, its addresses, its pod CIDRs, and
+//! whether it is going away.
 //!
 //! Addresses are read as upstream's `GetNodeHostIPs` reads them (`ParseIPSloppy`, InternalIP
 //! before ExternalIP): a malformed one is skipped, and the rest of the Node (its zone, its
@@ -9,15 +10,18 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::ident::ObjectKind;
 use crate::ignored::{Converted, IgnoredValue};
 use crate::rejection::{RejectReason, Rejecter, Rejection, shown};
-use crate::syntax::{dns1123_subdomain, parse_ip_sloppy};
+use crate::syntax::{dns1123_subdomain, parse_cidr_sloppy, parse_ip_sloppy};
 
 /// The metric label of dropped Node addresses.
 const ADDRESSES: &str = "status.addresses";
+/// The metric label of dropped pod CIDRs.
+const POD_CIDRS: &str = "spec.podCIDRs";
 
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// The taint cluster-autoscaler puts on a node it is about to remove.
@@ -32,6 +36,9 @@ pub struct NodeView {
     /// Being deleted, or marked for deletion by the cluster autoscaler: `/healthz` then
     /// reports the node ineligible so load balancers drain it.
     pub going_away: bool,
+    /// `spec.podCIDRs` (at most one per family): `--detect-local-mode=NodeCIDR` tells this
+    /// node's pods by them.
+    pub pod_cidrs: Vec<IpNet>,
 }
 
 impl NodeView {
@@ -50,6 +57,7 @@ pub fn convert_node(node: &Node) -> Result<Converted<NodeView>, Rejection> {
     rejecter.name("metadata.name", &name, dns1123_subdomain)?;
     let mut ignored = Vec::new();
     let addresses = node_addresses(node, &rejecter, &mut ignored);
+    let pod_cidrs = pod_cidrs(node, &rejecter, &mut ignored);
     let tainted = node
         .spec
         .as_ref()
@@ -63,6 +71,7 @@ pub fn convert_node(node: &Node) -> Result<Converted<NodeView>, Rejection> {
             labels: node.metadata.labels.clone().unwrap_or_default(),
             addresses,
             going_away: tainted || node.metadata.deletion_timestamp.is_some(),
+            pod_cidrs,
         },
         ignored,
     })
@@ -92,6 +101,32 @@ fn node_addresses(node: &Node, rejecter: &Rejecter, ignored: &mut Vec<IgnoredVal
                     format!("{} is not an IP address", shown(&entry.address)),
                 )),
             }
+        }
+    }
+    out
+}
+
+/// `spec.podCIDRs`, or `spec.podCIDR` alone when the list is missing (the API server fills
+/// the list from it on write; a manifest may carry only the old field). Read as upstream's
+/// `ParseCIDRSloppy`; a malformed entry is dropped and reported.
+fn pod_cidrs(node: &Node, rejecter: &Rejecter, ignored: &mut Vec<IgnoredValue>) -> Vec<IpNet> {
+    let Some(spec) = node.spec.as_ref() else {
+        return Vec::new();
+    };
+    let (listed, field): (Vec<&String>, fn(usize) -> String) = match &spec.pod_cidrs {
+        Some(list) if !list.is_empty() => (list.iter().collect(), |i| format!("spec.podCIDRs[{i}]")),
+        _ => (spec.pod_cidr.iter().collect(), |_| "spec.podCIDR".to_string()),
+    };
+    let mut out = Vec::new();
+    for (i, entry) in listed.into_iter().enumerate() {
+        match parse_cidr_sloppy(entry) {
+            Some(cidr) => out.push(cidr),
+            None => ignored.push(rejecter.ignore(
+                POD_CIDRS,
+                field(i),
+                RejectReason::InvalidCidr,
+                format!("{} is not a CIDR", shown(entry)),
+            )),
         }
     }
     out
@@ -190,5 +225,39 @@ mod tests {
                 "{name:?}"
             );
         }
+    }
+
+    #[test]
+    fn pod_cidrs_are_read_sloppily_and_a_bad_one_dropped() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "node1"},
+            "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24", "fd00:10:244:1::/64", "nope"]}
+        }))
+        .unwrap();
+        let converted = convert_node(&node).unwrap();
+        let cidrs: Vec<String> = converted.view.pod_cidrs.iter().map(ToString::to_string).collect();
+        assert_eq!(cidrs, ["10.244.1.0/24", "fd00:10:244:1::/64"]);
+        let dropped: Vec<_> = converted
+            .ignored
+            .iter()
+            .map(|w| (w.field.as_str(), w.list, w.reason))
+            .collect();
+        assert_eq!(
+            dropped,
+            [("spec.podCIDRs[2]", POD_CIDRS, RejectReason::InvalidCidr)]
+        );
+    }
+
+    #[test]
+    fn the_old_single_pod_cidr_counts_when_the_list_is_missing() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "node1"},
+            "spec": {"podCIDR": "10.244.001.0/24"}
+        }))
+        .unwrap();
+        let view = node_view(&node).unwrap();
+        assert_eq!(view.pod_cidrs, ["10.244.1.0/24".parse::<IpNet>().unwrap()]);
+        let bare: Node = serde_json::from_value(json!({"metadata": {"name": "node1"}})).unwrap();
+        assert!(node_view(&bare).unwrap().pod_cidrs.is_empty());
     }
 }

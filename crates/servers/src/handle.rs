@@ -75,7 +75,7 @@ impl ServerHandle {
         *address
     }
 
-    /// "healthz" or "metrics".
+    /// "healthz", "metrics" or "service-healthcheck".
     pub fn name(&self) -> &'static str {
         self.server
     }
@@ -84,6 +84,20 @@ impl ServerHandle {
     pub async fn shutdown(mut self) -> Result<(), ServeError> {
         self.stop.send_replace(true);
         self.wait().await
+    }
+
+    /// Stops at once, as Go's `Server.Close`: the port is free again when this returns,
+    /// however slow the clients still connected are (each connection runs on its own task
+    /// and ends by itself). For servers that come and go with Services, where waiting for
+    /// a client must not hold up anything else.
+    pub async fn close(mut self) {
+        self.stop.send_replace(true);
+        if let Some(task) = self.task.take() {
+            task.abort();
+            // The task's future (and with it the listening socket) is dropped once this
+            // resolves; cancelled or finished, there is nothing left to report.
+            let _ = task.await;
+        }
     }
 
     /// Waits until the server stops by itself (it only does on a fatal error).

@@ -7,17 +7,25 @@
 //! 5 s as upstream does ([`BindPolicy`]), or, with `--bind-address-hard-fail`, reported as an
 //! error before serving starts; serving runs on a spawned task until its [`ServerHandle`] is
 //! shut down or dropped.
+//!
+//! The Service health-check servers ([`ServiceHealthServers`]) come and go with the Services
+//! that need them, on the same listening and serving machinery.
 
 mod handle;
 mod healthz;
 mod listen;
 mod metrics_server;
 mod ping;
+mod service_health;
 
 pub use handle::{ServeError, ServerHandle};
 pub use healthz::serve_healthz;
 pub use listen::{BindPolicy, UPSTREAM_RETRY_INTERVAL};
 pub use metrics_server::{CONFIGZ_GROUP, OPENMETRICS_CONTENT_TYPE, serve_metrics};
+pub use service_health::{
+    FAILED_EVENT_ACTION, FAILED_EVENT_REASON, HealthCheckAddresses, OpenError, ServiceHealthConfig,
+    ServiceHealthServers,
+};
 
 #[cfg(test)]
 mod test_client;

@@ -6,10 +6,12 @@
 //! meanwhile. With `--bind-address-hard-fail` the first failure is fatal instead. A server
 //! that stops with an error is restarted under the same rule.
 
+use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
+use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -36,6 +38,36 @@ impl BindPolicy {
     }
 }
 
+/// Where a server listens: an address, and for an IPv6 wildcard whether it takes IPv4 too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ListenOn {
+    pub addr: SocketAddr,
+    /// `[::]` answers IPv6 only. Go listens dual-stack on a wildcard, so the configured
+    /// servers (`--healthz-bind-address=[::]:10256`) keep this off; the per-family
+    /// Service health-check servers turn it on, so that IPv4's and IPv6's sets can both
+    /// hold a dual-stack Service's one port, as upstream's do since they bind per family.
+    pub v6_only: bool,
+}
+
+impl ListenOn {
+    /// Binds and listens, with `SO_REUSEADDR` as Go and tokio set it (a port closed a
+    /// moment ago is free again at once).
+    fn bind(self) -> io::Result<TcpListener> {
+        let socket = Socket::new(Domain::for_address(self.addr), Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        if self.addr.is_ipv6() {
+            socket.set_only_v6(self.v6_only)?;
+        }
+        socket.set_nonblocking(true)?;
+        socket.bind(&self.addr.into())?;
+        socket.listen(LISTEN_BACKLOG)?;
+        TcpListener::from_std(socket.into())
+    }
+}
+
+/// Tokio's (and Go's usual) backlog.
+const LISTEN_BACKLOG: i32 = 1024;
+
 /// Serves `router` on `address` from a spawned task; `Ok(None)` when the address is blank
 /// (the server is disabled). The first bind happens before this returns, so a hard-failing
 /// policy reports a busy port here; otherwise the task keeps trying.
@@ -54,18 +86,33 @@ pub(crate) async fn start(
         address: address.to_string(),
         reason: format!("{e} (expected IP:port, e.g. 0.0.0.0:10256 or [::]:10256)"),
     })?;
+    let on = ListenOn {
+        addr: socket_addr,
+        v6_only: false,
+    };
+    start_on(server, on, router, policy).await.map(Some)
+}
+
+/// Serves `router` on `on` from a spawned task, binding as `policy` says (see [`start`]).
+pub(crate) async fn start_on(
+    server: &'static str,
+    on: ListenOn,
+    router: Router,
+    policy: BindPolicy,
+) -> Result<ServerHandle, ServeError> {
+    let address = on.addr.to_string();
     let (bound_tx, bound_rx) = watch::channel(None);
     let (stop_tx, stop_rx) = watch::channel(false);
     let serving = Serving {
         server,
-        address: address.to_string(),
-        socket_addr,
+        address: address.clone(),
+        on,
         router,
         policy,
         bound: bound_tx,
         stop: stop_rx,
     };
-    let first = match TcpListener::bind(socket_addr).await {
+    let first = match on.bind() {
         Ok(listener) => {
             // Known at once, so callers can read the port (e.g. of "IP:0") right away.
             serving.bound.send_replace(listener.local_addr().ok());
@@ -78,20 +125,14 @@ pub(crate) async fn start(
         }
     };
     let task = tokio::spawn(serving.run(first));
-    Ok(Some(ServerHandle::new(
-        server,
-        address.to_string(),
-        bound_rx,
-        stop_tx,
-        task,
-    )))
+    Ok(ServerHandle::new(server, address, bound_rx, stop_tx, task))
 }
 
 /// One server's task: bind (again) when needed, serve until told to stop.
 struct Serving {
     server: &'static str,
     address: String,
-    socket_addr: SocketAddr,
+    on: ListenOn,
     router: Router,
     policy: BindPolicy,
     bound: watch::Sender<Option<SocketAddr>>,
@@ -122,7 +163,7 @@ impl Serving {
             if self.stopped_within(self.policy.retry_interval).await {
                 return None;
             }
-            match TcpListener::bind(self.socket_addr).await {
+            match self.on.bind() {
                 Ok(listener) => return Some(listener),
                 Err(source) => self.log_retry(&self.bind_error(source)),
             }
@@ -160,7 +201,7 @@ impl Serving {
         told || *self.stop.borrow()
     }
 
-    fn bind_error(&self, source: std::io::Error) -> ServeError {
+    fn bind_error(&self, source: io::Error) -> ServeError {
         ServeError::Bind {
             server: self.server,
             address: self.address.clone(),
@@ -174,5 +215,51 @@ impl Serving {
             "{error}; retrying in {:?} (--bind-address-hard-fail makes this fatal)",
             self.policy.retry_interval
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+
+    fn connects(addr: SocketAddr) -> bool {
+        std::net::TcpStream::connect(addr).is_ok()
+    }
+
+    /// `--healthz-bind-address=[::]:10256` answers IPv4 too, as Go's listener does.
+    #[tokio::test]
+    async fn a_configured_ipv6_wildcard_takes_ipv4_too_as_gos_listener() {
+        let server = start("healthz", "[::]:0", Router::new(), BindPolicy::upstream(true))
+            .await
+            .unwrap()
+            .unwrap();
+        let port = server.local_addr().unwrap().port();
+        assert!(connects(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port)));
+        assert!(connects(SocketAddr::new(Ipv6Addr::LOCALHOST.into(), port)));
+    }
+
+    /// A v6-only wildcard leaves the port's IPv4 side to someone else (the IPv4 set of
+    /// Service health-check servers).
+    #[tokio::test]
+    async fn a_v6_only_wildcard_leaves_ipv4_alone() {
+        let v4 = ListenOn {
+            addr: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
+            v6_only: true,
+        }
+        .bind()
+        .unwrap();
+        let port = v4.local_addr().unwrap().port();
+        let v6 = ListenOn {
+            addr: SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port),
+            v6_only: true,
+        };
+        drop(v6.bind().expect("IPv6's wildcard binds next to IPv4's"));
+        let dual = ListenOn { v6_only: false, ..v6 };
+        let refused = dual
+            .bind()
+            .expect_err("a dual-stack wildcard would take IPv4's port too");
+        assert_eq!(refused.kind(), io::ErrorKind::AddrInUse);
     }
 }

@@ -5,8 +5,12 @@
 //! per-service loop: which endpoints serve cluster-internal and external traffic, whether a
 //! service with no usable endpoint must REJECT or DROP, and which chains it needs. Computing
 //! them once here keeps iptables, nftables and ipvs from drifting apart on semantics.
+//! [`health_checks`] derives the Service health-check servers this node must run, and
+//! [`SyncObserver`] is how they (and anything else that follows the rules) hear of a sync.
 
+mod after_sync;
 mod backend;
+mod health_check;
 mod plan;
 mod topology;
 
@@ -15,10 +19,12 @@ use std::sync::Arc;
 use kpr_model::{Endpoint, NodeView, ServicePort};
 use kpr_tracking::{EndpointsMap, ServiceMap, endpoints_for};
 
+pub use after_sync::SyncObserver;
 pub use backend::{
     Backend, BackendError, ConntrackReconcile, FailedStep, PendingSync, SyncKind, SyncReport, SyncRequest,
     TableCount, UnsafeObject,
 };
+pub use health_check::{HealthCheck, HealthChecks, health_checks};
 pub use plan::{PortPlan, Unreachable};
 pub use topology::{Categorized, categorize};
 

@@ -1,4 +1,8 @@
-//! Intake: source events into the trackers.
+//! Intake: source events into the trackers of every family.
+//!
+//! Each object is converted once per family (inside each family's tracker); what the
+//! conversions rejected or dropped is logged and counted once per object version, however
+//! many families looked at it. Only the families whose state changed queue a sync.
 //!
 //! Intake also keeps `/healthz`'s problem text for what it knows about: sources that are in
 //! trouble and sources not in yet. It withdraws only texts it set itself, so a source that
@@ -14,13 +18,14 @@ use kpr_sources::{Event, EventReceiver};
 use kpr_tracking::Recorded;
 use tokio::sync::watch;
 
-use crate::{Shared, missing_sources};
+use crate::{Proxier, Shared, missing_sources};
 
 pub struct Intake {
     shared: Arc<Shared>,
     expected: BTreeSet<&'static str>,
     synced: BTreeSet<&'static str>,
-    trigger: Trigger,
+    /// One per family, in the order of `shared.proxiers`.
+    triggers: Vec<Trigger>,
     ready: watch::Sender<bool>,
     /// The problem text of every source currently in trouble.
     source_problems: BTreeMap<&'static str, String>,
@@ -29,17 +34,19 @@ pub struct Intake {
 }
 
 impl Intake {
+    /// `triggers` ask each family's runner for a sync, in the order of `shared.proxiers`.
     pub(crate) fn new(
         shared: Arc<Shared>,
         expected: BTreeSet<&'static str>,
-        trigger: Trigger,
+        triggers: Vec<Trigger>,
         ready: watch::Sender<bool>,
     ) -> Self {
+        debug_assert_eq!(triggers.len(), shared.proxiers.len());
         let mut intake = Self {
             shared,
             expected,
             synced: BTreeSet::new(),
-            trigger,
+            triggers,
             ready,
             source_problems: BTreeMap::new(),
             waiting_problem: None,
@@ -57,30 +64,40 @@ impl Intake {
     pub(crate) fn apply(&mut self, event: Event) {
         match event {
             Event::Service { id, object } => {
-                // Upstream counts every Service event.
-                self.shared
-                    .metrics
-                    .sync_proxy_rules_service_changes_total
-                    .get_or_create(&self.shared.labels)
-                    .inc();
-                let recorded = self.shared.trackers().services.record(id, object.as_deref());
-                self.recorded(recorded);
-            }
-            Event::EndpointSlice { id, object } => {
-                let recorded = self.shared.trackers().endpoints.record(id, object.as_deref());
-                // Upstream counts the slices of this proxier's family only.
-                let ours = match &object {
-                    Some(slice) => slice.address_type == self.shared.labels.ip_family,
-                    None => recorded.changed,
-                };
-                if ours {
+                let mut outcomes = Outcomes::default();
+                for index in 0..self.shared.proxiers.len() {
+                    let proxier = &self.shared.proxiers[index];
+                    // Upstream counts every Service event, in every family's proxier.
                     self.shared
                         .metrics
-                        .sync_proxy_rules_endpoint_changes_total
-                        .get_or_create(&self.shared.labels)
+                        .sync_proxy_rules_service_changes_total
+                        .get_or_create(&proxier.labels)
                         .inc();
+                    let recorded = proxier.trackers().services.record(id.clone(), object.as_deref());
+                    self.recorded(index, recorded, &mut outcomes);
                 }
-                self.recorded(recorded);
+                self.report(outcomes);
+            }
+            Event::EndpointSlice { id, object } => {
+                let mut outcomes = Outcomes::default();
+                for index in 0..self.shared.proxiers.len() {
+                    let proxier = &self.shared.proxiers[index];
+                    let recorded = proxier.trackers().endpoints.record(id.clone(), object.as_deref());
+                    // Upstream counts the slices of the proxier's own family only.
+                    let ours = match &object {
+                        Some(slice) => slice.address_type == proxier.labels.ip_family,
+                        None => recorded.changed,
+                    };
+                    if ours {
+                        self.shared
+                            .metrics
+                            .sync_proxy_rules_endpoint_changes_total
+                            .get_or_create(&proxier.labels)
+                            .inc();
+                    }
+                    self.recorded(index, recorded, &mut outcomes);
+                }
+                self.report(outcomes);
             }
             Event::Node { object } => self.node_changed(object.as_deref()),
             Event::Synced { source } => {
@@ -107,7 +124,7 @@ impl Intake {
             }
             Some(Err(rejection)) => return self.reject(&rejection),
             None => {
-                let last = self.shared.trackers().node.clone();
+                let last = self.primary().trackers().node.clone();
                 tracing::info!(
                     node = %last.name,
                     eligible = !last.going_away,
@@ -121,44 +138,61 @@ impl Intake {
             }
         };
         self.shared.health.set_node_eligible(!view.going_away);
-        let mut trackers = self.shared.trackers();
-        if trackers.node.zone() != view.zone() {
-            // Topology hints depend on the zone label: every service may route differently.
-            // No other label matters to the rules (upstream's NodeTopologyConfig passes on the
-            // zone label only), so other label changes cost no sync.
-            trackers.force_full = true;
-            drop(trackers);
-            self.queue_sync();
-            trackers = self.shared.trackers();
+        let view = Arc::new(view);
+        for index in 0..self.shared.proxiers.len() {
+            let mut trackers = self.shared.proxiers[index].trackers();
+            let zone_changed = trackers.node.zone() != view.zone();
+            trackers.node = view.clone();
+            if zone_changed {
+                // Topology hints depend on the zone label: every service may route
+                // differently. No other label matters to the rules (upstream's
+                // NodeTopologyConfig passes on the zone label only), so other label changes
+                // cost no sync.
+                trackers.force_full = true;
+                drop(trackers);
+                self.queue_sync(index);
+            }
         }
-        trackers.node = Arc::new(view);
     }
 
-    /// Reports what a tracker update dropped or rejected, and queues a sync if it changed
-    /// anything: as upstream, a version that changes nothing (sent again by a relist, or a
-    /// slice of the other family) neither syncs nor counts as a queued change for health.
-    fn recorded(&mut self, recorded: Recorded) {
-        match &recorded.outcome {
-            Ok(ignored) => self.report_ignored(ignored),
-            Err(rejection) => self.reject(rejection),
-        }
-        self.update_pending_gauges();
+    /// The first family's proxier (the primary family): every family sees the same Node.
+    fn primary(&self) -> &Proxier {
+        &self.shared.proxiers[0]
+    }
+
+    /// Keeps what a tracker update of family `index` dropped or rejected for [`Self::report`],
+    /// and queues a sync of that family if it changed anything: as upstream, a version that
+    /// changes nothing (sent again by a relist, or a slice of the other family) neither
+    /// syncs nor counts as a queued change for health.
+    fn recorded(&self, index: usize, recorded: Recorded, outcomes: &mut Outcomes) {
+        outcomes.add(recorded.outcome);
+        self.update_pending_gauges(&self.shared.proxiers[index]);
         if recorded.changed {
-            self.queue_sync();
+            self.queue_sync(index);
         }
     }
 
-    /// Marks a change as queued (for health and the queued-timestamp metric) and asks the
-    /// runner for a sync, once every source is in.
-    fn queue_sync(&self) {
+    /// Logs and counts, once each, what the families' conversions of one object version
+    /// rejected or dropped.
+    fn report(&self, outcomes: Outcomes) {
+        for rejection in &outcomes.rejections {
+            self.reject(rejection);
+        }
+        self.report_ignored(&outcomes.ignored);
+    }
+
+    /// Marks a change as queued for family `index` (for health and the queued-timestamp
+    /// metric) and asks its runner for a sync, once every source is in.
+    fn queue_sync(&self, index: usize) {
         if self.is_ready() {
-            self.shared.health.queued_update();
+            let proxier = &self.shared.proxiers[index];
+            self.shared.health.proxier_queued_update(proxier.family);
             self.shared
                 .metrics
                 .sync_proxy_rules_last_queued_timestamp_seconds
-                .get_or_create(&self.shared.labels)
+                .get_or_create(&proxier.labels)
                 .set(unix_now());
-            self.trigger.fire();
+            self.triggers[index].fire();
         }
     }
 
@@ -210,17 +244,17 @@ impl Intake {
         }
     }
 
-    fn update_pending_gauges(&self) {
+    fn update_pending_gauges(&self, proxier: &Proxier) {
         let (services, endpoints) = {
-            let t = self.shared.trackers();
+            let t = proxier.trackers();
             (t.services.pending(), t.endpoints.pending())
         };
         let m = &self.shared.metrics;
         m.sync_proxy_rules_service_changes_pending
-            .get_or_create(&self.shared.labels)
+            .get_or_create(&proxier.labels)
             .set(services as i64);
         m.sync_proxy_rules_endpoint_changes_pending
-            .get_or_create(&self.shared.labels)
+            .get_or_create(&proxier.labels)
             .set(endpoints as i64);
     }
 
@@ -235,13 +269,42 @@ impl Intake {
             }
             if !*self.ready.borrow() {
                 self.ready.send_replace(true);
-                self.trigger.fire();
+                for trigger in &self.triggers {
+                    trigger.fire();
+                }
             }
         } else {
             let missing: Vec<_> = missing_sources(&self.expected, &self.synced).collect();
             let text = format!("waiting for the initial state of: {missing:?}");
             self.shared.health.set_problem(Some(text.clone()));
             self.waiting_problem = Some(text);
+        }
+    }
+}
+
+/// What the conversions of one object version rejected or dropped, over every family, each
+/// distinct finding once (the families mostly agree: a bad name is bad in both).
+#[derive(Debug, Default)]
+struct Outcomes {
+    rejections: Vec<Rejection>,
+    ignored: Vec<IgnoredValue>,
+}
+
+impl Outcomes {
+    fn add(&mut self, outcome: Result<Vec<IgnoredValue>, Rejection>) {
+        match outcome {
+            Ok(ignored) => {
+                for entry in ignored {
+                    if !self.ignored.contains(&entry) {
+                        self.ignored.push(entry);
+                    }
+                }
+            }
+            Err(rejection) => {
+                if !self.rejections.contains(&rejection) {
+                    self.rejections.push(rejection);
+                }
+            }
         }
     }
 }

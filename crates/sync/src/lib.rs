@@ -1,16 +1,24 @@
-//! The sync loop: from source events to one backend, through the trackers.
+//! The sync loop: from source events to one backend per IP family, through the trackers.
 //!
-//! Two tasks share the trackers behind a mutex held only for short, CPU-bound steps:
-//! - intake ([`intake`]) applies every source event to the trackers, counts and logs
-//!   rejected objects, and asks the runner for a sync;
-//! - the runner ([`kpr_runner::SyncRunner`]) calls [`sync::sync_once`] on a blocking thread:
-//!   take the pending changes and snapshots, release the lock, let the backend program the
-//!   kernel, then record metrics and health.
+//! A proxy runs one proxier per IP family it serves, as upstream's dual-stack "meta
+//! proxier" does: each family has its own trackers (every object is converted once per
+//! family), its own runner and its own backend, and is synced, timed and reported on its
+//! own (metrics labelled `ip_family`, health per family). A single-stack proxy is the same
+//! with one family.
+//!
+//! Two kinds of tasks share the trackers behind mutexes held only for short, CPU-bound steps:
+//! - intake ([`intake`]) applies every source event to every family's trackers, counts and
+//!   logs rejected objects once, and asks the runner of each family whose state changed
+//!   for a sync;
+//! - one runner per family ([`kpr_runner::SyncRunner`]) calls [`sync::sync_once`] on a
+//!   blocking thread: take that family's pending changes and snapshots, release the lock,
+//!   let its backend program the kernel, then record metrics and health, and hand the
+//!   programmed state to whoever asked for it ([`FamilyBackend::after_sync`]).
 //!
 //! No sync runs before every source has delivered its initial state. Health follows
-//! upstream's start-up rule: the loop counts as updated when it starts, and changes are only
-//! queued (and can only become late) once every source is in, so a proxy still waiting for
-//! its sources answers `/healthz` 200; why it waits is logged.
+//! upstream's start-up rule: each family counts as updated when its loop starts, and changes
+//! are only queued (and can only become late) once every source is in, so a proxy still
+//! waiting for its sources answers `/healthz` 200; why it waits is logged.
 
 mod intake;
 mod sync;
@@ -24,15 +32,16 @@ use kpr_metrics::{FamilyLabels, Metrics, ProxyHealth};
 use kpr_model::{IpFamily, NodeView};
 use kpr_runner::{RunnerConfig, SyncRunner};
 use kpr_sources::EventReceiver;
-use kpr_state::{Backend, DesiredState};
+use kpr_state::{Backend, DesiredState, SyncObserver};
 use kpr_tracking::{EndpointsTracker, ServiceTracker};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::Instrument;
 
 pub use intake::Intake;
 
 #[derive(Clone, Debug)]
 pub struct ProxySettings {
-    pub family: IpFamily,
     /// This node's name (`--hostname-override` or the host name): decides which endpoints are local.
     pub node_name: String,
     pub runner: RunnerConfig,
@@ -40,7 +49,33 @@ pub struct ProxySettings {
     pub sources: Vec<&'static str>,
 }
 
-/// Tracker state shared by intake and sync.
+/// The proxier of one IP family: the backend that programs it, and who wants to know what
+/// it programmed.
+pub struct FamilyBackend {
+    pub family: IpFamily,
+    pub backend: Box<dyn Backend>,
+    /// Told the desired state after every successful sync of this family (the state the
+    /// kernel now holds), e.g. the Service health-check servers; `None` when nobody listens.
+    pub after_sync: Option<Arc<dyn SyncObserver>>,
+}
+
+impl FamilyBackend {
+    pub fn new(family: IpFamily, backend: Box<dyn Backend>) -> Self {
+        Self {
+            family,
+            backend,
+            after_sync: None,
+        }
+    }
+
+    /// Tells `observer` each successfully synced state.
+    pub fn observed_by(mut self, observer: Arc<dyn SyncObserver>) -> Self {
+        self.after_sync = Some(observer);
+        self
+    }
+}
+
+/// Tracker state of one family, shared by intake and that family's sync.
 #[derive(Debug)]
 pub(crate) struct Trackers {
     pub services: ServiceTracker,
@@ -50,30 +85,29 @@ pub(crate) struct Trackers {
     pub force_full: bool,
 }
 
-pub(crate) struct Shared {
-    pub trackers: Mutex<Trackers>,
-    pub metrics: Metrics,
-    pub health: Arc<ProxyHealth>,
+/// One family's trackers and metric labels.
+pub(crate) struct Proxier {
+    pub family: IpFamily,
     pub labels: FamilyLabels,
+    trackers: Mutex<Trackers>,
 }
 
-impl Shared {
-    pub fn new(settings: &ProxySettings, metrics: Metrics, health: Arc<ProxyHealth>) -> Self {
+impl Proxier {
+    fn new(family: IpFamily, node_name: &str) -> Self {
         Self {
+            family,
+            labels: FamilyLabels {
+                ip_family: family.label(),
+            },
             trackers: Mutex::new(Trackers {
-                services: ServiceTracker::new(settings.family),
-                endpoints: EndpointsTracker::new(settings.family, &settings.node_name),
+                services: ServiceTracker::new(family),
+                endpoints: EndpointsTracker::new(family, node_name),
                 node: Arc::new(NodeView {
-                    name: settings.node_name.clone(),
+                    name: node_name.to_string(),
                     ..NodeView::default()
                 }),
                 force_full: false,
             }),
-            metrics,
-            health,
-            labels: FamilyLabels {
-                ip_family: settings.family.label(),
-            },
         }
     }
 
@@ -84,30 +118,69 @@ impl Shared {
     }
 }
 
-/// Runs the proxy until the event channel closes: intake, then syncs once all sources are in.
+pub(crate) struct Shared {
+    /// One per family, in the order the backends were given (the primary family first).
+    pub proxiers: Vec<Proxier>,
+    pub metrics: Metrics,
+    pub health: Arc<ProxyHealth>,
+}
+
+impl Shared {
+    pub fn new(
+        settings: &ProxySettings,
+        families: &[IpFamily],
+        metrics: Metrics,
+        health: Arc<ProxyHealth>,
+    ) -> Self {
+        Self {
+            proxiers: families
+                .iter()
+                .map(|&family| Proxier::new(family, &settings.node_name))
+                .collect(),
+            metrics,
+            health,
+        }
+    }
+
+    /// The first family's trackers (the tests' proxies are single-stack).
+    #[cfg(test)]
+    pub fn trackers(&self) -> MutexGuard<'_, Trackers> {
+        self.proxiers[0].trackers()
+    }
+}
+
+/// Runs the proxy until the event channel closes: intake, then one sync loop per family
+/// once all sources are in.
 pub async fn run(
     settings: ProxySettings,
-    backend: Box<dyn Backend>,
+    backends: Vec<FamilyBackend>,
     events: EventReceiver,
     metrics: Metrics,
     health: Arc<ProxyHealth>,
 ) {
-    // Upstream's SyncLoop marks the proxier updated as it starts, "in case Sync() never
-    // succeeds": from here on a queued change that is not applied in time makes it unhealthy.
-    health.updated();
-    let shared = Arc::new(Shared::new(&settings, metrics, health));
-    // And, as upstream, it synthesizes a "last change queued" time while the sources list.
-    shared
-        .metrics
-        .sync_proxy_rules_last_queued_timestamp_seconds
-        .get_or_create(&shared.labels)
-        .set(intake::unix_now());
-    let (runner, trigger) = SyncRunner::new(settings.runner);
+    let families: Vec<IpFamily> = backends.iter().map(|b| b.family).collect();
+    for &family in &families {
+        // Upstream's SyncLoop marks each proxier updated as it starts, "in case Sync() never
+        // succeeds": from here on a queued change that is not applied in time makes it
+        // unhealthy.
+        health.proxier_updated(family);
+    }
+    let shared = Arc::new(Shared::new(&settings, &families, metrics, health));
+    for proxier in &shared.proxiers {
+        // And, as upstream, it synthesizes a "last change queued" time while the sources list.
+        shared
+            .metrics
+            .sync_proxy_rules_last_queued_timestamp_seconds
+            .get_or_create(&proxier.labels)
+            .set(intake::unix_now());
+    }
+    let (runners, triggers): (Vec<_>, Vec<_>) =
+        families.iter().map(|_| SyncRunner::new(settings.runner)).unzip();
     let (ready_tx, mut ready_rx) = watch::channel(false);
     let intake = Intake::new(
         shared.clone(),
         settings.sources.iter().copied().collect(),
-        trigger,
+        triggers,
         ready_tx,
     );
     let intake_task = tokio::spawn(intake.run(events));
@@ -115,42 +188,71 @@ pub async fn run(
         tracing::warn!("sources ended before delivering their initial state; no rules written");
         return;
     }
-    tracing::info!("all sources synced; starting to program rules");
-    let backend = Arc::new(Mutex::new(backend));
-    let sync_loop = runner.run(move || {
-        let shared = shared.clone();
-        let backend = backend.clone();
-        async move {
-            tokio::task::spawn_blocking(move || {
-                let mut backend = backend.lock().unwrap_or_else(|e| e.into_inner());
-                sync::sync_once(&shared, backend.as_mut())
-            })
-            .await
-            .map_err(|join| join.to_string())?
-        }
-    });
+    tracing::info!(families = ?families, "all sources synced; starting to program rules");
+    // Dropped (and so aborted) when this function returns.
+    let mut sync_loops = JoinSet::new();
+    for (index, (backend, runner)) in backends.into_iter().zip(runners).enumerate() {
+        let span = tracing::info_span!("proxier", ip_family = backend.family.label());
+        sync_loops.spawn(sync_loop(shared.clone(), index, backend, runner).instrument(span));
+    }
     tokio::select! {
-        _ = sync_loop => {}
+        _ = sync_loops.join_next() => tracing::error!("a sync loop stopped"),
         _ = intake_task => tracing::info!("event sources closed; stopping"),
     }
 }
 
-/// Collects events until every source has delivered its initial state, and returns it;
-/// for `--dry-run`, which renders rules without programming anything.
-pub async fn initial_state(
+/// Syncs one family whenever its runner says so, each sync on a blocking thread.
+async fn sync_loop(shared: Arc<Shared>, index: usize, backend: FamilyBackend, runner: SyncRunner) {
+    let FamilyBackend {
+        backend,
+        after_sync,
+        ..
+    } = backend;
+    let backend = Arc::new(Mutex::new(backend));
+    runner
+        .run(move || {
+            let shared = shared.clone();
+            let backend = backend.clone();
+            let after_sync = after_sync.clone();
+            let span = tracing::Span::current();
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    let _in_span = span.enter();
+                    let mut backend = backend.lock().unwrap_or_else(|e| e.into_inner());
+                    let proxier = &shared.proxiers[index];
+                    let state = sync::sync_once(&shared, proxier, backend.as_mut())?;
+                    if let Some(observer) = &after_sync {
+                        observer.synced(&state);
+                    }
+                    Ok::<(), String>(())
+                })
+                .await
+                .map_err(|join| join.to_string())?
+            }
+        })
+        .await;
+}
+
+/// Collects events until every source has delivered its initial state, and returns the
+/// state of each family in `families`' order; for `--dry-run`, which renders rules without
+/// programming anything.
+pub async fn initial_states(
     settings: &ProxySettings,
+    families: &[IpFamily],
     mut events: EventReceiver,
     metrics: Metrics,
     health: Arc<ProxyHealth>,
-) -> DesiredState {
-    let shared = Arc::new(Shared::new(settings, metrics, health));
-    let (runner, trigger) = SyncRunner::new(settings.runner);
-    drop(runner);
+) -> Vec<(IpFamily, DesiredState)> {
+    let shared = Arc::new(Shared::new(settings, families, metrics, health));
+    let triggers = families
+        .iter()
+        .map(|_| SyncRunner::new(settings.runner).1)
+        .collect();
     let (ready_tx, ready_rx) = watch::channel(false);
     let mut intake = Intake::new(
         shared.clone(),
         settings.sources.iter().copied().collect(),
-        trigger,
+        triggers,
         ready_tx,
     );
     while !*ready_rx.borrow() {
@@ -159,13 +261,20 @@ pub async fn initial_state(
             None => break,
         }
     }
-    let mut trackers = shared.trackers();
-    let node = trackers.node.clone();
-    DesiredState {
-        services: trackers.services.take().snapshot,
-        endpoints: trackers.endpoints.take().snapshot,
-        node,
-    }
+    shared
+        .proxiers
+        .iter()
+        .map(|proxier| {
+            let mut trackers = proxier.trackers();
+            let node = trackers.node.clone();
+            let state = DesiredState {
+                services: trackers.services.take().snapshot,
+                endpoints: trackers.endpoints.take().snapshot,
+                node,
+            };
+            (proxier.family, state)
+        })
+        .collect()
 }
 
 /// Source names still missing from `synced`.

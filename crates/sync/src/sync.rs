@@ -1,4 +1,5 @@
-//! One sync: take the changes, hand the desired state to the backend, record the outcome.
+//! One sync of one family: take its changes, hand the desired state to its backend, record
+//! the outcome under its `ip_family` label and in its health entry.
 //!
 //! Metrics follow upstream's accounting: the sync duration (overall, and full or partial by
 //! what was attempted) is observed for failed syncs too; a failed partial sync counts in
@@ -7,54 +8,68 @@
 
 use std::time::{Instant, SystemTime};
 
-use kpr_metrics::{RejectedLabels, TableLabels, TrafficLabels};
-use kpr_state::{Backend, BackendError, FailedStep, PendingSync, SyncKind, SyncReport, UnsafeObject};
+use kpr_metrics::{FamilyLabels, Metrics, RejectedLabels, TableLabels, TrafficLabels};
+use kpr_state::{
+    Backend, BackendError, DesiredState, FailedStep, PendingSync, SyncKind, SyncReport, UnsafeObject,
+};
 
-use crate::Shared;
 use crate::intake::unix_now;
+use crate::{Proxier, Shared};
 
 /// The `reason` label of objects a backend left out because of unsafe text.
 const UNSAFE_TEXT_REASON: &str = "unsafe_text";
 
-pub(crate) fn sync_once(shared: &Shared, backend: &mut dyn Backend) -> Result<(), String> {
+/// Syncs `proxier`'s family; returns the state its backend programmed.
+pub(crate) fn sync_once(
+    shared: &Shared,
+    proxier: &Proxier,
+    backend: &mut dyn Backend,
+) -> Result<DesiredState, String> {
     let started = Instant::now();
     let (pending, force_full, trigger_times) = {
-        let mut t = shared.trackers();
+        let mut t = proxier.trackers();
         let force_full = std::mem::take(&mut t.force_full);
         let trigger_times = t.endpoints.take_trigger_times();
         let pending = PendingSync::new(t.services.take(), t.endpoints.take(), t.node.clone());
         (pending, force_full, trigger_times)
     };
-    set_pending_gauges_to_zero(shared);
+    let family = Recorder { shared, proxier };
+    family.set_pending_gauges_to_zero();
     let request = pending.request(force_full);
     let changed = &pending.changed;
     match backend.sync(&request) {
         Ok(report) => {
-            record_duration(shared, kind_of(&report), started);
-            record_success(shared, &report);
-            record_unsafe_objects(shared, &report.newly_unsafe);
-            record_programming_latency(shared, &trigger_times);
+            family.record_duration(kind_of(&report), started);
+            family.record_success(&report);
+            family.record_unsafe_objects(&report.newly_unsafe);
+            family.record_programming_latency(&trigger_times);
             tracing::debug!(
                 full = report.full,
                 changed = changed.len(),
                 elapsed = ?started.elapsed(),
                 "synced rules"
             );
-            Ok(())
+            Ok(pending.state)
         }
         Err(error) => {
-            record_duration(shared, error.attempted, started);
+            family.record_duration(error.attempted, started);
             if backend.mode() == "iptables" {
-                record_iptables_failure(shared, &error);
+                family.record_iptables_failure(&error);
             }
             // The runner logs the failure itself; this adds what the metrics were told.
             tracing::debug!(attempted = ?error.attempted, step = ?error.step, "sync failed: {error}");
             shared
                 .health
-                .set_problem(Some(format!("last sync failed: {error}")));
+                .proxier_sync_failed(proxier.family, format!("last sync failed: {error}"));
             Err(error.to_string())
         }
     }
+}
+
+/// Where one family's sync outcome goes: the shared metrics under its labels, its health.
+struct Recorder<'a> {
+    shared: &'a Shared,
+    proxier: &'a Proxier,
 }
 
 fn kind_of(report: &SyncReport) -> SyncKind {
@@ -65,122 +80,137 @@ fn kind_of(report: &SyncReport) -> SyncKind {
     }
 }
 
-/// Upstream observes how long a sync took whether or not it succeeded.
-fn record_duration(shared: &Shared, attempted: SyncKind, started: Instant) {
-    let m = &shared.metrics;
-    let labels = &shared.labels;
-    let elapsed = started.elapsed().as_secs_f64();
-    m.sync_proxy_rules_duration_seconds
-        .get_or_create(labels)
-        .observe(elapsed);
-    let by_kind = match attempted {
-        SyncKind::Full => &m.sync_full_proxy_rules_duration_seconds,
-        SyncKind::Partial => &m.sync_partial_proxy_rules_duration_seconds,
-    };
-    by_kind.get_or_create(labels).observe(elapsed);
-}
-
-fn record_iptables_failure(shared: &Shared, error: &BackendError) {
-    let m = &shared.metrics;
-    if error.attempted == SyncKind::Partial {
-        m.sync_proxy_rules_iptables_partial_restore_failures_total
-            .get_or_create(&shared.labels)
-            .inc();
+impl Recorder<'_> {
+    fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
     }
-    if error.step == FailedStep::Restore {
-        m.sync_proxy_rules_iptables_restore_failures_total
-            .get_or_create(&shared.labels)
-            .inc();
-    }
-}
 
-/// Logs and counts what the backend left out, like the objects intake rejects.
-fn record_unsafe_objects(shared: &Shared, unsafe_objects: &[UnsafeObject]) {
-    for object in unsafe_objects {
-        tracing::warn!("{object}");
-        shared
-            .metrics
-            .rejected_objects_total
-            .get_or_create(&RejectedLabels {
-                kind: object.kind.as_str(),
-                reason: UNSAFE_TEXT_REASON,
-            })
-            .inc();
+    fn labels(&self) -> &FamilyLabels {
+        &self.proxier.labels
     }
-}
 
-/// Upstream's network programming latency: from the change that triggered an endpoint
-/// update (the slice's annotation) to the end of the sync that programmed it.
-fn record_programming_latency(shared: &Shared, trigger_times: &[SystemTime]) {
-    let now = SystemTime::now();
-    let histogram = shared
-        .metrics
-        .network_programming_duration_seconds
-        .get_or_create(&shared.labels);
-    for t in trigger_times {
-        // A trigger time in the future (clock skew) says nothing; skip it as upstream does.
-        if let Ok(latency) = now.duration_since(*t) {
-            histogram.observe(latency.as_secs_f64());
+    /// Upstream observes how long a sync took whether or not it succeeded.
+    fn record_duration(&self, attempted: SyncKind, started: Instant) {
+        let m = self.metrics();
+        let labels = self.labels();
+        let elapsed = started.elapsed().as_secs_f64();
+        m.sync_proxy_rules_duration_seconds
+            .get_or_create(labels)
+            .observe(elapsed);
+        let by_kind = match attempted {
+            SyncKind::Full => &m.sync_full_proxy_rules_duration_seconds,
+            SyncKind::Partial => &m.sync_partial_proxy_rules_duration_seconds,
+        };
+        by_kind.get_or_create(labels).observe(elapsed);
+    }
+
+    fn record_iptables_failure(&self, error: &BackendError) {
+        let m = self.metrics();
+        if error.attempted == SyncKind::Partial {
+            m.sync_proxy_rules_iptables_partial_restore_failures_total
+                .get_or_create(self.labels())
+                .inc();
+        }
+        if error.step == FailedStep::Restore {
+            m.sync_proxy_rules_iptables_restore_failures_total
+                .get_or_create(self.labels())
+                .inc();
         }
     }
-}
 
-fn set_pending_gauges_to_zero(shared: &Shared) {
-    let m = &shared.metrics;
-    m.sync_proxy_rules_service_changes_pending
-        .get_or_create(&shared.labels)
-        .set(0);
-    m.sync_proxy_rules_endpoint_changes_pending
-        .get_or_create(&shared.labels)
-        .set(0);
-}
-
-fn record_success(shared: &Shared, report: &SyncReport) {
-    let m = &shared.metrics;
-    let labels = &shared.labels;
-    m.sync_proxy_rules_last_timestamp_seconds
-        .get_or_create(labels)
-        .set(unix_now());
-    for table in &report.tables {
-        let t = TableLabels {
-            ip_family: labels.ip_family,
-            table: table.table,
-        };
-        m.sync_proxy_rules_iptables_total
-            .get_or_create(&t)
-            .set(table.total as i64);
-        m.sync_proxy_rules_iptables_last
-            .get_or_create(&t)
-            .set(table.written as i64);
+    /// Logs and counts what the backend left out, like the objects intake rejects.
+    fn record_unsafe_objects(&self, unsafe_objects: &[UnsafeObject]) {
+        for object in unsafe_objects {
+            tracing::warn!("{object}");
+            self.metrics()
+                .rejected_objects_total
+                .get_or_create(&RejectedLabels {
+                    kind: object.kind.as_str(),
+                    reason: UNSAFE_TEXT_REASON,
+                })
+                .inc();
+        }
     }
-    for (policy, count) in [
-        ("internal", report.no_local_internal),
-        ("external", report.no_local_external),
-    ] {
-        m.sync_proxy_rules_no_local_endpoints_total
-            .get_or_create(&TrafficLabels {
+
+    /// Upstream's network programming latency: from the change that triggered an endpoint
+    /// update (the slice's annotation) to the end of the sync that programmed it.
+    fn record_programming_latency(&self, trigger_times: &[SystemTime]) {
+        // As upstream, a family's series appears with its first sample.
+        if trigger_times.is_empty() {
+            return;
+        }
+        let now = SystemTime::now();
+        let histogram = self
+            .metrics()
+            .network_programming_duration_seconds
+            .get_or_create(self.labels());
+        for t in trigger_times {
+            // A trigger time in the future (clock skew) says nothing; skip it as upstream does.
+            if let Ok(latency) = now.duration_since(*t) {
+                histogram.observe(latency.as_secs_f64());
+            }
+        }
+    }
+
+    fn set_pending_gauges_to_zero(&self) {
+        let m = self.metrics();
+        m.sync_proxy_rules_service_changes_pending
+            .get_or_create(self.labels())
+            .set(0);
+        m.sync_proxy_rules_endpoint_changes_pending
+            .get_or_create(self.labels())
+            .set(0);
+    }
+
+    fn record_success(&self, report: &SyncReport) {
+        let m = self.metrics();
+        let labels = self.labels();
+        m.sync_proxy_rules_last_timestamp_seconds
+            .get_or_create(labels)
+            .set(unix_now());
+        for table in &report.tables {
+            let t = TableLabels {
                 ip_family: labels.ip_family,
-                traffic_policy: policy,
-            })
-            .set(count as i64);
+                table: table.table,
+            };
+            m.sync_proxy_rules_iptables_total
+                .get_or_create(&t)
+                .set(table.total as i64);
+            m.sync_proxy_rules_iptables_last
+                .get_or_create(&t)
+                .set(table.written as i64);
+        }
+        for (policy, count) in [
+            ("internal", report.no_local_internal),
+            ("external", report.no_local_external),
+        ] {
+            m.sync_proxy_rules_no_local_endpoints_total
+                .get_or_create(&TrafficLabels {
+                    ip_family: labels.ip_family,
+                    traffic_policy: policy,
+                })
+                .set(count as i64);
+        }
+        self.record_conntrack_reconcile(report);
+        self.shared.health.proxier_updated(self.proxier.family);
     }
-    record_conntrack_reconcile(shared, report);
-    shared.health.updated();
+
+    /// Upstream's `conntrack_reconciler_*`: observed for every reconcile the backend ran.
+    fn record_conntrack_reconcile(&self, report: &SyncReport) {
+        let Some(reconcile) = &report.conntrack_reconcile else {
+            return;
+        };
+        let m = self.metrics();
+        m.conntrack_reconciler_sync_duration_seconds
+            .get_or_create(self.labels())
+            .observe(reconcile.duration.as_secs_f64());
+        m.conntrack_reconciler_deleted_entries_total
+            .get_or_create(self.labels())
+            .inc_by(reconcile.deleted);
+    }
 }
 
-/// Upstream's `conntrack_reconciler_*`: observed for every reconcile the backend ran.
-fn record_conntrack_reconcile(shared: &Shared, report: &SyncReport) {
-    let Some(reconcile) = &report.conntrack_reconcile else {
-        return;
-    };
-    let m = &shared.metrics;
-    m.conntrack_reconciler_sync_duration_seconds
-        .get_or_create(&shared.labels)
-        .observe(reconcile.duration.as_secs_f64());
-    m.conntrack_reconciler_deleted_entries_total
-        .get_or_create(&shared.labels)
-        .inc_by(reconcile.deleted);
-}
-
+#[cfg(test)]
+mod dual_stack_tests;
 #[cfg(test)]
 mod tests;

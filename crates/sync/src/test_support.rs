@@ -17,11 +17,13 @@ use crate::ProxySettings;
 /// The node every test's proxy runs on.
 pub(crate) const NODE_NAME: &str = "node1";
 
-/// IPv4 on [`NODE_NAME`], at most one sync per 20 ms (none forced by the period), waiting
-/// for `sources`.
+/// The family of a single-stack test proxy.
+pub(crate) const FAMILY: IpFamily = IpFamily::V4;
+
+/// On [`NODE_NAME`], at most one sync per 20 ms (none forced by the period), waiting for
+/// `sources`.
 pub(crate) fn settings(sources: Vec<&'static str>) -> ProxySettings {
     ProxySettings {
-        family: IpFamily::V4,
         node_name: NODE_NAME.into(),
         runner: RunnerConfig {
             min_interval: Duration::from_millis(20),

@@ -18,7 +18,8 @@
 //!   large-cluster mode flips, and when the `KUBE-PROXY-CANARY` chain (created by full
 //!   syncs in nat and filter) is gone: someone flushed the tables. Full syncs also delete
 //!   stale service chains found with `iptables-save`.
-//! - **I/O behind a trait.** [`Iptables`] is all the proxier and [`cleanup()`] need;
+//! - **I/O behind a trait.** [`Iptables`] is all the proxier and [`cleanup()`] need
+//!   ([`cleanup_modes`] also removes what upstream's IPVS mode left in iptables);
 //!   [`IptablesCli`] runs the legacy, nft or auto-detected binaries, optionally behind a
 //!   command prefix such as `ip netns exec NAME`.
 //! - **IPv6** is a parameter (`IptablesOptions::family`, `ip6tables` binaries, `::1/128`
@@ -28,6 +29,9 @@
 //!   backslashes; comments cut to the kernel's 255 bytes); the compiler refuses a plain
 //!   `String`. A service port whose name fails the check is left out and reported; the
 //!   rest of the ruleset is written as usual.
+//! - **Upstream's nfacct counters.** Where the kernel has nfnetlink_acct, the INVALID drop
+//!   and the localhost NodePort jumps count packets with `-m nfacct` (upstream's names),
+//!   for upstream's two packet metrics; see [`ensure_counters`].
 //! - **Host facts at the edge.** The host's addresses come through [`LocalAddresses`]
 //!   before each sync; the iptables version (for `--random-fully`) is asked once.
 
@@ -35,24 +39,35 @@ mod addresses;
 mod cleanup;
 mod exec;
 mod host;
+mod ipvs_mode;
 mod jumps;
 mod names;
+mod nfacct;
 mod options;
 mod proxier;
+pub mod restore_syntax;
 mod rules;
 mod ruleset;
 mod saved;
 
 pub use addresses::{AddressError, FixedAddresses, InterfaceAddresses, LocalAddresses};
-pub use cleanup::{CLEANUP_TABLES, CleanupError, CleanupReport, TableCleanup, cleanup, plan_table};
+pub use cleanup::{
+    CLEANUP_TABLES, CleanupError, CleanupReport, Modes, TableCleanup, cleanup, cleanup_modes, plan_table,
+    plan_table_for,
+};
 pub use exec::{ExecError, Iptables, IptablesCli, IptablesVersion, Variant, restore_error_line};
 pub use host::{
     HostError, ProcSysctl, ROUTE_LOCALNET, Sysctl, TCP_BE_LIBERAL, conntrack_tcp_be_liberal, prepare_host,
 };
+pub use ipvs_mode::{IPVS_SETS, ipvs_only_chains, ipvs_set_names, is_ipvs_set};
 pub use jumps::{JumpRule, jump_rules};
 /// The checked text types [`LocalDetector`] takes (from kpr-naming).
 pub use kpr_naming::{InterfaceName, UnsafeText};
 pub use names::NameCache;
+pub use nfacct::{
+    Accounting, CT_STATE_INVALID_DROPPED, Counter, LOCALHOST_NODEPORTS_ACCEPTED, NetlinkAccounting,
+    NfacctCounters, NfacctError, ensure_counters, get_request, new_request, parse_counter,
+};
 pub use options::{
     DEFAULT_LARGE_CLUSTER_ENDPOINTS_THRESHOLD, DEFAULT_MASQUERADE_BIT, IptablesOptions, LocalDetector,
     NodePortAddresses, NodePortTargets, OptionsError,

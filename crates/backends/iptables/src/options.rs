@@ -9,6 +9,7 @@ use ipnet::IpNet;
 use kpr_model::IpFamily;
 use kpr_naming::InterfaceName;
 
+use crate::nfacct::NfacctCounters;
 use crate::ruleset::{Arg, RuleBuilder};
 
 /// Upstream's `--iptables-masquerade-bit` default: mark 0x4000.
@@ -171,6 +172,9 @@ pub struct IptablesOptions {
     /// on): upstream then leaves out the rule dropping ctstate INVALID packets.
     pub conntrack_tcp_be_liberal: bool,
     pub large_cluster_endpoints_threshold: usize,
+    /// The nfacct counters that exist, which the INVALID drop and the localhost NodePort
+    /// rules then count in (`-m nfacct`), as upstream's; see [`crate::ensure_counters`].
+    pub nfacct: NfacctCounters,
 }
 
 impl Default for IptablesOptions {
@@ -186,6 +190,7 @@ impl Default for IptablesOptions {
             bind_address: None,
             conntrack_tcp_be_liberal: false,
             large_cluster_endpoints_threshold: DEFAULT_LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
+            nfacct: NfacctCounters::default(),
         }
     }
 }

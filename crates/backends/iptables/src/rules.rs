@@ -19,6 +19,7 @@ use kpr_naming::{ChainName, Comment, SafeText, ServiceChains, UnsafeText, chain}
 use kpr_state::{DesiredState, PortPlan, Unreachable};
 
 use crate::names::NameCache;
+use crate::nfacct::{CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED};
 use crate::options::{IptablesOptions, NodePortTargets};
 use crate::ruleset::{Arg, ChainKind, RefusedPort, Rule, RuleBuilder, Ruleset};
 
@@ -364,12 +365,12 @@ impl Builder<'_> {
         // nf_conntrack_tcp_be_liberal the kernel marks only out-of-window RSTs INVALID, and
         // upstream then leaves the rule out.
         if !self.opts.conntrack_tcp_be_liberal {
-            filter.append(
-                forward,
-                Rule::builder()
-                    .args(&["-m", "conntrack", "--ctstate", "INVALID"])
-                    .jump("DROP"),
-            );
+            let mut drop = Rule::builder().args(&["-m", "conntrack", "--ctstate", "INVALID"]);
+            // Counted for kubeproxy_iptables_ct_state_invalid_dropped_packets_total.
+            if self.opts.nfacct.ct_state_invalid_dropped {
+                drop = drop.args(&["-m", "nfacct", "--nfacct-name", CT_STATE_INVALID_DROPPED]);
+            }
+            filter.append(forward, drop.jump("DROP"));
         }
         // Service traffic is forwarded even when the FORWARD policy is DROP.
         filter.append(
@@ -529,6 +530,18 @@ impl Builder<'_> {
                 .arg(node_port)
         };
         if ctx.plan.has_endpoints() {
+            if self.opts.localhost_nodeports_enabled() && self.opts.nfacct.localhost_nodeports_accepted {
+                // The same jump for 127.0.0.0/8 first, only to count it for
+                // kubeproxy_iptables_localhost_nodeports_accepted_packets_total.
+                let rule = Rule::builder()
+                    .comment(&ctx.svc_comment())
+                    .args(&["-m", ctx.proto, "-p", ctx.proto, "-d", "127.0.0.0/8", "--dport"])
+                    .arg(node_port)
+                    .args(&["-m", "nfacct", "--nfacct-name", LOCALHOST_NODEPORTS_ACCEPTED]);
+                self.rs
+                    .nat
+                    .append(&self.fixed.nodeports, rule.jump(&ctx.chains.external));
+            }
             // NodePorts are not subject to loadBalancerSourceRanges, as upstream.
             let rule = proto_port(Rule::builder().comment(&ctx.svc_comment()));
             self.rs

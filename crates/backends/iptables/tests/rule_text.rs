@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use common::{skip_requested, variant_name};
 use ipnet::{IpNet, Ipv4Net};
+use kpr_iptables::restore_syntax::{looks_like_table_option, split_args};
 use kpr_iptables::{
     InterfaceName, IptablesOptions, LocalDetector, NodePortAddresses, Ruleset, Variant, build,
 };
@@ -300,57 +301,6 @@ impl Case {
 
 // === iptables-restore, as it reads its input ===
 
-/// Splits one line into arguments the way iptables-restore's `add_param_to_argv` does:
-/// space, tab and newline separate; `"` opens a quoted part in which `\` escapes the next
-/// character; the closing quote ends the argument.
-fn tokenize(line: &str) -> Result<Vec<String>, String> {
-    let mut args = Vec::new();
-    let mut current = String::new();
-    let (mut quoted, mut escaped) = (false, false);
-    for c in line.chars() {
-        if quoted {
-            if escaped {
-                current.push(c);
-                escaped = false;
-                continue;
-            }
-            match c {
-                '\\' => escaped = true,
-                '"' => {
-                    quoted = false;
-                    args.push(std::mem::take(&mut current));
-                }
-                _ => current.push(c),
-            }
-            continue;
-        }
-        match c {
-            '"' => quoted = true,
-            ' ' | '\t' | '\n' => {
-                if !current.is_empty() {
-                    args.push(std::mem::take(&mut current));
-                }
-            }
-            _ => current.push(c),
-        }
-    }
-    if quoted {
-        return Err(format!("unterminated quote in {line:?}"));
-    }
-    if !current.is_empty() {
-        args.push(current);
-    }
-    Ok(args)
-}
-
-/// Older iptables-restore versions refuse, quoted or not, any argument that looks like a
-/// table option: `-...t...` (one dash) or a prefix of `--table` from `--t` on.
-fn looks_like_table_option(arg: &str) -> bool {
-    let single = arg.starts_with('-') && !arg.starts_with("--") && arg.contains('t');
-    let long = arg.starts_with("--t") && "--table".starts_with(arg);
-    single || long
-}
-
 /// The oracle: what kpr-naming's check must refuse, written independently of it.
 fn is_safe_text(text: &str) -> bool {
     !text.is_empty()
@@ -390,7 +340,7 @@ fn check_payload(case: &Case, ruleset: &Ruleset, payload: &str) -> Result<(), Te
     let mut declared: HashSet<String> = HashSet::new();
     for (line, meant) in lines.iter().zip(&meant) {
         prop_assert!(line.len() < 4096, "line of {} bytes", line.len());
-        let args = tokenize(line).map_err(TestCaseError::fail)?;
+        let args = split_args(line).map_err(TestCaseError::fail)?;
         prop_assert_eq!(&args, meant, "line {:?}", line);
         let first = args[0].as_str();
         match first {
@@ -435,7 +385,7 @@ fn check_payload(case: &Case, ruleset: &Ruleset, payload: &str) -> Result<(), Te
 /// Every port the oracle finds safe is programmed; every other one is left out and listed.
 fn check_ports(case: &Case, ruleset: &Ruleset, lines: &[&str]) -> Result<(), TestCaseError> {
     let refused: HashSet<&ServicePortName> = ruleset.refused.iter().map(|r| &r.port).collect();
-    let parsed: Vec<Vec<String>> = lines.iter().map(|l| tokenize(l).unwrap()).collect();
+    let parsed: Vec<Vec<String>> = lines.iter().map(|l| split_args(l).unwrap()).collect();
     for spec in &case.ports {
         let name = spec.port_name();
         let svc = name.to_string();
@@ -590,21 +540,22 @@ fn iptables_nft_accepts_every_payload() {
     kernel_accepts_every_payload(Variant::Nft);
 }
 
-/// The tokenizer above is iptables-restore's: spot checks of the cases that matter.
+/// kpr-iptables' reader splits lines as iptables-restore does: spot checks of the cases
+/// this test relies on.
 #[test]
 fn tokenizer_reads_like_iptables_restore() {
     assert_eq!(
-        tokenize(r#"-A C -m comment --comment "a b" -j X"#).unwrap(),
+        split_args(r#"-A C -m comment --comment "a b" -j X"#).unwrap(),
         ["-A", "C", "-m", "comment", "--comment", "a b", "-j", "X"]
     );
-    assert_eq!(tokenize(r#""a\"b""#).unwrap(), [r#"a"b"#]);
+    assert_eq!(split_args(r#""a\"b""#).unwrap(), [r#"a"b"#]);
     assert_eq!(
-        tokenize(r#""ab"cd"#).unwrap(),
+        split_args(r#""ab"cd"#).unwrap(),
         ["ab", "cd"],
         "a closing quote ends the argument"
     );
-    assert_eq!(tokenize("a\tb  c").unwrap(), ["a", "b", "c"]);
-    assert!(tokenize(r#""open"#).is_err());
+    assert_eq!(split_args("a\tb  c").unwrap(), ["a", "b", "c"]);
+    assert!(split_args(r#""open"#).is_err());
     assert!(looks_like_table_option("-t"));
     assert!(looks_like_table_option("-tnat"));
     assert!(looks_like_table_option("--ta"));

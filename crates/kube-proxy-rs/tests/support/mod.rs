@@ -3,6 +3,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test support: a panic fails the test
 
+pub mod families;
+
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -115,10 +117,12 @@ impl Cluster {
         command
             .arg(format!("--healthz-bind-address={HEALTHZ}"))
             .arg(format!("--metrics-bind-address={METRICS}"))
-            .arg("--cluster-cidr=10.244.0.0/16")
-            .arg("--iptables-min-sync-period=200ms")
-            .args(extra)
-            .env("RUST_LOG", "debug");
+            .arg("--iptables-min-sync-period=200ms");
+        // The lab's IPv4 pod network, unless the test gives its own (a flag counts once).
+        if !extra.iter().any(|arg| arg.starts_with("--cluster-cidr")) {
+            command.arg("--cluster-cidr=10.244.0.0/16");
+        }
+        command.args(extra).env("RUST_LOG", "debug");
         self.proxy = Some(self.lab.spawn(self.lab.node(), command).unwrap());
     }
 

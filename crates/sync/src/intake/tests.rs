@@ -14,7 +14,9 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::Shared;
-use crate::test_support::{NODE_NAME, metrics_text, node_event, service_event, settings, slice_event};
+use crate::test_support::{
+    FAMILY, NODE_NAME, metrics_text, node_event, service_event, settings, slice_event,
+};
 
 use super::Intake;
 
@@ -33,11 +35,11 @@ fn waiting_intake_with_metrics(
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let health = Arc::new(ProxyHealth::new(health_timeout));
-    let shared = Arc::new(Shared::new(&settings, metrics, health));
+    let shared = Arc::new(Shared::new(&settings, &[FAMILY], metrics, health));
     let (_runner, trigger) = SyncRunner::new(settings.runner);
     let (ready, _) = watch::channel(false);
     let expected = settings.sources.iter().copied().collect();
-    let intake = Intake::new(shared.clone(), expected, trigger, ready);
+    let intake = Intake::new(shared.clone(), expected, vec![trigger], ready);
     (intake, shared, registry)
 }
 

@@ -13,8 +13,8 @@ use kpr_world::ep;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
-use crate::run;
-use crate::test_support::{metrics_text, service_event, settings, slice_event};
+use crate::test_support::{FAMILY, metrics_text, service_event, settings, slice_event};
+use crate::{FamilyBackend, run};
 
 #[derive(Debug, Default)]
 struct Seen {
@@ -88,7 +88,7 @@ fn start_failing(sources: Vec<&'static str>, failures: Vec<(SyncKind, FailedStep
     let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
     tokio::spawn(run(
         settings(sources),
-        Box::new(Recording(seen.clone())),
+        vec![FamilyBackend::new(FAMILY, Box::new(Recording(seen.clone())))],
         rx,
         metrics,
         health.clone(),
@@ -287,7 +287,8 @@ async fn failed_full_sync_is_timed_as_full_and_not_a_partial_failure() {
         Some(loop_started),
         "a failed sync is no update"
     );
-    assert!(h.health.problem().unwrap().contains("kernel said no"));
+    let why = h.health.proxier_sync_problem(FAMILY).unwrap();
+    assert!(why.contains("kernel said no"), "{why}");
 }
 
 #[tokio::test]
@@ -421,7 +422,7 @@ async fn conntrack_reconciles_are_counted_and_timed_as_upstream() {
     let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
     tokio::spawn(run(
         settings(vec!["manifests"]),
-        Box::new(Reconciling(syncs.clone())),
+        vec![FamilyBackend::new(FAMILY, Box::new(Reconciling(syncs.clone())))],
         rx,
         metrics,
         health,
@@ -445,4 +446,64 @@ async fn conntrack_reconciles_are_counted_and_timed_as_upstream() {
     ] {
         assert!(text.contains(line), "missing {line} in\n{text}");
     }
+}
+
+/// Remembers, per call, the services of the state it was told about.
+#[derive(Debug, Default)]
+struct AfterSync(Mutex<Vec<Vec<String>>>);
+
+impl kpr_state::SyncObserver for AfterSync {
+    fn synced(&self, state: &kpr_state::DesiredState) {
+        let mut services: Vec<String> = state.services.keys().map(ToString::to_string).collect();
+        services.sort();
+        self.0.lock().unwrap().push(services);
+    }
+}
+
+/// The health-check servers follow what the rules say: they hear of each successful sync,
+/// with the whole state, and of no failed one.
+#[tokio::test]
+async fn the_after_sync_observer_hears_successful_syncs_only() {
+    let seen = Arc::new(Mutex::new(Seen {
+        failures: [FULL_RESTORE].into(),
+        ..Default::default()
+    }));
+    let observer = Arc::new(AfterSync::default());
+    let (events, rx) = event_channel();
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
+    tokio::spawn(run(
+        settings(vec!["manifests"]),
+        vec![FamilyBackend::new(FAMILY, Box::new(Recording(seen.clone()))).observed_by(observer.clone())],
+        rx,
+        metrics,
+        health.clone(),
+    ));
+    let h = Harness {
+        seen,
+        events,
+        health,
+        registry,
+    };
+    h.send(service("a", "10.0.0.1")).await;
+    h.send(Event::Synced { source: "manifests" }).await;
+    h.wait_for_syncs(1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(observer.0.lock().unwrap().is_empty(), "told about a failed sync");
+    // The retry (after the 1 s backoff) succeeds; then a change syncs partially.
+    h.wait_for_syncs(2).await;
+    h.send(service("b", "10.0.0.2")).await;
+    h.wait_for_syncs(3).await;
+    for _ in 0..500 {
+        if observer.0.lock().unwrap().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        *observer.0.lock().unwrap(),
+        [vec!["default/a"], vec!["default/a", "default/b"]],
+        "one call per successful sync, each with the whole state"
+    );
 }

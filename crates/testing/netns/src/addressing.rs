@@ -2,8 +2,12 @@
 //!
 //! Every lab uses the same addresses: the namespaces isolate them, so parallel labs never
 //! collide, and tests can name pods, the node and the client without asking the lab.
+//!
+//! Every lab is dual-stack: each IPv4 address below has an IPv6 twin (`_V6`) on the same
+//! interface, as on a dual-stack node (the pod subnet `fd00:10:244:1::/64` inside the
+//! cluster's `fd00:10:244::/56`, as kind numbers them). IPv4-only tests just never use them.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// The cluster CIDR to give kube-proxy (`--cluster-cidr`): every pod IP of every node.
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
@@ -60,6 +64,40 @@ pub const fn pod_ip(index: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 244, 1, FIRST_POD_HOST + index as u8)
 }
 
+/// The cluster's IPv6 pod CIDR (the second `--cluster-cidr` entry of a dual-stack cluster).
+pub const CLUSTER_CIDR_V6: &str = "fd00:10:244::/56";
+
+/// This node's IPv6 pod subnet (the node's second `spec.podCIDRs` entry), on [`BRIDGE`].
+pub const POD_SUBNET_V6: &str = "fd00:10:244:1::/64";
+
+/// Prefix length of [`POD_SUBNET_V6`].
+pub const POD_PREFIX_LEN_V6: u8 = 64;
+
+/// The node's IPv6 address on the pod bridge: the pods' IPv6 default gateway.
+pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 1);
+
+/// The IPv6 link between the node and the outside client.
+pub const NODE_LINK_SUBNET_V6: &str = "fd00:77::/64";
+
+/// Prefix length of [`NODE_LINK_SUBNET_V6`].
+pub const NODE_LINK_PREFIX_LEN_V6: u8 = 64;
+
+/// The node's IPv6 address (on its `eth0`, facing the client), [`NODE_IP`]'s twin.
+pub const NODE_IP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x77, 0, 0, 0, 0, 0, 1);
+
+/// The outside client's IPv6 address; the node's IPv6 default route points here.
+pub const CLIENT_IP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x77, 0, 0, 0, 0, 0, 2);
+
+/// The IPv6 address of pod `index` (0-based): `fd00:10:244:1::<0x10 + index>`, so pod 0 is
+/// `fd00:10:244:1::10` beside `10.244.1.10`.
+///
+/// # Panics
+/// When `index >= MAX_PODS`, as [`pod_ip`].
+pub const fn pod_ip_v6(index: usize) -> Ipv6Addr {
+    assert!(index < MAX_PODS, "pod index is outside the pod subnet");
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 0x10 + index as u16)
+}
+
 /// Name of the node-side end of pod `index`'s veth (a port of [`BRIDGE`]).
 pub(crate) fn pod_port_name(index: usize) -> String {
     format!("vp{index}")
@@ -74,6 +112,23 @@ mod tests {
         assert_eq!(pod_ip(0), Ipv4Addr::new(10, 244, 1, 10));
         assert_eq!(pod_ip(3), Ipv4Addr::new(10, 244, 1, 13));
         assert_eq!(pod_ip(MAX_PODS - 1), Ipv4Addr::new(10, 244, 1, 254));
+    }
+
+    #[test]
+    fn ipv6_twins_sit_in_their_subnets() {
+        assert_eq!(pod_ip_v6(0).to_string(), "fd00:10:244:1::10");
+        assert_eq!(pod_ip_v6(3).to_string(), "fd00:10:244:1::13");
+        let in_net = |ip: Ipv6Addr, net: &str| {
+            let (prefix, len) = net.split_once('/').unwrap();
+            let prefix: Ipv6Addr = prefix.parse().unwrap();
+            let bits: u32 = len.parse().unwrap();
+            (u128::from(ip) ^ u128::from(prefix)) >> (128 - bits) == 0
+        };
+        assert!(in_net(pod_ip_v6(MAX_PODS - 1), POD_SUBNET_V6));
+        assert!(in_net(POD_GATEWAY_V6, POD_SUBNET_V6));
+        assert!(in_net(POD_GATEWAY_V6, CLUSTER_CIDR_V6));
+        assert!(in_net(NODE_IP_V6, NODE_LINK_SUBNET_V6));
+        assert!(in_net(CLIENT_IP_V6, NODE_LINK_SUBNET_V6));
     }
 
     #[test]

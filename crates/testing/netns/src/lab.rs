@@ -7,6 +7,11 @@
 //!   client (eth0 192.168.77.2/24) ----veth---- eth0 192.168.77.1/24
 //! ```
 //!
+//! Each interface also has its IPv6 twin (`fd00:10:244:1::<10+i>/64` on pods,
+//! `fd00:10:244:1::1/64` on the bridge, `fd00:77::1/64` and `fd00:77::2/64` on the link),
+//! added without duplicate address detection so they are usable at once, with IPv6
+//! forwarding and bridged IPv6 traffic passing through ip6tables, as on a dual-stack node.
+//!
 //! Every interface is created inside the namespaces, so the root namespace never sees one;
 //! dropping the lab (also while unwinding from a panic) deletes everything it made.
 
@@ -18,8 +23,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tempfile::TempDir;
 
 use crate::addressing::{
-    BRIDGE, CLIENT_IFACE, CLIENT_IP, MAX_PODS, NODE_IFACE, NODE_IP, NODE_LINK_PREFIX_LEN, POD_GATEWAY,
-    POD_IFACE, POD_PREFIX_LEN, pod_ip, pod_port_name,
+    BRIDGE, CLIENT_IFACE, CLIENT_IP, CLIENT_IP_V6, MAX_PODS, NODE_IFACE, NODE_IP, NODE_IP_V6,
+    NODE_LINK_PREFIX_LEN, NODE_LINK_PREFIX_LEN_V6, POD_GATEWAY, POD_GATEWAY_V6, POD_IFACE, POD_PREFIX_LEN,
+    POD_PREFIX_LEN_V6, pod_ip, pod_ip_v6, pod_port_name,
 };
 use crate::error::{Error, Result};
 use crate::naming::{NAME_PREFIX, namespace_name, next_serial};
@@ -28,6 +34,7 @@ use crate::process::{LogTarget, ProcessGuard, Registry, kill_registered, program
 use crate::sweep::{LOG_DIR_MARKER, sweep_stale_log_dirs, sweep_stale_namespaces};
 
 const BRIDGE_NF_CALL_IPTABLES: &str = "net.bridge.bridge-nf-call-iptables";
+const BRIDGE_NF_CALL_IP6TABLES: &str = "net.bridge.bridge-nf-call-ip6tables";
 
 /// The node, `pods` pod namespaces and the client, wired up and ready for traffic.
 ///
@@ -67,8 +74,9 @@ impl Lab {
                 Ok(pod)
             })
             .collect::<Result<Vec<_>>>()?;
-        // The node's default route needs the client link up, so it comes last.
+        // The node's default routes need the client link up, so they come last.
         node.ip(&["route", "add", "default", "via", &CLIENT_IP.to_string()])?;
+        node.ip(&["-6", "route", "add", "default", "via", &CLIENT_IP_V6.to_string()])?;
         Ok(Self {
             processes: Registry::default(),
             spawned: AtomicUsize::new(0),
@@ -143,9 +151,25 @@ fn log_dir(serial: usize) -> Result<Arc<TempDir>> {
     Ok(Arc::new(dir))
 }
 
-/// Forwarding, the pod bridge, and iptables on bridged traffic.
+/// An IPv6 address on `dev`, usable at once: no duplicate address detection (nothing else
+/// shares the lab's links), so a test never races an address that is still "tentative".
+fn add_ipv6(ns: &Netns, address: impl std::fmt::Display, prefix_len: u8, dev: &str) -> Result<()> {
+    ns.ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{address}/{prefix_len}"),
+        "dev",
+        dev,
+        "nodad",
+    ])
+    .map(drop)
+}
+
+/// Forwarding, the pod bridge, and iptables on bridged traffic, for both families.
 fn wire_node(node: &Netns) -> Result<()> {
     node.set_sysctl("net.ipv4.ip_forward", "1")?;
+    node.set_sysctl("net.ipv6.conf.all.forwarding", "1")?;
     // Loose reverse-path filtering, as on common distributions, whatever the host uses
     // (new namespaces may inherit the host's setting).
     node.set_sysctl("net.ipv4.conf.all.rp_filter", "2")?;
@@ -158,16 +182,20 @@ fn wire_node(node: &Netns) -> Result<()> {
         "dev",
         BRIDGE,
     ])?;
+    add_ipv6(node, POD_GATEWAY_V6, POD_PREFIX_LEN_V6, BRIDGE)?;
     node.ip(&["link", "set", BRIDGE, "up"])?;
     // Pod-to-Service traffic between pods on this bridge is only DNATed if bridged
-    // frames pass through iptables.
-    if !node.has_sysctl(BRIDGE_NF_CALL_IPTABLES) {
-        return Err(Error::NoBridgeNetfilter {
-            netns: node.name().to_owned(),
-            path: format!("/proc/sys/{}", BRIDGE_NF_CALL_IPTABLES.replace('.', "/")),
-        });
+    // frames pass through iptables (ip6tables for IPv6).
+    for key in [BRIDGE_NF_CALL_IPTABLES, BRIDGE_NF_CALL_IP6TABLES] {
+        if !node.has_sysctl(key) {
+            return Err(Error::NoBridgeNetfilter {
+                netns: node.name().to_owned(),
+                path: format!("/proc/sys/{}", key.replace('.', "/")),
+            });
+        }
+        node.set_sysctl(key, "1")?;
     }
-    node.set_sysctl(BRIDGE_NF_CALL_IPTABLES, "1")
+    Ok(())
 }
 
 /// The client link: `eth0` on both sides, the client's default route via the node.
@@ -191,6 +219,7 @@ fn wire_client(node: &Netns, client: &Netns) -> Result<()> {
         "dev",
         NODE_IFACE,
     ])?;
+    add_ipv6(node, NODE_IP_V6, NODE_LINK_PREFIX_LEN_V6, NODE_IFACE)?;
     node.ip(&["link", "set", NODE_IFACE, "up"])?;
     client.ip(&[
         "addr",
@@ -199,8 +228,10 @@ fn wire_client(node: &Netns, client: &Netns) -> Result<()> {
         "dev",
         CLIENT_IFACE,
     ])?;
+    add_ipv6(client, CLIENT_IP_V6, NODE_LINK_PREFIX_LEN_V6, CLIENT_IFACE)?;
     client.ip(&["link", "set", CLIENT_IFACE, "up"])?;
     client.ip(&["route", "add", "default", "via", &NODE_IP.to_string()])?;
+    client.ip(&["-6", "route", "add", "default", "via", &NODE_IP_V6.to_string()])?;
     Ok(())
 }
 
@@ -230,8 +261,17 @@ fn wire_pod(node: &Netns, pod: &Netns, index: usize) -> Result<()> {
         "dev",
         POD_IFACE,
     ])?;
+    add_ipv6(pod, pod_ip_v6(index), POD_PREFIX_LEN_V6, POD_IFACE)?;
     pod.ip(&["link", "set", POD_IFACE, "up"])?;
     pod.ip(&["route", "add", "default", "via", &POD_GATEWAY.to_string()])?;
+    pod.ip(&[
+        "-6",
+        "route",
+        "add",
+        "default",
+        "via",
+        &POD_GATEWAY_V6.to_string(),
+    ])?;
     Ok(())
 }
 

@@ -51,6 +51,14 @@ pub(super) fn check(check: &Check<'_>, service: &Service, rules: &ValidationRule
         "spec.externalTrafficPolicy",
         spec.external_traffic_policy.as_deref(),
     )?;
+    // A pointer in the API: only an absent value is defaulted, an empty one is refused.
+    if spec.internal_traffic_policy.as_deref() == Some("") {
+        return Err(check.fail(
+            "spec.internalTrafficPolicy",
+            RejectReason::InvalidValue,
+            "\"\" is not one of Cluster, Local",
+        ));
+    }
     traffic_policy(
         check,
         "spec.internalTrafficPolicy",
@@ -376,8 +384,8 @@ fn port_name<'s>(
 }
 
 fn protocol(check: &Check<'_>, field: &str, value: Option<&str>) -> Result<Protocol, Rejection> {
-    // Absent means TCP, as the API server defaults it.
-    Protocol::from_api(value).ok_or_else(|| {
+    // Absent or empty means TCP, as the API server defaults a Service port's protocol.
+    Protocol::from_api(value.filter(|v| !v.is_empty())).ok_or_else(|| {
         check.fail(
             format!("{field}.protocol"),
             RejectReason::InvalidProtocol,

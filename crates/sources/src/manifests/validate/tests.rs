@@ -422,6 +422,12 @@ fn affinity_and_traffic_policies() {
             "spec.internalTrafficPolicy",
             InvalidValue,
         ),
+        // Unlike externalTrafficPolicy, a pointer: the API server does not default "".
+        (
+            json!({"spec": {"internalTrafficPolicy": ""}}),
+            "spec.internalTrafficPolicy",
+            InvalidValue,
+        ),
     ];
     assert_refused(&cases, base_service, default_service_rules);
     assert_accepted(
@@ -431,6 +437,10 @@ fn affinity_and_traffic_policies() {
             json!({"spec": {"sessionAffinity": "ClientIP"}}),
             json!({"spec": {"sessionAffinity": "None", "internalTrafficPolicy": "Local"}}),
             json!({"spec": {"externalTrafficPolicy": "Cluster"}}),
+            json!({"spec": {"externalTrafficPolicy": ""}}),
+            json!({"spec": {"sessionAffinity": ""}}),
+            // The API server defaults an empty port protocol to TCP.
+            json!({"spec": {"ports": [{"port": 80, "protocol": ""}]}}),
         ],
         base_service,
         default_service_rules,

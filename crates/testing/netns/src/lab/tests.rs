@@ -87,6 +87,50 @@ fn the_client_reaches_the_node_ip_and_pods_through_the_node() {
     assert_eq!(pod.peers()[0].ip(), CLIENT_IP);
 }
 
+/// Every lab is dual-stack: the same paths work over IPv6, with nothing rewriting addresses.
+#[test]
+fn the_same_paths_work_over_ipv6() {
+    let lab = Lab::new(2).unwrap();
+    let v6 = |ip: std::net::Ipv6Addr, port| SocketAddr::from((ip, port));
+    let pod1 = lab.pod(1).tcp_backend(v6(pod_ip_v6(1), 8080), "pod-1").unwrap();
+    let node = lab
+        .node()
+        .tcp_backend(v6(std::net::Ipv6Addr::UNSPECIFIED, 8081), "node")
+        .unwrap();
+    let udp = lab
+        .pod(1)
+        .udp_backend(v6(pod_ip_v6(1), 5353), "pod-1 udp")
+        .unwrap();
+
+    let pod0 = lab.pod(0);
+    assert_eq!(
+        pod0.tcp_request(v6(pod_ip_v6(1), 8080), TIMEOUT).unwrap(),
+        "pod-1"
+    );
+    assert_eq!(
+        pod0.tcp_request(v6(POD_GATEWAY_V6, 8081), TIMEOUT).unwrap(),
+        "node"
+    );
+    assert_eq!(
+        lab.client().tcp_request(v6(NODE_IP_V6, 8081), TIMEOUT).unwrap(),
+        "node"
+    );
+    assert_eq!(
+        lab.client().tcp_request(v6(pod_ip_v6(1), 8080), TIMEOUT).unwrap(),
+        "pod-1",
+        "the node forwards IPv6"
+    );
+    assert_eq!(
+        lab.node().udp_request(v6(pod_ip_v6(1), 5353), TIMEOUT).unwrap(),
+        "pod-1 udp"
+    );
+    let peers: Vec<_> = pod1.peers().iter().map(SocketAddr::ip).collect();
+    let expected: [std::net::IpAddr; 2] = [pod_ip_v6(0).into(), CLIENT_IP_V6.into()];
+    assert_eq!(peers, expected);
+    assert_eq!(node.served(), 2);
+    assert_eq!(udp.peers()[0].ip(), std::net::IpAddr::from(POD_GATEWAY_V6));
+}
+
 #[test]
 fn tcp_and_udp_backends_in_a_pod_answer_a_client_in_the_node() {
     let lab = Lab::new(1).unwrap();

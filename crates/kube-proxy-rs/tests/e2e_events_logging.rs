@@ -1,0 +1,249 @@
+//! What an operator sees of a running proxy besides its rules: the Events it records in the
+//! API (read back from the in-repo test API server, written by the real kube-rs client) and
+//! its log lines in upstream's JSON shape. The proxy runs in a namespace lab as everywhere
+//! else, so nothing here touches the host's firewall.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::events::v1::Event as ApiEvent;
+use kpr_apiserver::{Options, TestApiServer};
+use kpr_netns::eventually;
+use serde_json::{Value, json};
+use support::*;
+use tokio::runtime::Runtime;
+
+const API_ADDR: &str = "127.0.0.1:6443";
+
+/// A lab with a test API server listening inside its node namespace, holding Service `web`.
+struct ApiLab {
+    cluster: Cluster,
+    // Drives the API server's tasks; dropped after it.
+    _runtime: Runtime,
+    api: TestApiServer,
+    kubeconfig: tempfile::NamedTempFile,
+}
+
+impl ApiLab {
+    fn new() -> Self {
+        let cluster = Cluster::new(1);
+        let runtime = Runtime::new().unwrap();
+        let options = Options {
+            listen: API_ADDR.parse().unwrap(),
+            ..Options::default()
+        };
+        // Bound on a thread inside the node namespace, so the socket lives there.
+        let api = cluster
+            .node()
+            .run(|| runtime.block_on(TestApiServer::start_with(options)))
+            .unwrap();
+        let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+        api.write_kubeconfig(kubeconfig.path()).unwrap();
+        let web: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+                     "ports": [{"name": "p", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+        }))
+        .unwrap();
+        api.apply(&web).unwrap();
+        Self {
+            cluster,
+            _runtime: runtime,
+            api,
+            kubeconfig,
+        }
+    }
+
+    fn start_proxy(&mut self, extra: &[&str]) {
+        let kubeconfig = format!("--kubeconfig={}", self.kubeconfig.path().display());
+        let args: Vec<&str> = std::iter::once(kubeconfig.as_str())
+            .chain(extra.iter().copied())
+            .collect();
+        self.cluster.start_proxy_with(&args, false);
+    }
+
+    /// The events.k8s.io Events with this reason, once there is at least one.
+    fn wait_events(&self, reason: &str) -> Vec<ApiEvent> {
+        eventually(CONVERGE, POLL, || {
+            let events: Vec<ApiEvent> = self
+                .api
+                .list::<ApiEvent>()
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .collect();
+            if events.is_empty() {
+                Err(format!("no {reason} event yet\n{}", self.cluster.proxy_logs()))
+            } else {
+                Ok(events)
+            }
+        })
+    }
+}
+
+fn host_name() -> String {
+    nix::unistd::gethostname().unwrap().to_string_lossy().into_owned()
+}
+
+#[test]
+fn the_proxy_announces_its_start_on_its_node_as_upstream_does() {
+    let mut lab = ApiLab::new();
+    lab.start_proxy(&[]);
+
+    let events = lab.wait_events("Starting");
+    assert_eq!(events.len(), 1, "one start, one Event: {events:#?}");
+    let event = &events[0];
+    assert_eq!(event.type_.as_deref(), Some("Normal"));
+    assert_eq!(event.action.as_deref(), Some("StartKubeProxy"));
+    assert_eq!(event.reporting_controller.as_deref(), Some("kube-proxy"));
+    let instance = format!("kube-proxy-{}", host_name());
+    assert_eq!(event.reporting_instance.as_deref(), Some(instance.as_str()));
+    // A Node is cluster-scoped: the Event lives in "default", regarding the Node by name
+    // (its name doubling as UID, which `kubectl describe node` looks for).
+    assert_eq!(event.metadata.namespace.as_deref(), Some("default"));
+    let regarding = event.regarding.as_ref().unwrap();
+    assert_eq!(regarding.kind.as_deref(), Some("Node"));
+    assert_eq!(regarding.name.as_deref(), Some(NODE_NAME));
+    assert_eq!(regarding.uid.as_deref(), Some(NODE_NAME));
+    assert!(event.event_time.is_some());
+}
+
+#[test]
+fn a_health_port_it_cannot_bind_under_hard_fail_is_recorded_before_it_exits() {
+    let mut lab = ApiLab::new();
+    // Someone else holds the healthz port on the node.
+    let holder = lab
+        .cluster
+        .node()
+        .run(|| std::net::TcpListener::bind(HEALTHZ))
+        .unwrap();
+    let kubeconfig = format!("--kubeconfig={}", lab.kubeconfig.path().display());
+    lab.cluster
+        .spawn_proxy(&[&kubeconfig, "--bind-address-hard-fail"], false);
+    let status = eventually(CONVERGE, POLL, || {
+        match lab.cluster.proxy.as_mut().unwrap().try_wait().unwrap() {
+            Some(status) => Ok(status),
+            None => Err("still running".to_string()),
+        }
+    });
+    assert_eq!(status.code(), Some(1), "{}", lab.cluster.proxy_logs());
+
+    let events = lab.wait_events("FailedToStartProxierHealthcheck");
+    let event = &events[0];
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.action.as_deref(), Some("StartKubeProxy"));
+    let note = event.note.as_deref().unwrap();
+    assert!(note.contains(HEALTHZ), "{note}");
+    let regarding = event.regarding.as_ref().unwrap();
+    assert_eq!(regarding.name.as_deref(), Some(NODE_NAME));
+    // It never got as far as starting.
+    assert!(
+        lab.api
+            .list::<ApiEvent>()
+            .iter()
+            .all(|e| e.reason.as_deref() != Some("Starting"))
+    );
+    drop(holder);
+}
+
+/// Every line `logs` holds, parsed; panics naming the first line that is not a JSON object
+/// with component-base's keys (`ts` number, `caller` and `msg` strings, `v` a number when
+/// present).
+fn parse_json_lines(logs: &str) -> Vec<Value> {
+    logs.lines()
+        .map(|line| {
+            let value: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {line}\n--- all:\n{logs}"));
+            assert!(value["ts"].is_number(), "ts: {line}");
+            assert!(value["caller"].is_string(), "caller: {line}");
+            assert!(value["msg"].is_string(), "msg: {line}");
+            assert!(value.get("v").is_none_or(Value::is_u64), "v: {line}");
+            value
+        })
+        .collect()
+}
+
+#[test]
+fn json_logging_makes_every_line_one_upstream_json_object() {
+    let mut lab = ApiLab::new();
+    // -v=4 and the harness' RUST_LOG=debug: kube-rs' own debug lines go through it too.
+    lab.start_proxy(&["--logging-format=json", "--v=4"]);
+    lab.cluster.wait_first_sync();
+    lab.wait_events("Starting");
+    let status = lab.cluster.proxy.as_mut().unwrap().stop().unwrap();
+    assert!(status.success(), "{status:?}\n{}", lab.cluster.proxy_logs());
+
+    let lines = parse_json_lines(&lab.cluster.proxy_logs());
+    let starting = lines
+        .iter()
+        .find(|l| l["msg"] == "kube-proxy-rs starting")
+        .expect("the start-up line");
+    assert_eq!(starting["v"], 0);
+    assert_eq!(starting["node"], NODE_NAME);
+    assert!(
+        starting["caller"]
+            .as_str()
+            .unwrap()
+            .starts_with("kube-proxy-rs/proxy.rs:"),
+        "{starting}"
+    );
+    assert!(
+        lines.iter().any(|l| l["v"] == 2),
+        "debug lines are v 2: {lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["msg"] == "SIGTERM: exiting, rules stay in place"),
+        "{lines:#?}"
+    );
+}
+
+#[test]
+fn the_config_files_logging_format_is_honoured_and_the_flag_wins() {
+    let mut cluster = Cluster::new(1);
+    cluster.write("web.yaml", &web_yaml(&[0], None));
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        config.path(),
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nlogging:\n  format: json\n",
+    )
+    .unwrap();
+    let config_flag = format!("--config={}", config.path().display());
+
+    cluster.start_proxy(&[&config_flag]);
+    // Stopped first, so no line is read half-written.
+    cluster.proxy.as_mut().unwrap().stop().unwrap();
+    let lines = parse_json_lines(&cluster.proxy_logs());
+    assert!(
+        lines.iter().any(|l| l["msg"] == "kube-proxy-rs starting"),
+        "{lines:#?}"
+    );
+
+    // --logging-format=text on top of the file: text again.
+    cluster.start_proxy(&[&config_flag, "--logging-format=text"]);
+    let logs = cluster.proxy_logs();
+    let text_start = logs.rfind("kube-proxy-rs starting").expect("the start-up line");
+    let line_start = logs[..text_start].rfind('\n').map_or(0, |i| i + 1);
+    assert!(!logs[line_start..].starts_with('{'), "{logs}");
+}
+
+#[test]
+fn a_bad_logging_format_exits_2_naming_the_flag() {
+    let cluster = Cluster::new(1);
+    // In the node namespace: were the flag ignored, the proxy would start there, not on the host.
+    let out = cluster
+        .node()
+        .command(proxy_binary())
+        .args(["--logging-format=xml", "--hostname-override=node1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--logging-format"), "{stderr}");
+    assert!(
+        stderr.contains("supported values: \"json\", \"text\""),
+        "{stderr}"
+    );
+}

@@ -1,37 +1,45 @@
 //! `externalTrafficPolicy: Local`, on `examples/features/external-traffic-policy-local.yaml`:
 //! external traffic stays on the node it arrived at and keeps its source; a node without a
-//! local pod drops it; pods and the node itself still reach every pod. (The health-check
-//! port is tested with the health-check servers.)
+//! local pod drops it, and its health-check port tells the load balancer so; pods and the
+//! node itself still reach every pod. (The health-check servers' own behaviour, as
+//! endpoints come and go, is tested in `tests/e2e_health_check_ports.rs`.)
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
 
-use kpr_netns::{CLIENT_IP, NODE_IP, pod_ip};
+use kpr_netns::{CLIENT_IP, NODE_IP, eventually, pod_ip};
+use serde_json::{Value, json};
 
 use crate::Mode;
 use crate::manifests::Manifests;
 use crate::stage::Stage;
+use crate::support::{CONVERGE, NODE_NAME, POLL};
 use crate::traffic::at;
 
 const FILE: &str = "external-traffic-policy-local.yaml";
 /// checkout: pod0 on this node, pod1 on node2.
 const CHECKOUT_INGRESS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 40);
 const CHECKOUT_NODE_PORT: u16 = 30140;
+const CHECKOUT_HEALTH_CHECK: u16 = 30141;
 /// catalog: pod1 on node2 only.
 const CATALOG_INGRESS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 41);
 const CATALOG_NODE_PORT: u16 = 30142;
+const CATALOG_HEALTH_CHECK: u16 = 30143;
 
 every_mode!(
     external_traffic_stays_on_this_node_and_keeps_the_client_address,
-    a_node_without_a_local_pod_drops_external_traffic,
+    a_node_without_a_local_pod_drops_external_traffic_until_one_runs_here,
     pods_and_the_node_reach_external_addresses_through_every_pod,
 );
 
-/// The client reaches checkout's ingress IP and NodePort: only pod0 (the pod on this node)
-/// answers, and it sees the client's own address. 100 connections: were node2's pod used,
-/// it would be left out by chance with odds of 2^-100.
+/// The load balancer's probe of checkout's health-check port says this node has one local
+/// pod. The client reaches checkout's ingress IP and NodePort: only pod0 (the pod on this
+/// node) answers, and it sees the client's own address. 100 connections: were node2's pod
+/// used, it would be left out by chance with odds of 2^-100.
 fn external_traffic_stays_on_this_node_and_keeps_the_client_address(mode: Mode) {
     let stage = Stage::start(mode, 2, &Manifests::example(FILE));
+    assert_eq!(probe(&stage, CHECKOUT_HEALTH_CHECK, 200), health("checkout", 1));
     for to in [at(CHECKOUT_INGRESS, 80), at(NODE_IP, CHECKOUT_NODE_PORT)] {
         let outcome = stage.client().wait_answered_by(to, 100, &["pod0"]);
         assert_eq!(
@@ -42,17 +50,32 @@ fn external_traffic_stays_on_this_node_and_keeps_the_client_address(mode: Mode) 
     }
 }
 
-/// catalog has no pod on this node: the client's traffic to its ingress IP and to its
-/// NodePort is dropped (times out), not refused and not sent to node2's pod; a load
-/// balancer learns from the health check to avoid this node.
-fn a_node_without_a_local_pod_drops_external_traffic(mode: Mode) {
-    let stage = Stage::start(mode, 3, &Manifests::example(FILE));
+/// catalog has no pod on this node: the load balancer's probe of its health-check port
+/// gets 503 with no local endpoint, so a load balancer avoids this node; traffic that
+/// arrives anyway (the client's, to the ingress IP and to the NodePort) is dropped (times
+/// out), not refused and not sent to node2's pod. Once catalog's pod runs here, the probe
+/// gets 200 and the client is served by it, with its own address.
+fn a_node_without_a_local_pod_drops_external_traffic_until_one_runs_here(mode: Mode) {
+    let mut manifests = Manifests::example(FILE);
+    let stage = Stage::start(mode, 3, &manifests);
+    let (ingress, node_port) = (at(CATALOG_INGRESS, 80), at(NODE_IP, CATALOG_NODE_PORT));
+    assert_eq!(probe(&stage, CATALOG_HEALTH_CHECK, 503), health("catalog", 0));
     // A pod is served: catalog's rules are in place, so what follows is their verdict.
-    stage
-        .pod(2)
-        .wait_answered_by(at(CATALOG_INGRESS, 80), 20, &["pod1"]);
-    stage.client().assert_dropped(at(CATALOG_INGRESS, 80));
-    stage.client().assert_dropped(at(NODE_IP, CATALOG_NODE_PORT));
+    stage.pod(2).wait_answered_by(ingress, 20, &["pod1"]);
+    stage.client().assert_dropped(ingress);
+    stage.client().assert_dropped(node_port);
+
+    manifests.endpoint("catalog", pod_ip(1))["nodeName"] = json!(NODE_NAME);
+    stage.apply(&manifests);
+    assert_eq!(probe(&stage, CATALOG_HEALTH_CHECK, 200), health("catalog", 1));
+    for to in [ingress, node_port] {
+        let outcome = stage.client().wait_answered_by(to, 20, &["pod1"]);
+        assert_eq!(
+            outcome.seen,
+            BTreeSet::from([IpAddr::from(CLIENT_IP)]),
+            "{outcome}"
+        );
+    }
 }
 
 /// Traffic from a pod or from the node to an external address never went through a load
@@ -77,4 +100,29 @@ fn pods_and_the_node_reach_external_addresses_through_every_pod(mode: Mode) {
         pod.wait_answered_by(to, 20, &["pod1"]);
         node.wait_answered_by(to, 20, &["pod1"]);
     }
+}
+
+/// Probes the node's health-check port `port` from the outside client, as a cloud load
+/// balancer does, until the answer has `status` (the server opens once the proxy has seen
+/// the Service), and returns the JSON body.
+#[track_caller]
+fn probe(stage: &Stage, port: u16, status: u16) -> Value {
+    let to = at(NODE_IP, port);
+    let body = eventually(CONVERGE, POLL, || {
+        match stage
+            .lab()
+            .client()
+            .http_get(to, "/healthz", Duration::from_secs(2))
+        {
+            Ok((got, body)) if got == status => Ok(body),
+            other => Err(format!("probe of {to}: {other:?}, want {status}")),
+        }
+    });
+    serde_json::from_str(&body).unwrap_or_else(|err| panic!("{to} answered no JSON ({err}): {body:?}"))
+}
+
+/// The body upstream's health-check server gives for Service `default/<name>`.
+fn health(name: &str, local_endpoints: usize) -> Value {
+    json!({"service": {"namespace": "default", "name": name},
+           "localEndpoints": local_endpoints, "serviceProxyHealthy": true})
 }

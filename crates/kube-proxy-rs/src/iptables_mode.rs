@@ -9,10 +9,10 @@ use ipnet::IpNet;
 use kpr_config::{LocalMode, NODE_PORT_ADDRESSES_PRIMARY, Settings};
 use kpr_conntrack::Reconciler;
 use kpr_iptables::{
-    Accounting, CT_STATE_INVALID_DROPPED, CleanupReport, ExecError, InterfaceAddresses, InterfaceName, Iptables,
-    IptablesBackend, IptablesCli, IptablesOptions, LOCALHOST_NODEPORTS_ACCEPTED, LocalAddresses, LocalDetector,
-    Modes, NetlinkAccounting, NodePortAddresses, ProcSysctl, Sysctl, Table, UnsafeText, Variant, cleanup_modes,
-    conntrack_tcp_be_liberal, ensure_counters, render_dry_run,
+    Accounting, CT_STATE_INVALID_DROPPED, CleanupReport, ExecError, InterfaceAddresses, InterfaceName,
+    Iptables, IptablesBackend, IptablesCli, IptablesOptions, LOCALHOST_NODEPORTS_ACCEPTED, LocalAddresses,
+    LocalDetector, Modes, NetlinkAccounting, NodePortAddresses, ProcSysctl, Sysctl, Table, UnsafeText,
+    Variant, cleanup_modes, conntrack_tcp_be_liberal, ensure_counters, render_dry_run,
 };
 use kpr_metrics::{IptablesCounter, PacketCounters};
 use kpr_model::IpFamily;

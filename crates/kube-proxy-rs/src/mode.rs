@@ -333,10 +333,9 @@ pub fn dry_run(
 /// Start-up, before the first sync: removes what the modes other than `mode` left behind
 /// (upstream's platform cleanup). Best effort: logged, never fatal.
 pub fn remove_other_modes_leftovers(mode: ProxyMode) {
-    match mode {
-        ProxyMode::Iptables => iptables_mode::remove_other_modes_leftovers(),
-        // ensure_available refused every other mode before this point.
-        _ => {}
+    // ensure_available refused every other mode before this point.
+    if mode == ProxyMode::Iptables {
+        iptables_mode::remove_other_modes_leftovers();
     }
 }
 

@@ -48,7 +48,7 @@ impl ApiCluster {
         api.write_kubeconfig(kubeconfig.path()).unwrap();
         // A cluster has this node's Node: the proxy reads its node IP there at start-up (and
         // would wait for it as upstream does).
-        api.apply(&node(json!([]))).unwrap();
+        api.apply(&node_object(json!([]))).unwrap();
         Self {
             cluster,
             runtime,
@@ -282,19 +282,10 @@ fn an_unreachable_api_server_at_start_up_is_healthy_until_a_queued_change_is_lat
     c.cluster.wait_healthz(200);
 }
 
-fn node(taints: serde_json::Value) -> Node {
-    serde_json::from_value(json!({
-        "metadata": {"name": NODE_NAME},
-        "spec": {"taints": taints},
-        "status": {"addresses": [{"type": "InternalIP", "address": kpr_netns::NODE_IP.to_string()}]}
-    }))
-    .unwrap()
-}
-
 #[test]
 fn a_drained_node_stays_ineligible_after_deletion_and_keeps_serving() {
     let mut c = ApiCluster::serving_web(2, &[0], &[0]);
-    c.api.apply(&node(json!([]))).unwrap();
+    c.api.apply(&node_object(json!([]))).unwrap();
     c.start_proxy(&[]);
     let client = c.cluster.lab.pod(1);
     wait_spread(client, sock(WEB_VIP), 5, &["pod0"]);
@@ -302,7 +293,7 @@ fn a_drained_node_stays_ineligible_after_deletion_and_keeps_serving() {
 
     // The cluster autoscaler marks the node, then deletes it.
     let taint = json!([{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]);
-    c.api.apply(&node(taint)).unwrap();
+    c.api.apply(&node_object(taint)).unwrap();
     let body = c.cluster.wait_healthz(503);
     assert!(body.ends_with("\"nodeEligible\": false}"), "{body}");
     c.api.delete::<Node>("", NODE_NAME).unwrap();

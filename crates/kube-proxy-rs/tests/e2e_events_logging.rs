@@ -41,6 +41,7 @@ impl ApiLab {
             .unwrap();
         let kubeconfig = tempfile::NamedTempFile::new().unwrap();
         api.write_kubeconfig(kubeconfig.path()).unwrap();
+        api.apply(&node_object(json!([]))).unwrap();
         let web: Service = serde_json::from_value(json!({
             "metadata": {"name": "web", "namespace": "default"},
             "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],

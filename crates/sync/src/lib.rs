@@ -204,9 +204,7 @@ pub async fn run(
 /// Syncs one family whenever its runner says so, each sync on a blocking thread.
 async fn sync_loop(shared: Arc<Shared>, index: usize, backend: FamilyBackend, runner: SyncRunner) {
     let FamilyBackend {
-        backend,
-        after_sync,
-        ..
+        backend, after_sync, ..
     } = backend;
     let backend = Arc::new(Mutex::new(backend));
     runner

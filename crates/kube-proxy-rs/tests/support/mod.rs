@@ -24,6 +24,18 @@ const LAST_SYNC: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
 pub const CONVERGE: Duration = Duration::from_secs(30);
 pub const POLL: Duration = Duration::from_millis(100);
 
+/// This node's Node as the API holds it (its InternalIP is the lab's node address), with
+/// `taints`: a real cluster has one, and the proxy reads its node IP there at start-up (and
+/// waits for it, as upstream does).
+pub fn node_object(taints: serde_json::Value) -> k8s_openapi::api::core::v1::Node {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": NODE_NAME},
+        "spec": {"taints": taints},
+        "status": {"addresses": [{"type": "InternalIP", "address": kpr_netns::NODE_IP.to_string()}]}
+    }))
+    .unwrap()
+}
+
 pub fn proxy_binary() -> &'static str {
     env!("CARGO_BIN_EXE_kube-proxy-rs")
 }

@@ -8,7 +8,9 @@ use std::time::Duration;
 use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_model::IpFamily;
 use kpr_sources::{Event, EventSender, event_channel};
-use kpr_state::{Backend, BackendError, DesiredState, FailedStep, SyncKind, SyncObserver, SyncReport, SyncRequest};
+use kpr_state::{
+    Backend, BackendError, DesiredState, FailedStep, SyncKind, SyncObserver, SyncReport, SyncRequest,
+};
 use kpr_world::ep;
 use prometheus_client::registry::Registry;
 use serde_json::json;
@@ -73,7 +75,11 @@ struct ClusterIps(watch::Sender<Vec<String>>);
 
 impl SyncObserver for ClusterIps {
     fn synced(&self, state: &DesiredState) {
-        let ips = state.ports().iter().map(|port| port.cluster_ip.to_string()).collect();
+        let ips = state
+            .ports()
+            .iter()
+            .map(|port| port.cluster_ip.to_string())
+            .collect();
         self.0.send_replace(ips);
     }
 }
@@ -93,7 +99,8 @@ fn start(health_timeout: Duration, v6_failing: bool) -> DualStack {
     let (v6_sender, v6_synced) = watch::channel(Vec::new());
     let backends = vec![
         FamilyBackend::new(IpFamily::V4, Box::new(Recording(v4.clone()))),
-        FamilyBackend::new(IpFamily::V6, Box::new(Recording(v6.clone()))).observed_by(Arc::new(ClusterIps(v6_sender))),
+        FamilyBackend::new(IpFamily::V6, Box::new(Recording(v6.clone())))
+            .observed_by(Arc::new(ClusterIps(v6_sender))),
     ];
     tokio::spawn(run(
         settings(vec!["manifests"]),

@@ -38,9 +38,9 @@ pub fn assign(previous: Option<&[SocketAddr]>, current: &[SocketAddr]) -> Vec<So
             hole += 1;
             continue;
         }
-        match out.pop() {
-            Some(Some(last)) => out[hole] = Some(last),
-            Some(None) | None => {}
+        // The hole is below the last slot here, so it still exists after the pop.
+        if let Some(Some(last)) = out.pop() {
+            out[hole] = Some(last);
         }
     }
     out.into_iter().flatten().collect()

@@ -1,0 +1,306 @@
+//! Real traffic through the nftables mode's maps, in a namespace lab (node, pods, outside
+//! client; see kpr-netns): the Service features beyond plain ClusterIP/NodePort, and the
+//! switch between iptables and nftables modes in both directions. Only namespaces the test
+//! created are touched; dropping the lab removes everything.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::ErrorKind;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use common::http_slice_port;
+use kpr_iptables::{IptablesBackend, IptablesCli, IptablesOptions, LocalDetector, Variant};
+use kpr_model::IpFamily;
+use kpr_netns::{
+    Backend as Server, CLIENT_IP, CLUSTER_CIDR, Lab, NODE_IP, Netns, pod_ip, spread, spread_udp,
+};
+use kpr_nftables::{NftCli, NftablesBackend, NftablesOptions, Transport, cleanup};
+use kpr_state::Backend;
+use kpr_world::{World, ep};
+use serde_json::{Value, json};
+
+const LB_IP: Ipv4Addr = Ipv4Addr::new(5, 6, 7, 8);
+const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 9);
+
+fn sock(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
+}
+
+fn opts() -> NftablesOptions {
+    NftablesOptions {
+        local_detector: LocalDetector::ClusterCidr(vec![CLUSTER_CIDR.parse().unwrap()]),
+        service_cidrs: vec!["10.96.0.0/16".parse().unwrap()],
+        ..NftablesOptions::default()
+    }
+}
+
+fn nft_backend(netns: &Netns) -> NftablesBackend {
+    let cli = NftCli::new(opts().affinity_capacity).with_prefix(&["ip", "netns", "exec", netns.name()]);
+    NftablesBackend::new(opts(), Box::new(cli)).unwrap()
+}
+
+/// A lab with `n` pods serving TCP on 8080 (answering `pod<i>`), the client routing the
+/// load-balancer and external IPs to the node.
+struct Cluster {
+    lab: Lab,
+    servers: Vec<Server>,
+}
+
+impl Cluster {
+    fn new(n: usize) -> Self {
+        let lab = Lab::new(n).unwrap();
+        let servers = (0..n)
+            .map(|i| {
+                lab.pod(i)
+                    .tcp_backend(sock(pod_ip(i), 8080), &format!("pod{i}"))
+                    .unwrap()
+            })
+            .collect();
+        for ip in [LB_IP, EXTERNAL_IP] {
+            lab.client()
+                .ip(&["route", "add", &format!("{ip}/32"), "via", &NODE_IP.to_string()])
+                .unwrap();
+        }
+        Self { lab, servers }
+    }
+}
+
+fn endpoint(i: usize, extra: &str) -> Value {
+    ep(&format!("{} {extra}", pod_ip(i)).trim().to_string())
+}
+
+fn answered(counts: &BTreeMap<String, usize>) -> Vec<&str> {
+    counts.keys().map(String::as_str).collect()
+}
+
+fn sync(backend: &mut dyn Backend, world: &mut World) -> kpr_state::SyncReport {
+    backend.sync(&world.pending().request(false)).unwrap()
+}
+
+#[test]
+fn external_traffic_policy_local_keeps_the_client_ip_and_short_circuits_pods() {
+    let cluster = Cluster::new(3);
+    let mut world = World::new();
+    world
+        .service(
+            "web",
+            json!({"type": "LoadBalancer", "clusterIP": "10.96.0.10", "externalTrafficPolicy": "Local",
+                               "externalIPs": [EXTERNAL_IP.to_string()],
+                               "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}],
+                               "status": {"loadBalancer": {"ingress": [{"ip": LB_IP.to_string()}]}}}),
+        )
+        .slice(
+            "web",
+            http_slice_port(),
+            vec![endpoint(0, "local"), endpoint(1, "")],
+        );
+    let mut backend = nft_backend(cluster.lab.node());
+    sync(&mut backend, &mut world);
+
+    let client = cluster.lab.client();
+    for dest in [sock(NODE_IP, 30080), sock(LB_IP, 80), sock(EXTERNAL_IP, 80)] {
+        assert_eq!(
+            answered(&spread(client, dest, 30)),
+            ["pod0"],
+            "{dest}: only the local endpoint"
+        );
+        // Pods reach every endpoint (as if through the load balancer).
+        assert_eq!(
+            answered(&spread(cluster.lab.pod(2), dest, 60)),
+            ["pod0", "pod1"],
+            "{dest} from a pod"
+        );
+    }
+    assert!(
+        cluster.servers[0]
+            .peers()
+            .iter()
+            .any(|p| p.ip() == IpAddr::V4(CLIENT_IP)),
+        "the client's own address arrives: {:?}",
+        cluster.servers[0].peers()
+    );
+
+    // No local endpoint left: outside traffic is dropped, pods still get through.
+    world.slice("web", http_slice_port(), vec![endpoint(1, "")]);
+    assert!(!sync(&mut backend, &mut world).full);
+    let err = client
+        .tcp_request(sock(NODE_IP, 30080), Duration::from_secs(1))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(
+        answered(&spread(cluster.lab.pod(2), sock(NODE_IP, 30080), 20)),
+        ["pod1"]
+    );
+}
+
+#[test]
+fn cluster_policy_masquerades_outside_traffic() {
+    let cluster = Cluster::new(2);
+    let mut world = World::new();
+    world
+        .service("web", json!({"type": "NodePort", "clusterIP": "10.96.0.10",
+                               "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}))
+        .slice("web", http_slice_port(), vec![endpoint(0, ""), endpoint(1, "")]);
+    let mut backend = nft_backend(cluster.lab.node());
+    sync(&mut backend, &mut world);
+    assert_eq!(
+        answered(&spread(cluster.lab.client(), sock(NODE_IP, 30080), 40)),
+        ["pod0", "pod1"]
+    );
+    let peers: Vec<_> = cluster.servers.iter().flat_map(|s| s.peers()).collect();
+    assert!(
+        peers.iter().all(|p| p.ip() != IpAddr::V4(CLIENT_IP)),
+        "masqueraded: {peers:?}"
+    );
+}
+
+#[test]
+fn load_balancer_source_ranges_admit_only_listed_clients() {
+    let cluster = Cluster::new(1);
+    let spec = |range: &str| {
+        json!({"type": "LoadBalancer", "clusterIP": "10.96.0.10", "loadBalancerSourceRanges": [range],
+               "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}],
+               "status": {"loadBalancer": {"ingress": [{"ip": LB_IP.to_string()}]}}})
+    };
+    let mut world = World::new();
+    world
+        .service("web", spec("192.168.77.0/24"))
+        .slice("web", http_slice_port(), vec![endpoint(0, "")]);
+    let mut backend = nft_backend(cluster.lab.node());
+    sync(&mut backend, &mut world);
+    let client = cluster.lab.client();
+    assert_eq!(
+        client
+            .tcp_request(sock(LB_IP, 80), Duration::from_secs(2))
+            .unwrap(),
+        "pod0"
+    );
+
+    world.service("web", spec("198.51.100.0/24"));
+    assert!(!sync(&mut backend, &mut world).full);
+    let err = client
+        .tcp_request(sock(LB_IP, 80), Duration::from_secs(1))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "dropped by firewall-check");
+    // NodePorts are not subject to the ranges, as upstream.
+    assert_eq!(
+        client
+            .tcp_request(sock(NODE_IP, 30080), Duration::from_secs(2))
+            .unwrap(),
+        "pod0"
+    );
+}
+
+#[test]
+fn client_ip_affinity_sticks_to_one_endpoint() {
+    let cluster = Cluster::new(3);
+    let mut world = World::new();
+    world
+        .service("web", json!({"type": "ClusterIP", "clusterIP": "10.96.0.10",
+                               "ports": [{"name": "http", "port": 80, "targetPort": 8080}],
+                               "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}}}))
+        .slice("web", http_slice_port(), vec![endpoint(0, ""), endpoint(1, "")]);
+    let mut backend = nft_backend(cluster.lab.node());
+    sync(&mut backend, &mut world);
+    let vip = sock([10, 96, 0, 10], 80);
+    let first = answered(&spread(cluster.lab.pod(2), vip, 30))
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>();
+    assert_eq!(first.len(), 1, "one endpoint for one client: {first:?}");
+    // Another client is tracked on its own; the node's own traffic too.
+    assert_eq!(answered(&spread(cluster.lab.node(), vip, 20)).len(), 1);
+    // A third endpoint: the sticky client stays where it was.
+    world.slice(
+        "web",
+        http_slice_port(),
+        vec![endpoint(0, ""), endpoint(1, ""), endpoint(2, "")],
+    );
+    assert!(!sync(&mut backend, &mut world).full);
+    assert_eq!(
+        answered(&spread(cluster.lab.pod(2), vip, 20)),
+        [first[0].as_str()]
+    );
+}
+
+#[test]
+fn udp_service_spreads_over_its_pods() {
+    let lab = Lab::new(3).unwrap();
+    let _udp: Vec<_> = (0..2)
+        .map(|i| {
+            lab.pod(i)
+                .udp_backend(sock(pod_ip(i), 5353), &format!("pod{i}"))
+                .unwrap()
+        })
+        .collect();
+    let mut world = World::new();
+    world
+        .service("dns", json!({"type": "ClusterIP", "clusterIP": "10.96.0.53",
+                               "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}))
+        .slice("dns", json!([{"name": "dns", "port": 5353, "protocol": "UDP"}]), vec![endpoint(0, ""), endpoint(1, "")]);
+    let mut backend = nft_backend(lab.node());
+    sync(&mut backend, &mut world);
+    assert_eq!(
+        answered(&spread_udp(lab.pod(2), sock([10, 96, 0, 53], 53), 60)),
+        ["pod0", "pod1"]
+    );
+}
+
+/// Switching modes: the new mode's start removes the old one's rules (iptables cleanup for
+/// iptables -> nftables, the nftables table for nftables -> iptables), and traffic works
+/// after each switch.
+#[test]
+fn switching_between_iptables_and_nftables_both_ways() {
+    let cluster = Cluster::new(2);
+    let node = cluster.lab.node();
+    let mut world = World::new();
+    world
+        .service("web", json!({"type": "NodePort", "clusterIP": "10.96.0.10",
+                               "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}))
+        .slice("web", http_slice_port(), vec![endpoint(0, ""), endpoint(1, "")]);
+    let state = world.pending();
+    let iptables = || {
+        let cli = IptablesCli::in_netns(IpFamily::V4, Variant::Nft, node.name());
+        let opts = IptablesOptions {
+            local_detector: LocalDetector::ClusterCidr(vec![CLUSTER_CIDR.parse().unwrap()]),
+            ..IptablesOptions::default()
+        };
+        IptablesBackend::new(opts, Box::new(cli)).unwrap()
+    };
+    let iptables_rules = || {
+        let out = node.command("iptables-nft-save").output().unwrap();
+        String::from_utf8_lossy(&out.stdout).contains("KUBE-SERVICES")
+    };
+    let nft_table = || {
+        let mut cli = NftCli::new(1).with_prefix(&["ip", "netns", "exec", node.name()]);
+        cli.read_back(IpFamily::V4).unwrap().is_some()
+    };
+    let works = || {
+        assert_eq!(
+            answered(&spread(cluster.lab.client(), sock(NODE_IP, 30080), 30)),
+            ["pod0", "pod1"]
+        );
+    };
+
+    iptables().sync(&state.request(true)).unwrap();
+    works();
+    // iptables -> nftables.
+    let report = kpr_iptables::cleanup(&IptablesCli::in_netns(IpFamily::V4, Variant::Nft, node.name()));
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(!iptables_rules());
+    let mut nft = nft_backend(node);
+    nft.sync(&state.request(true)).unwrap();
+    assert!(nft_table());
+    works();
+    // nftables -> iptables.
+    let mut cli = NftCli::new(1).with_prefix(&["ip", "netns", "exec", node.name()]);
+    assert!(cleanup(&mut cli, IpFamily::V4).unwrap());
+    assert!(!nft_table());
+    iptables().sync(&state.request(true)).unwrap();
+    assert!(iptables_rules());
+    works();
+}

@@ -70,7 +70,7 @@ impl Cluster {
 }
 
 fn endpoint(i: usize, extra: &str) -> Value {
-    ep(&format!("{} {extra}", pod_ip(i)).trim().to_string())
+    ep(format!("{} {extra}", pod_ip(i)).trim())
 }
 
 fn answered(counts: &BTreeMap<String, usize>) -> Vec<&str> {

@@ -92,6 +92,7 @@ pub mod names;
 mod options;
 mod render;
 mod slots;
+mod support;
 mod transport;
 
 pub use backend::{FULL_SYNC_PERIOD, FullSyncReason, NftablesBackend, SyncError, cleanup};
@@ -104,6 +105,7 @@ pub use model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt};
 pub use options::{DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, NftablesOptions, OptionsError};
 pub use render::{TABLE, render_text, rule_text};
 pub use slots::assign as assign_slots;
+pub use support::{MissingFeature, check_support};
 pub use transport::{Listing, NftCli, Transport, TransportError, parse_listing};
 
 /// What a full sync of `state` loads, as an `nft -f` script (for `--dry-run`).

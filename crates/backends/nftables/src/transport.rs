@@ -46,6 +46,9 @@ pub trait Transport: Send {
 
     /// Lists our table of `family`, or `None` when it does not exist.
     fn read_back(&mut self, family: IpFamily) -> Result<Option<Listing>, TransportError>;
+
+    /// Has the kernel validate `batch` without committing it (start-up feature checks).
+    fn check(&mut self, batch: &Batch) -> Result<(), TransportError>;
 }
 
 /// `nft` as a child process, optionally behind a prefix such as `ip netns exec NAME`.
@@ -86,9 +89,13 @@ impl NftCli {
 
     /// Runs `nft -f -` with `script` (also for tests and tools).
     pub fn run_script(&self, script: &str) -> Result<(), TransportError> {
+        self.feed(&["-f", "-"], script)
+    }
+
+    fn feed(&self, args: &[&str], script: &str) -> Result<(), TransportError> {
         let mut child = self
             .command()
-            .args(["-f", "-"])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -132,6 +139,13 @@ impl NftCli {
 impl Transport for NftCli {
     fn apply(&mut self, batch: &Batch) -> Result<(), TransportError> {
         self.run_script(&batch_text(batch, self.affinity_capacity))
+    }
+
+    fn check(&mut self, batch: &Batch) -> Result<(), TransportError> {
+        self.feed(
+            &["--check", "-f", "-"],
+            &batch_text(batch, self.affinity_capacity),
+        )
     }
 
     fn read_back(&mut self, family: IpFamily) -> Result<Option<Listing>, TransportError> {

@@ -322,3 +322,17 @@ fn traffic_follows_cluster_ip_and_node_port_through_an_endpoint_change() {
     assert!(!sync(&mut backend, &mut world).full);
     assert_eq!(answered(&spread(lab.pod(0), vip, 20)), ["pod2"]);
 }
+
+#[test]
+fn this_kernel_supports_every_feature_and_the_check_commits_nothing() {
+    let netns = Netns::new("nftcheck").unwrap();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let opts = NftablesOptions { family, ..options() };
+        kpr_nftables::check_support(&mut cli(&netns), &opts).unwrap();
+    }
+    assert_eq!(
+        nft(&netns, &["list", "tables"]),
+        "",
+        "a check leaves no table behind"
+    );
+}

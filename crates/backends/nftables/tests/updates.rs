@@ -30,6 +30,9 @@ impl Transport for Recorder {
     fn read_back(&mut self, _family: IpFamily) -> Result<Option<Listing>, TransportError> {
         Ok(None)
     }
+    fn check(&mut self, _batch: &Batch) -> Result<(), TransportError> {
+        Ok(())
+    }
 }
 
 struct Harness {
@@ -262,4 +265,36 @@ fn large_cold_loads_are_split_by_element_count() {
         .rposition(|op| matches!(op, Op::AddElements(SetName::Endpoints(_), _)))
         .unwrap();
     assert!(last_endpoint < first_entry);
+}
+
+/// Refuses any batch that declares an affinity set, as a kernel without dynamic sets would.
+struct NoDynamicSets;
+
+impl Transport for NoDynamicSets {
+    fn apply(&mut self, _batch: &Batch) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn read_back(&mut self, _family: IpFamily) -> Result<Option<Listing>, TransportError> {
+        Ok(None)
+    }
+    fn check(&mut self, batch: &Batch) -> Result<(), TransportError> {
+        if batch
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::AddSet(SetName::Affinity(_))))
+        {
+            return Err(TransportError::Refused {
+                status: "exit status: 1".into(),
+                stderr: "Error: Operation not supported".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_missing_kernel_feature_is_named_at_start_up() {
+    let error = kpr_nftables::check_support(&mut NoDynamicSets, &options()).unwrap_err();
+    assert_eq!(error.feature, "dynamic sets with timeouts (ClientIP affinity)");
+    assert!(error.to_string().contains("Operation not supported"), "{error}");
 }

@@ -23,7 +23,7 @@ use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncReq
 
 use crate::batch::{Batch, BatchCounts, Ledger, full_batches};
 use crate::build::{
-    Bundle, Context, Owner, build, fixed_chains, needs_local_addresses, node_bundle, port_bundle,
+    Bundle, Context, Dest, Owner, build, fixed_chains, needs_local_addresses, node_bundle, port_bundle,
     shared_rules,
 };
 use crate::names::ChainId;
@@ -315,6 +315,8 @@ impl NftablesBackend {
         };
         let mut new_bundles: Vec<(Owner, Option<Bundle>)> = vec![(Owner::Node, Some(node_bundle(&ctx)))];
         let mut new_ports: HashMap<NamespacedName, Vec<ServicePortName>> = HashMap::new();
+        // Destinations claimed earlier in this sync (e.g. two new Services, one external IP).
+        let mut fresh: HashMap<Dest, Owner> = HashMap::new();
         for service in request.changed {
             let mut names: BTreeSet<ServicePortName> = applied
                 .ports
@@ -327,7 +329,14 @@ impl NftablesBackend {
             for port in current {
                 names.insert(port.name.clone());
                 let owner = Owner::Port(port.name.clone());
-                let bundle = port_bundle(&state.plan(port), &ctx, applied.bundles.get(&owner));
+                let taken = |dest: &Dest| {
+                    applied.ledger.taken_by_other(dest, &owner)
+                        || fresh.get(dest).is_some_and(|o| *o != owner)
+                };
+                let bundle = port_bundle(&state.plan(port), &ctx, applied.bundles.get(&owner), &taken);
+                for dest in &bundle.dests {
+                    fresh.insert(*dest, owner.clone());
+                }
                 new_bundles.push((owner, Some(bundle)));
                 new_ports
                     .entry(service.clone())
@@ -340,9 +349,9 @@ impl NftablesBackend {
                 }
             }
         }
-        let replaced: Vec<(Option<&Bundle>, Option<&Bundle>)> = new_bundles
+        let replaced: Vec<(Owner, Option<&Bundle>, Option<&Bundle>)> = new_bundles
             .iter()
-            .map(|(owner, new)| (applied.bundles.get(owner), new.as_ref()))
+            .map(|(owner, new)| (owner.clone(), applied.bundles.get(owner), new.as_ref()))
             .collect();
         let (batch, conflict) = applied.ledger.update(self.opts.family, &replaced, &self.opts);
         applied.needs_full |= conflict;

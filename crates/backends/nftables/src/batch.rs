@@ -7,17 +7,19 @@
 //!   batch holds the table, the chains and the first elements; each further batch only
 //!   elements, endpoint maps before the entries that lead to them, so a Service becomes
 //!   reachable only once its endpoints are in.
-//! - A **partial** sync diffs the old and new bundles of the changed owners against the
-//!   [`Ledger`] (reference counts of every element and shared chain): chains that become
-//!   used are created first, then element deletes, element adds (a changed value is a
-//!   delete and an add of the same key), and last the chains no longer used.
+//! - A **partial** sync diffs the old and new bundles of the changed owners; the
+//!   [`Ledger`] counts what owners share (cluster IPs, hairpin addresses, shared chains):
+//!   chains that become used are created first, then element deletes, element adds (a
+//!   changed value is a delete and an add of the same key), and last the chains no longer
+//!   used.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
+use std::net::IpAddr;
 
 use kpr_model::IpFamily;
 
-use crate::build::{Bundle, Ruleset, shared_rules};
+use crate::build::{Bundle, Dest, Owner, Ruleset, shared_rules};
 use crate::model::{ElemKey, ElemValue, Element, Rule};
 use crate::names::{ChainId, SetName, SharedChain};
 use crate::options::NftablesOptions;
@@ -113,11 +115,8 @@ fn add_chain_ops(ops: &mut Vec<Op>, chain: SharedChain, opts: &NftablesOptions) 
 fn all_elements(ruleset: &Ruleset) -> BTreeMap<SetName, BTreeMap<ElemKey, Option<ElemValue>>> {
     let mut sets: BTreeMap<SetName, BTreeMap<ElemKey, Option<ElemValue>>> = BTreeMap::new();
     for bundle in ruleset.bundles.values() {
-        for e in &bundle.elements {
-            sets.entry(e.set)
-                .or_default()
-                .entry(e.key.clone())
-                .or_insert(e.value);
+        for e in bundle.all_elements() {
+            sets.entry(e.set).or_default().entry(e.key).or_insert(e.value);
         }
     }
     sets
@@ -172,162 +171,234 @@ pub fn full_batches(ruleset: &Ruleset, opts: &NftablesOptions, max_elements: usi
     batches
 }
 
-// === the ledger: what the kernel holds, with reference counts ===
+// === the ledger: what the kernel holds ===
 
-#[derive(Clone, Debug)]
-struct Held {
-    value: Option<ElemValue>,
-    owners: u32,
-}
-
-/// Every element and shared chain in the kernel, with the number of owners using it.
+/// What the kernel holds beyond the bundles themselves: who holds each destination, and
+/// reference counts of what several owners share (cluster IPs of multi-port Services,
+/// endpoint addresses in `hairpin`, shared chains). Elements keyed by a destination are
+/// written by its holder alone, so they need no count.
 #[derive(Clone, Debug, Default)]
 pub struct Ledger {
-    elements: HashMap<(SetName, ElemKey), Held>,
+    claims: HashMap<Dest, Owner>,
+    cluster_ips: HashMap<IpAddr, u32>,
+    hairpin: HashMap<IpAddr, u32>,
     chains: HashMap<SharedChain, u32>,
-    /// Keys two owners wanted with different values (the first value stays); removing an
-    /// owner of such a key calls for a full sync, which resolves it in a fixed order.
-    pub conflicts: usize,
+    /// Owners that wanted a destination another owner holds.
+    contested: HashSet<Owner>,
+    owned_elements: usize,
+}
+
+fn count_up<K: std::hash::Hash + Eq + Copy>(map: &mut HashMap<K, u32>, key: K) -> bool {
+    let n = map.entry(key).or_default();
+    *n += 1;
+    *n == 1
+}
+
+fn count_down<K: std::hash::Hash + Eq + Copy>(map: &mut HashMap<K, u32>, key: K) -> bool {
+    match map.get_mut(&key) {
+        Some(n) if *n > 1 => {
+            *n -= 1;
+            false
+        }
+        Some(_) => {
+            map.remove(&key);
+            true
+        }
+        None => false,
+    }
 }
 
 impl Ledger {
     /// The ledger of a freshly loaded `ruleset`.
     pub fn of(ruleset: &Ruleset) -> Self {
         let mut ledger = Self::default();
-        let mut scratch = Changes::default();
-        for bundle in ruleset.bundles.values() {
-            ledger.add(bundle, &mut scratch);
+        for (owner, bundle) in &ruleset.bundles {
+            ledger.hold(owner, bundle);
         }
         ledger
     }
 
-    pub fn element_count(&self) -> usize {
-        self.elements.len()
+    fn hold(&mut self, owner: &Owner, bundle: &Bundle) {
+        for dest in &bundle.dests {
+            self.claims.insert(*dest, owner.clone());
+        }
+        if bundle.contested {
+            self.contested.insert(owner.clone());
+        }
+        if let Some(ip) = bundle.cluster_ip {
+            count_up(&mut self.cluster_ips, ip);
+        }
+        for ip in bundle.hairpin_ips() {
+            count_up(&mut self.hairpin, ip);
+        }
+        for chain in bundle.chains.iter() {
+            count_up(&mut self.chains, *chain);
+        }
+        self.owned_elements +=
+            bundle.entries.len() + bundle.slots.iter().map(|(_, e)| e.len()).sum::<usize>();
     }
 
-    pub fn chain_count(&self) -> usize {
-        self.chains.len()
+    /// Whether `dest` is held by an owner other than `owner`.
+    pub fn taken_by_other(&self, dest: &Dest, owner: &Owner) -> bool {
+        self.claims.get(dest).is_some_and(|holder| holder != owner)
+    }
+
+    /// Elements in the table (shared ones once).
+    pub fn element_count(&self) -> usize {
+        self.owned_elements + self.cluster_ips.len() + self.hairpin.len()
     }
 
     pub fn has_chain(&self, chain: SharedChain) -> bool {
         self.chains.contains_key(&chain)
     }
 
-    pub fn value(&self, set: SetName, key: &ElemKey) -> Option<Option<ElemValue>> {
-        self.elements.get(&(set, key.clone())).map(|h| h.value)
-    }
-
     pub fn chains(&self) -> impl Iterator<Item = SharedChain> + '_ {
         self.chains.keys().copied()
     }
 
-    fn remove_elements<'a>(&mut self, elements: impl Iterator<Item = &'a Element>, changes: &mut Changes) {
-        for e in elements {
-            let slot = (e.set, e.key.clone());
-            let Some(held) = self.elements.get_mut(&slot) else {
-                continue;
-            };
-            changes.touch(&slot, Some(held.value));
-            if held.value != e.value {
-                // Was a conflicting second owner: the kernel keeps the first value.
-                changes.conflict_released = true;
-            }
-            held.owners = held.owners.saturating_sub(1);
-            if held.owners == 0 {
-                self.elements.remove(&slot);
-            }
-        }
-    }
-
-    fn add_elements<'a>(&mut self, elements: impl Iterator<Item = &'a Element>, changes: &mut Changes) {
-        for e in elements {
-            let slot = (e.set, e.key.clone());
-            match self.elements.get_mut(&slot) {
-                Some(held) => {
-                    changes.touch(&slot, Some(held.value));
-                    if held.value != e.value {
-                        self.conflicts += 1;
-                        tracing::warn!(
-                            "two Service ports claim the same {} element; the first one keeps it",
-                            e.set
-                        );
-                    }
-                    held.owners += 1;
-                }
-                None => {
-                    changes.touch(&slot, None);
-                    self.elements.insert(
-                        slot,
-                        Held {
-                            value: e.value,
-                            owners: 1,
-                        },
-                    );
-                }
-            }
-        }
-    }
-
-    fn add(&mut self, bundle: &Bundle, changes: &mut Changes) {
-        self.add_elements(bundle.elements.iter(), changes);
-        for chain in &bundle.chains {
-            changes.touch_chain(*chain, self.chains.contains_key(chain));
-            *self.chains.entry(*chain).or_default() += 1;
-        }
-    }
-
-    fn remove_chains<'a>(&mut self, chains: impl Iterator<Item = &'a SharedChain>, changes: &mut Changes) {
-        for chain in chains {
-            changes.touch_chain(*chain, self.chains.contains_key(chain));
-            if let Some(n) = self.chains.get_mut(chain) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    self.chains.remove(chain);
-                }
-            }
-        }
-    }
-
-    /// Replaces the `old` bundles of some owners by their `new` ones; returns the batch that
-    /// takes the kernel from the old to the new state.
+    /// Replaces the old bundles of some owners by their new ones; returns the batch that
+    /// takes the kernel from the old to the new state, and whether a destination someone
+    /// else wanted was released (a full sync then hands it over).
     pub fn update(
         &mut self,
         family: IpFamily,
-        replaced: &[(Option<&Bundle>, Option<&Bundle>)],
+        replaced: &[(Owner, Option<&Bundle>, Option<&Bundle>)],
         opts: &NftablesOptions,
     ) -> (Batch, bool) {
-        let mut changes = Changes::default();
-        // Removals of every owner first, then additions: an element moving between owners
-        // in one sync is then a no-op, not a delete.
-        for (old, new) in replaced {
-            let (removed, _) = diff(*old, *new);
-            self.remove_elements(removed.into_iter(), &mut changes);
-        }
-        for (old, new) in replaced {
-            let (_, added) = diff(*old, *new);
-            self.add_elements(added.into_iter(), &mut changes);
-        }
-        for (old, new) in replaced {
-            if let Some(new) = new {
-                for chain in &new.chains {
-                    changes.touch_chain(*chain, self.chains.contains_key(chain));
-                    *self.chains.entry(*chain).or_default() += 1;
+        let mut deletes: BTreeMap<SetName, Vec<ElemKey>> = BTreeMap::new();
+        let mut adds: BTreeMap<SetName, Vec<(ElemKey, Option<ElemValue>)>> = BTreeMap::new();
+        let mut shared_before: HashMap<(SetName, IpAddr), bool> = HashMap::new();
+        let mut chains_before: HashMap<SharedChain, bool> = HashMap::new();
+        let mut released = false;
+        for (owner, old, new) in replaced {
+            let old_elements = old.map(|b| b.owned_elements()).unwrap_or_default();
+            let new_elements = new.map(|b| b.owned_elements()).unwrap_or_default();
+            let (removed, added) = diff(&old_elements, &new_elements);
+            self.owned_elements = (self.owned_elements + added.len()).saturating_sub(removed.len());
+            for e in removed {
+                deletes.entry(e.set).or_default().push(e.key.clone());
+            }
+            for e in added {
+                adds.entry(e.set).or_default().push((e.key.clone(), e.value));
+            }
+            // Shared elements and chains: counted, written on the first holder, deleted
+            // with the last.
+            let shared = |b: Option<&&Bundle>| -> (Option<IpAddr>, BTreeSet<IpAddr>, Vec<SharedChain>) {
+                b.map_or_else(Default::default, |b| {
+                    (b.cluster_ip, b.hairpin_ips(), b.chains.to_vec())
+                })
+            };
+            let (old_vip, old_hairpin, old_chains) = shared(old.as_ref());
+            let (new_vip, new_hairpin, new_chains) = shared(new.as_ref());
+            for ip in new_vip.iter().chain(&old_vip) {
+                shared_before
+                    .entry((SetName::ClusterIps, *ip))
+                    .or_insert(self.cluster_ips.contains_key(ip));
+            }
+            for ip in new_hairpin.iter().chain(&old_hairpin) {
+                shared_before
+                    .entry((SetName::Hairpin, *ip))
+                    .or_insert(self.hairpin.contains_key(ip));
+            }
+            for chain in new_chains.iter().chain(&old_chains) {
+                chains_before
+                    .entry(*chain)
+                    .or_insert(self.chains.contains_key(chain));
+            }
+            if let Some(ip) = new_vip {
+                count_up(&mut self.cluster_ips, ip);
+            }
+            for ip in &new_hairpin {
+                count_up(&mut self.hairpin, *ip);
+            }
+            for chain in &new_chains {
+                count_up(&mut self.chains, *chain);
+            }
+            if let Some(ip) = old_vip {
+                count_down(&mut self.cluster_ips, ip);
+            }
+            for ip in &old_hairpin {
+                count_down(&mut self.hairpin, *ip);
+            }
+            for chain in &old_chains {
+                count_down(&mut self.chains, *chain);
+            }
+            // Destinations.
+            if let Some(old) = old {
+                for dest in &old.dests {
+                    if self.claims.get(dest) == Some(owner) {
+                        self.claims.remove(dest);
+                        released |= new.is_none_or(|n| !n.dests.contains(dest));
+                    }
                 }
             }
-            if let Some(old) = old {
-                self.remove_chains(old.chains.iter(), &mut changes);
+            self.contested.remove(owner);
+            if let Some(new) = new {
+                for dest in &new.dests {
+                    self.claims.insert(*dest, owner.clone());
+                }
+                if new.contested {
+                    self.contested.insert(owner.clone());
+                }
             }
         }
-        let conflict = changes.conflict_released;
-        (changes.into_batch(self, family, opts), conflict)
+        for ((set, ip), existed) in shared_before {
+            let map = if set == SetName::ClusterIps {
+                &self.cluster_ips
+            } else {
+                &self.hairpin
+            };
+            let key = if set == SetName::ClusterIps {
+                ElemKey::Addr(ip)
+            } else {
+                ElemKey::AddrPair(ip, ip)
+            };
+            match (existed, map.contains_key(&ip)) {
+                (true, false) => deletes.entry(set).or_default().push(key),
+                (false, true) => adds.entry(set).or_default().push((key, None)),
+                _ => {}
+            }
+        }
+        let created = creation_order(
+            chains_before
+                .iter()
+                .filter(|(c, existed)| !**existed && self.chains.contains_key(c))
+                .map(|(c, _)| *c),
+        );
+        let mut gone = creation_order(
+            chains_before
+                .iter()
+                .filter(|(c, existed)| **existed && !self.chains.contains_key(c))
+                .map(|(c, _)| *c),
+        );
+        gone.reverse();
+
+        let mut batch = Batch::new(family);
+        for chain in created {
+            add_chain_ops(&mut batch.ops, chain, opts);
+        }
+        // Entries first, so nothing points at a slot while it is gone.
+        let mut deletes: Vec<_> = deletes.into_iter().collect();
+        deletes.sort_by_key(|(set, _)| (std::cmp::Reverse(load_rank(*set)), *set));
+        for (set, mut keys) in deletes {
+            keys.sort();
+            batch.ops.push(Op::DeleteElements(set, keys));
+        }
+        let mut adds: Vec<_> = adds.into_iter().collect();
+        adds.sort_by_key(|(set, _)| (load_rank(*set), *set));
+        for (set, mut elements) in adds {
+            elements.sort();
+            batch.ops.push(Op::AddElements(set, elements));
+        }
+        for chain in gone {
+            batch.ops.push(Op::DeleteChain(ChainId::Shared(chain)));
+        }
+        (batch, released && !self.contested.is_empty())
     }
 }
 
 /// Elements of `old` not in `new`, and of `new` not in `old` (both sorted).
-fn diff<'a>(old: Option<&'a Bundle>, new: Option<&'a Bundle>) -> (Vec<&'a Element>, Vec<&'a Element>) {
-    let empty: &[Element] = &[];
-    let old = old.map_or(empty, |b| b.elements.as_slice());
-    let new = new.map_or(empty, |b| b.elements.as_slice());
+fn diff<'a>(old: &'a [Element], new: &'a [Element]) -> (Vec<&'a Element>, Vec<&'a Element>) {
     let (mut removed, mut added) = (Vec::new(), Vec::new());
     let (mut i, mut j) = (0, 0);
     while i < old.len() || j < new.len() {
@@ -356,76 +427,6 @@ fn diff<'a>(old: Option<&'a Bundle>, new: Option<&'a Bundle>) -> (Vec<&'a Elemen
         }
     }
     (removed, added)
-}
-
-/// What a sync touched: the state of each touched element and chain before it.
-#[derive(Default)]
-struct Changes {
-    elements: HashMap<(SetName, ElemKey), Option<Option<ElemValue>>>,
-    chains: HashMap<SharedChain, bool>,
-    conflict_released: bool,
-}
-
-impl Changes {
-    fn touch(&mut self, slot: &(SetName, ElemKey), before: Option<Option<ElemValue>>) {
-        self.elements.entry(slot.clone()).or_insert(before);
-    }
-
-    fn touch_chain(&mut self, chain: SharedChain, existed: bool) {
-        self.chains.entry(chain).or_insert(existed);
-    }
-
-    fn into_batch(self, ledger: &Ledger, family: IpFamily, opts: &NftablesOptions) -> Batch {
-        let mut deletes: BTreeMap<SetName, Vec<ElemKey>> = BTreeMap::new();
-        let mut adds: BTreeMap<SetName, Vec<(ElemKey, Option<ElemValue>)>> = BTreeMap::new();
-        for ((set, key), before) in self.elements {
-            let after = ledger.elements.get(&(set, key.clone())).map(|h| h.value);
-            if before == after {
-                continue;
-            }
-            if before.is_some() {
-                deletes.entry(set).or_default().push(key.clone());
-            }
-            if let Some(value) = after {
-                adds.entry(set).or_default().push((key, value));
-            }
-        }
-        let created = creation_order(
-            self.chains
-                .iter()
-                .filter(|(c, existed)| !**existed && ledger.chains.contains_key(c))
-                .map(|(c, _)| *c),
-        );
-        let mut gone = creation_order(
-            self.chains
-                .iter()
-                .filter(|(c, existed)| **existed && !ledger.chains.contains_key(c))
-                .map(|(c, _)| *c),
-        );
-        gone.reverse();
-
-        let mut batch = Batch::new(family);
-        for chain in created {
-            add_chain_ops(&mut batch.ops, chain, opts);
-        }
-        // Entries first, so nothing points at a slot while it is gone.
-        let mut deletes: Vec<_> = deletes.into_iter().collect();
-        deletes.sort_by_key(|(set, _)| (std::cmp::Reverse(load_rank(*set)), *set));
-        for (set, mut keys) in deletes {
-            keys.sort();
-            batch.ops.push(Op::DeleteElements(set, keys));
-        }
-        let mut adds: Vec<_> = adds.into_iter().collect();
-        adds.sort_by_key(|(set, _)| (load_rank(*set), *set));
-        for (set, mut elements) in adds {
-            elements.sort();
-            batch.ops.push(Op::AddElements(set, elements));
-        }
-        for chain in gone {
-            batch.ops.push(Op::DeleteChain(ChainId::Shared(chain)));
-        }
-        batch
-    }
 }
 
 // === text ===

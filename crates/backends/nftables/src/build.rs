@@ -7,7 +7,7 @@
 //! difference ([`crate::batch`]). The per-port decisions (which endpoints, REJECT or DROP)
 //! come from kpr-state's `PortPlan`, exactly as the iptables mode takes them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
@@ -41,14 +41,33 @@ pub struct SlotGroup {
     pub key: GroupKey,
 }
 
-/// What one owner contributes to the table.
+/// A destination one Service port owns: its entry and everything keyed by it (endpoint
+/// slots, firewall elements) are written by that port alone. Two ports claiming the same
+/// destination (e.g. one external IP and port in two Services) is user error; the first in
+/// name order keeps it, as a full sync decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dest {
+    Address(IpAddr, Protocol, u16),
+    NodePort(Protocol, u16),
+}
+
+/// What one owner contributes to the table, kept compact: endpoint-map elements are stored
+/// as slot orders and expanded only when a sync needs them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Bundle {
-    pub elements: Vec<Element>,
+    /// Elements only this owner writes, other than endpoint slots and the shared
+    /// `cluster-ips`/`hairpin` elements; sorted.
+    pub entries: Vec<Element>,
+    /// The slot order of each endpoint group (see [`slots`]).
+    pub slots: Vec<(SlotGroup, Box<[SocketAddr]>)>,
     /// Shared chains used, each once (including the chains they jump to).
-    pub chains: Vec<SharedChain>,
-    /// The slot order of each endpoint group, kept for the next sync (see [`slots`]).
-    pub slots: Vec<(SlotGroup, Vec<SocketAddr>)>,
+    pub chains: Box<[SharedChain]>,
+    /// The cluster IP (an element shared by every port of the Service).
+    pub cluster_ip: Option<IpAddr>,
+    /// Destinations this owner holds.
+    pub dests: Vec<Dest>,
+    /// Some destination it wanted is held by another owner.
+    pub contested: bool,
     /// internalTrafficPolicy Local without a local endpoint (a metric).
     pub no_local_internal: bool,
     /// externalTrafficPolicy Local without a local endpoint (a metric).
@@ -60,7 +79,50 @@ impl Bundle {
         self.slots
             .iter()
             .find(|(g, _)| g == group)
-            .map(|(_, eps)| eps.as_slice())
+            .map(|(_, eps)| &eps[..])
+    }
+
+    /// The elements only this owner writes (entries and endpoint slots), sorted.
+    pub fn owned_elements(&self) -> Vec<Element> {
+        let mut out = self.entries.clone();
+        for (group, endpoints) in &self.slots {
+            for (slot, ep) in (0u16..).zip(endpoints.iter()) {
+                let key = match group.key {
+                    GroupKey::Address(addr, port) => ElemKey::AddrPortSlot(addr, port, slot),
+                    GroupKey::Port(port) => ElemKey::PortSlot(port, slot),
+                };
+                out.push(Element::map(
+                    SetName::Endpoints(group.map),
+                    key,
+                    ElemValue::Endpoint(*ep),
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Endpoint addresses (each once): a pod reaching itself through them is masqueraded.
+    pub fn hairpin_ips(&self) -> BTreeSet<IpAddr> {
+        self.slots
+            .iter()
+            .flat_map(|(_, eps)| eps.iter().map(SocketAddr::ip))
+            .collect()
+    }
+
+    /// Every element this owner needs in the table, shared ones included.
+    pub fn all_elements(&self) -> Vec<Element> {
+        let mut out = self.owned_elements();
+        out.extend(
+            self.cluster_ip
+                .map(|ip| Element::new(SetName::ClusterIps, ElemKey::Addr(ip))),
+        );
+        out.extend(
+            self.hairpin_ips()
+                .into_iter()
+                .map(|ip| Element::new(SetName::Hairpin, ElemKey::AddrPair(ip, ip))),
+        );
+        out
     }
 }
 
@@ -94,15 +156,16 @@ impl<'a> Context<'a> {
 }
 
 /// The complete table for `state`, with endpoints in their given order (no history).
+/// Ports are taken in name order, so the first claims a contested destination.
 pub fn build(state: &DesiredState, opts: &NftablesOptions, local_addresses: &[IpAddr]) -> Ruleset {
     let ctx = Context::new(opts, state, local_addresses);
     let mut bundles = BTreeMap::new();
     bundles.insert(Owner::Node, node_bundle(&ctx));
+    let mut claimed: HashSet<Dest> = HashSet::new();
     for port in state.ports() {
-        bundles.insert(
-            Owner::Port(port.name.clone()),
-            port_bundle(&state.plan(port), &ctx, None),
-        );
+        let bundle = port_bundle(&state.plan(port), &ctx, None, &|dest| claimed.contains(dest));
+        claimed.extend(bundle.dests.iter().copied());
+        bundles.insert(Owner::Port(port.name.clone()), bundle);
     }
     Ruleset {
         family: opts.family,
@@ -384,7 +447,7 @@ pub fn node_bundle(ctx: &Context<'_>) -> Bundle {
     elements.sort();
     elements.dedup();
     Bundle {
-        elements,
+        entries: elements,
         ..Bundle::default()
     }
 }
@@ -409,17 +472,32 @@ struct PortBuilder<'h> {
     port: u16,
     affinity: Option<u32>,
     history: Option<&'h Bundle>,
+    taken: &'h dyn Fn(&Dest) -> bool,
     out: Bundle,
     chains: BTreeSet<SharedChain>,
 }
 
 impl PortBuilder<'_> {
     fn element(&mut self, set: SetName, key: ElemKey) {
-        self.out.elements.push(Element::new(set, key));
+        self.out.entries.push(Element::new(set, key));
     }
 
     fn entry(&mut self, set: SetName, key: ElemKey, value: ElemValue) {
-        self.out.elements.push(Element::map(set, key, value));
+        self.out.entries.push(Element::map(set, key, value));
+    }
+
+    /// Takes `dest` for this port, unless another port (or this one already) holds it.
+    fn claim(&mut self, dest: Dest) -> bool {
+        if (self.taken)(&dest) || self.out.dests.contains(&dest) {
+            tracing::warn!(
+                ?dest,
+                "two Service ports claim one destination; the first keeps it"
+            );
+            self.out.contested = true;
+            return false;
+        }
+        self.out.dests.push(dest);
+        true
     }
 
     fn use_chain(&mut self, chain: SharedChain) {
@@ -443,15 +521,8 @@ impl PortBuilder<'_> {
             return None;
         }
         let order = slots::assign(self.history.and_then(|h| h.slots_of(&group)), &current);
-        for (slot, ep) in (0u16..).zip(&order) {
-            let key = match key {
-                GroupKey::Address(addr, port) => ElemKey::AddrPortSlot(addr, port, slot),
-                GroupKey::Port(port) => ElemKey::PortSlot(port, slot),
-            };
-            self.entry(SetName::Endpoints(map), key, ElemValue::Endpoint(*ep));
-        }
         let count = u16::try_from(order.len()).unwrap_or(u16::MAX);
-        self.out.slots.push((group, order));
+        self.out.slots.push((group, order.into_boxed_slice()));
         let choice = Choice {
             map,
             count,
@@ -489,7 +560,13 @@ impl PortBuilder<'_> {
 
 /// Everything one service port puts into the table. `history` is the port's bundle from
 /// the previous sync: endpoints keep their slots.
-pub fn port_bundle(plan: &PortPlan<'_>, ctx: &Context<'_>, history: Option<&Bundle>) -> Bundle {
+/// `taken` says which destinations other ports hold.
+pub fn port_bundle(
+    plan: &PortPlan<'_>,
+    ctx: &Context<'_>,
+    history: Option<&Bundle>,
+    taken: &dyn Fn(&Dest) -> bool,
+) -> Bundle {
     let port = plan.port;
     let proto = port.name.protocol;
     let mut b = PortBuilder {
@@ -497,6 +574,7 @@ pub fn port_bundle(plan: &PortPlan<'_>, ctx: &Context<'_>, history: Option<&Bund
         port: port.port,
         affinity: port.session_affinity_seconds,
         history,
+        taken,
         out: Bundle::default(),
         chains: BTreeSet::new(),
     };
@@ -505,10 +583,12 @@ pub fn port_bundle(plan: &PortPlan<'_>, ctx: &Context<'_>, history: Option<&Bund
         b.out.no_local_external = plan.external_unreachable == Some(Unreachable::Drop);
     }
     let vip = port.cluster_ip;
-    b.element(SetName::ClusterIps, ElemKey::Addr(vip));
+    b.out.cluster_ip = Some(vip);
     let port_number = port.port;
     let dest = |addr| ElemKey::AddrProtoPort(addr, proto, port_number);
+    let claimed_vip = b.claim(Dest::Address(vip, proto, port_number));
     match plan.internal_unreachable {
+        _ if !claimed_vip => {}
         None => {
             let endpoints = if port.internal_policy_local {
                 &plan.endpoints.local
@@ -527,6 +607,9 @@ pub fn port_bundle(plan: &PortPlan<'_>, ctx: &Context<'_>, history: Option<&Bund
         Some(u) => b.entry(SetName::NoEndpointServices, dest(vip), unreachable_value(u)),
     }
     for &addr in port.external_ips.iter().chain(&port.load_balancer_ips) {
+        if !b.claim(Dest::Address(addr, proto, port_number)) {
+            continue;
+        }
         if plan.uses_external_chain
             && let Some(entry) = b.external_entry(plan, KeySpace::Address, GroupKey::Address(addr, port.port))
         {
@@ -539,7 +622,7 @@ pub fn port_bundle(plan: &PortPlan<'_>, ctx: &Context<'_>, history: Option<&Bund
     if plan.uses_firewall_chain {
         firewall(&mut b, plan, ctx);
     }
-    if let Some(node_port) = port.node_port {
+    if let Some(node_port) = port.node_port.filter(|np| b.claim(Dest::NodePort(proto, *np))) {
         let key = ElemKey::ProtoPort(proto, node_port);
         if plan.uses_external_chain
             && let Some(entry) = b.external_entry(plan, KeySpace::NodePort, GroupKey::Port(node_port))
@@ -550,12 +633,8 @@ pub fn port_bundle(plan: &PortPlan<'_>, ctx: &Context<'_>, history: Option<&Bund
             b.entry(SetName::NoEndpointNodePorts, key, unreachable_value(u));
         }
     }
-    for ep in &plan.endpoints.reachable {
-        let ip = ep.addr.ip();
-        b.element(SetName::Hairpin, ElemKey::AddrPair(ip, ip));
-    }
-    b.out.elements.sort();
-    b.out.elements.dedup();
+    b.out.entries.sort();
+    b.out.entries.dedup();
     b.out.chains = b.chains.into_iter().collect();
     b.out
 }
@@ -575,6 +654,9 @@ fn firewall(b: &mut PortBuilder<'_>, plan: &PortPlan<'_>, ctx: &Context<'_>) {
     // as source: allowed when the ranges admit this node's primary IP, as upstream.
     let node_allowed = ranges.iter().any(|range| range.contains(&ctx.node_ip));
     for &lb in &port.load_balancer_ips {
+        if !b.out.dests.contains(&Dest::Address(lb, b.proto, b.port)) {
+            continue;
+        }
         b.element(SetName::FirewallIps, ElemKey::AddrProtoPort(lb, b.proto, b.port));
         let sources = ranges.iter().copied().chain(
             port.load_balancer_ips

@@ -66,10 +66,14 @@
 //! # Syncs
 //!
 //! Generation is pure ([`build`]: desired state + options + node addresses -> [`Ruleset`],
-//! golden-tested through [`render_text`]). Each Service port yields a [`Bundle`]; a partial
-//! sync recomputes the bundles of changed Services only and the [`Ledger`] (reference
-//! counts of elements and shared chains) turns their difference into one ordered [`Batch`]:
-//! new chains, element deletes, element adds, chains no longer used. Endpoints keep their
+//! golden-tested through [`render_text`]). Each Service port yields a [`Bundle`] (its
+//! entries, its endpoint slot orders, the shared chains it uses, the destinations it
+//! holds); a partial sync recomputes the bundles of changed Services only and the
+//! [`Ledger`] (who holds each destination; reference counts of cluster IPs, hairpin
+//! addresses and shared chains) turns their difference into one ordered [`Batch`]: new
+//! chains, element deletes, element adds, chains no longer used. A destination (address,
+//! protocol, port, or NodePort) is written by one port only: a second claimant is left out
+//! and logged, and gets it in the full sync that follows the holder's release. Endpoints keep their
 //! slots across syncs (`slots`): one endpoint replaced is one element, a count change moves
 //! the last slot into the hole and repoints the entry at `pick-...-(M-1)`.
 //! [`NftablesBackend`] decides full vs partial and reconciles (see `backend`); it talks to
@@ -98,8 +102,8 @@ mod transport;
 pub use backend::{FULL_SYNC_PERIOD, FullSyncReason, NftablesBackend, SyncError, cleanup};
 pub use batch::{Batch, BatchCounts, Ledger, Op, batch_text, full_batches};
 pub use build::{
-    Bundle, Context, GroupKey, Owner, Ruleset, SlotGroup, build, declared_sets, fixed_chains, node_bundle,
-    port_bundle, shared_rules,
+    Bundle, Context, Dest, GroupKey, Owner, Ruleset, SlotGroup, build, declared_sets, fixed_chains,
+    node_bundle, port_bundle, shared_rules,
 };
 pub use model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt};
 pub use options::{DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, NftablesOptions, OptionsError};

@@ -298,3 +298,49 @@ fn a_missing_kernel_feature_is_named_at_start_up() {
     assert_eq!(error.feature, "dynamic sets with timeouts (ClientIP affinity)");
     assert!(error.to_string().contains("Operation not supported"), "{error}");
 }
+
+/// Two Services claiming one external IP and port: the first keeps it, the second's entry
+/// is left out (never a second element with the same key, which the kernel would refuse);
+/// when the holder goes, a full sync hands the destination over.
+#[test]
+fn a_contested_destination_stays_with_its_holder_until_released() {
+    let external = |ip: &str| json!({"type": "ClusterIP", "clusterIP": ip, "externalIPs": ["203.0.113.9"], "ports": http_port()});
+    let mut world = World::new();
+    world
+        .service("a", external("10.96.0.10"))
+        .slice("a", http_slice_port(), vec![ep("10.244.1.5")]);
+    let mut h = Harness::new(world);
+    h.world
+        .service("b", external("10.96.0.20"))
+        .slice("b", http_slice_port(), vec![ep("10.244.2.6")]);
+    let (_, text) = h.partial();
+    assert!(
+        !text.contains("203.0.113.9"),
+        "b may not touch a's destination:\n{text}"
+    );
+    assert!(
+        text.contains("10.96.0.20 . tcp . 80 : goto pick-service-endpoints-tcp-1"),
+        "{text}"
+    );
+
+    h.world.delete_service("a");
+    let (_, text) = h.partial();
+    assert!(
+        text.contains(
+            "delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80, 203.0.113.9 . tcp . 80 }"
+        ),
+        "{text}"
+    );
+    let report = h.sync();
+    assert!(report.full, "b gets the destination in a full sync");
+    assert_eq!(
+        h.backend.last_full_reason(),
+        Some(FullSyncReason::ConflictReleased)
+    );
+    let batches = std::mem::take(&mut *h.batches.lock().unwrap());
+    let text: String = batches.iter().map(|b| kpr_nftables::batch_text(b, 1)).collect();
+    assert!(
+        text.contains("203.0.113.9 . tcp . 80 : goto masq-service-endpoints-tcp-1"),
+        "{text}"
+    );
+}

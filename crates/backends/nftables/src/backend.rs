@@ -151,6 +151,12 @@ impl NftablesBackend {
         &self.opts
     }
 
+    /// Replaces the Service CIDRs (ServiceCIDR objects changed); the next sync, partial or
+    /// full, writes the difference (the node's elements are recomputed on every sync).
+    pub fn set_service_cidrs(&mut self, cidrs: Vec<ipnet::IpNet>) {
+        self.opts.service_cidrs = cidrs;
+    }
+
     /// What the batches of the last sync carried.
     pub fn last_batches(&self) -> &[BatchCounts] {
         &self.last_batches

@@ -344,3 +344,20 @@ fn a_contested_destination_stays_with_its_holder_until_released() {
         "{text}"
     );
 }
+
+#[test]
+fn service_cidr_changes_are_element_changes() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5")]));
+    h.backend.set_service_cidrs(vec![
+        "10.96.0.0/16".parse().unwrap(),
+        "10.97.0.0/16".parse().unwrap(),
+    ]);
+    // Any sync carries it; here one with an endpoint change.
+    h.world.slice("web", http_slice_port(), vec![ep("10.244.1.6")]);
+    let (_, text) = h.partial();
+    assert!(
+        text.contains("add element ip kube-proxy service-cidrs { 10.97.0.0/16 }"),
+        "{text}"
+    );
+    assert!(!text.contains("10.96.0.0/16"), "{text}");
+}

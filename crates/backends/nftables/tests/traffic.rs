@@ -304,3 +304,54 @@ fn switching_between_iptables_and_nftables_both_ways() {
     assert!(iptables_rules());
     works();
 }
+
+/// One UDP request from a fixed source port: every call is the same conntrack flow.
+fn udp_from_fixed_port(ns: &Netns, to: SocketAddr) -> Result<String, String> {
+    ns.run(move || {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:40053").map_err(|e| e.to_string())?;
+        socket
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .map_err(|e| e.to_string())?;
+        socket.send_to(b"ping", to).map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 64];
+        let (n, _) = socket.recv_from(&mut buf).map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+    })
+}
+
+/// Stale UDP conntrack entries are deleted after the sync that removes their endpoint
+/// (kpr-conntrack's reconciler, called by the backend), so a long-lived flow moves.
+#[test]
+fn a_udp_flow_moves_when_its_endpoint_leaves() {
+    let lab = Lab::new(3).unwrap();
+    let _udp: Vec<_> = (0..2)
+        .map(|i| {
+            lab.pod(i)
+                .udp_backend(sock(pod_ip(i), 5353), &format!("pod{i}"))
+                .unwrap()
+        })
+        .collect();
+    let dns = |endpoints: Vec<Value>, world: &mut World| {
+        world
+            .service("dns", json!({"type": "ClusterIP", "clusterIP": "10.96.0.53",
+                                   "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}))
+            .slice("dns", json!([{"name": "dns", "port": 5353, "protocol": "UDP"}]), endpoints);
+    };
+    let mut world = World::new();
+    dns(vec![endpoint(0, "")], &mut world);
+    let mut backend =
+        nft_backend(lab.node()).with_conntrack(Box::new(kpr_conntrack::Reconciler::netlink(IpFamily::V4)));
+    let node = lab.node();
+    let mut sync_in_node = |world: &mut World| {
+        let pending = world.pending();
+        node.run(|| backend.sync(&pending.request(false)).map(|r| r.full).unwrap())
+    };
+    assert!(sync_in_node(&mut world));
+    let vip = sock([10, 96, 0, 53], 53);
+    assert_eq!(udp_from_fixed_port(lab.pod(2), vip).unwrap(), "pod0");
+
+    // pod0 still answers, but it left the Service: only deleting the flow's entry moves it.
+    dns(vec![endpoint(1, "")], &mut world);
+    assert!(!sync_in_node(&mut world));
+    assert_eq!(udp_from_fixed_port(lab.pod(2), vip).unwrap(), "pod1");
+}

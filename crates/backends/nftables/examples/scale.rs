@@ -108,11 +108,16 @@ fn main() {
         .map(|b| kpr_nftables::batch_text(b, opts.affinity_capacity).len())
         .sum();
     let generation = started.elapsed();
+    let generation_rss = rss_mib();
     // To time nft alone on the same input: SCALE_DUMP=<path> writes it as one script.
     if let Ok(path) = std::env::var("SCALE_DUMP") {
         std::fs::write(path, kpr_nftables::render_text(&ruleset, &opts)).unwrap();
     }
     drop((ruleset, batches));
+    println!(
+        "RSS: {generation_rss:.0} MiB holding a full build, its batches and their text; {:.0} MiB after dropping them",
+        rss_mib()
+    );
     let started = Instant::now();
     let report = backend.sync(&pending.request(false)).unwrap();
     let cold = started.elapsed();

@@ -21,7 +21,7 @@ use kpr_iptables::{AddressError, InterfaceAddresses, LocalAddresses};
 use kpr_model::{IpFamily, NamespacedName, ServicePortName};
 use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount};
 
-use crate::batch::{Batch, BatchCounts, Ledger, full_batches};
+use crate::batch::{Batch, BatchCounts, Ledger, stream_full};
 use crate::build::{
     Bundle, Context, Dest, Owner, build, fixed_chains, needs_local_addresses, node_bundle, port_bundle,
     shared_rules,
@@ -35,11 +35,10 @@ pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
-    #[error("applying the {} nftables batch {index} of {count}: {source}", if *.full { "full" } else { "partial" })]
+    #[error("applying batch {index} of the {} nftables sync: {source}", if *.full { "full" } else { "partial" })]
     Apply {
         full: bool,
         index: usize,
-        count: usize,
         #[source]
         source: TransportError,
     },
@@ -262,21 +261,16 @@ impl NftablesBackend {
         Ok(true)
     }
 
-    fn apply_all(&mut self, batches: &[Batch], full: bool) -> Result<(), SyncError> {
-        self.last_batches = batches.iter().map(Batch::counts).collect();
-        let count = batches.len();
-        for (index, batch) in batches.iter().enumerate() {
-            if batch.is_empty() {
-                continue;
-            }
-            self.transport.apply(batch).map_err(|source| SyncError::Apply {
-                full,
-                index: index + 1,
-                count,
-                source,
-            })?;
+    fn apply_partial(&mut self, batch: &Batch) -> Result<(), SyncError> {
+        self.last_batches = vec![batch.counts()];
+        if batch.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.transport.apply(batch).map_err(|source| SyncError::Apply {
+            full: false,
+            index: 1,
+            source,
+        })
     }
 
     fn full_sync(
@@ -286,8 +280,18 @@ impl NftablesBackend {
     ) -> Result<SyncReport, SyncError> {
         let state = request.state;
         let ruleset = build(state, &self.opts, local_addresses);
-        let batches = full_batches(&ruleset, &self.opts, self.opts.max_batch_elements);
-        self.apply_all(&batches, true)?;
+        // Batches are built and sent one at a time: a cold load never holds them all.
+        self.last_batches.clear();
+        let transport = &mut self.transport;
+        let counts = &mut self.last_batches;
+        stream_full(&ruleset, &self.opts, self.opts.max_batch_elements, &mut |batch| {
+            counts.push(batch.counts());
+            transport.apply(&batch).map_err(|source| SyncError::Apply {
+                full: true,
+                index: counts.len(),
+                source,
+            })
+        })?;
         let ledger = Ledger::of(&ruleset);
         let mut ports: HashMap<NamespacedName, Vec<ServicePortName>> = HashMap::new();
         for owner in ruleset.bundles.keys() {
@@ -377,7 +381,7 @@ impl NftablesBackend {
                 None => applied.ports.remove(service),
             };
         }
-        self.apply_all(std::slice::from_ref(&batch), false)?;
+        self.apply_partial(&batch)?;
         Ok(self.report(false))
     }
 

@@ -111,34 +111,41 @@ fn add_chain_ops(ops: &mut Vec<Op>, chain: SharedChain, opts: &NftablesOptions) 
     }
 }
 
-/// Every element of the ruleset once, grouped by set (the first owner wins a key).
-fn all_elements(ruleset: &Ruleset) -> BTreeMap<SetName, BTreeMap<ElemKey, Option<ElemValue>>> {
-    let mut sets: BTreeMap<SetName, BTreeMap<ElemKey, Option<ElemValue>>> = BTreeMap::new();
-    for bundle in ruleset.bundles.values() {
-        for e in bundle.all_elements() {
-            sets.entry(e.set).or_default().entry(e.key).or_insert(e.value);
-        }
-    }
-    sets
-}
-
 /// The batches of a full sync, none holding more than `max_elements` elements (the first
 /// also holds the table and its chains).
 pub fn full_batches(ruleset: &Ruleset, opts: &NftablesOptions, max_elements: usize) -> Vec<Batch> {
+    let mut batches = Vec::new();
+    let _ = stream_full(ruleset, opts, max_elements, &mut |batch| {
+        batches.push(batch);
+        Ok::<(), std::convert::Infallible>(())
+    });
+    batches
+}
+
+/// Hands the batches of a full sync to `sink` one at a time, so only one batch is ever
+/// built in memory. Elements go in by [`load_rank`]; within a set in owner order (shared
+/// ones, cluster IPs and hairpin addresses, once).
+pub fn stream_full<E>(
+    ruleset: &Ruleset,
+    opts: &NftablesOptions,
+    max_elements: usize,
+    sink: &mut dyn FnMut(Batch) -> Result<(), E>,
+) -> Result<(), E> {
     let family = ruleset.family;
-    let mut first = Batch::new(family);
-    first.ops.push(Op::AddTable);
-    first.ops.push(Op::DeleteTable);
-    first.ops.push(Op::AddTable);
+    let max = max_elements.max(1);
+    let mut batch = Batch::new(family);
+    batch.ops.push(Op::AddTable);
+    batch.ops.push(Op::DeleteTable);
+    batch.ops.push(Op::AddTable);
     for set in &ruleset.sets {
-        first.ops.push(Op::AddSet(*set));
+        batch.ops.push(Op::AddSet(*set));
     }
     for (chain, _) in &ruleset.fixed {
-        first.ops.push(Op::AddChain(ChainId::Fixed(*chain)));
+        batch.ops.push(Op::AddChain(ChainId::Fixed(*chain)));
     }
     for (chain, rules) in &ruleset.fixed {
         for rule in rules {
-            first.ops.push(Op::AddRule(ChainId::Fixed(*chain), rule.clone()));
+            batch.ops.push(Op::AddRule(ChainId::Fixed(*chain), rule.clone()));
         }
     }
     let shared: BTreeSet<SharedChain> = ruleset
@@ -147,28 +154,48 @@ pub fn full_batches(ruleset: &Ruleset, opts: &NftablesOptions, max_elements: usi
         .flat_map(|b| b.chains.iter().copied())
         .collect();
     for chain in creation_order(shared) {
-        add_chain_ops(&mut first.ops, chain, opts);
+        add_chain_ops(&mut batch.ops, chain, opts);
     }
-    let mut sets: Vec<_> = all_elements(ruleset).into_iter().collect();
-    sets.sort_by_key(|(set, _)| (load_rank(*set), *set));
-    let mut batches = vec![first];
-    let mut room = max_elements.max(1);
-    for (set, elements) in sets {
-        let mut elements: Vec<_> = elements.into_iter().collect();
-        while !elements.is_empty() {
-            if room == 0 {
-                batches.push(Batch::new(family));
-                room = max_elements.max(1);
+    let mut pending = Pending::new();
+    let mut room = max;
+    for rank in 0..=3u8 {
+        let mut seen: HashSet<(SetName, IpAddr)> = HashSet::new();
+        for bundle in ruleset.bundles.values() {
+            for e in bundle.all_elements() {
+                if load_rank(e.set) != rank {
+                    continue;
+                }
+                let shared_ip = match e.key {
+                    ElemKey::Addr(ip) if e.set == SetName::ClusterIps => Some(ip),
+                    ElemKey::AddrPair(ip, _) if e.set == SetName::Hairpin => Some(ip),
+                    _ => None,
+                };
+                if shared_ip.is_some_and(|ip| !seen.insert((e.set, ip))) {
+                    continue;
+                }
+                pending.entry((rank, e.set)).or_default().push((e.key, e.value));
+                room -= 1;
+                if room == 0 {
+                    flush(&mut batch, &mut pending);
+                    sink(std::mem::replace(&mut batch, Batch::new(family)))?;
+                    room = max;
+                }
             }
-            let rest = elements.split_off(room.min(elements.len()));
-            room -= elements.len();
-            if let Some(batch) = batches.last_mut() {
-                batch.ops.push(Op::AddElements(set, elements));
-            }
-            elements = rest;
         }
     }
-    batches
+    flush(&mut batch, &mut pending);
+    if !batch.is_empty() {
+        sink(batch)?;
+    }
+    Ok(())
+}
+
+type Pending = BTreeMap<(u8, SetName), Vec<(ElemKey, Option<ElemValue>)>>;
+
+fn flush(batch: &mut Batch, pending: &mut Pending) {
+    for ((_, set), elements) in std::mem::take(pending) {
+        batch.ops.push(Op::AddElements(set, elements));
+    }
 }
 
 // === the ledger: what the kernel holds ===

@@ -100,7 +100,7 @@ mod support;
 mod transport;
 
 pub use backend::{FULL_SYNC_PERIOD, FullSyncReason, NftablesBackend, SyncError, cleanup};
-pub use batch::{Batch, BatchCounts, Ledger, Op, batch_text, full_batches};
+pub use batch::{Batch, BatchCounts, Ledger, Op, batch_text, full_batches, stream_full};
 pub use build::{
     Bundle, Context, Dest, GroupKey, Owner, Ruleset, SlotGroup, build, declared_sets, fixed_chains,
     node_bundle, port_bundle, shared_rules,

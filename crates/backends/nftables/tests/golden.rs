@@ -333,3 +333,19 @@ fn terminating_endpoints_are_a_fallback() {
         "ready endpoints win"
     );
 }
+
+#[test]
+fn topology_hints_narrow_the_cluster_slots() {
+    let mut world = web(vec![
+        ep("10.244.1.5 hint-zone=z1"),
+        ep("10.244.2.6 hint-zone=z2"),
+        ep("10.244.3.7 hint-zone=z1"),
+    ]);
+    let text = render(&mut world, &options());
+    assert_eq!(
+        elements_of(&text, "service-endpoints-tcp"),
+        "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 0 : 10.244.1.5 . 8080, 10.96.0.10 . 80 . 1 : 10.244.3.7 . 8080 }"
+    );
+    assert!(text.contains("goto pick-service-endpoints-tcp-2"));
+    check_golden("topology_hints", &text);
+}

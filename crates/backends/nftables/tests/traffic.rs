@@ -355,3 +355,140 @@ fn a_udp_flow_moves_when_its_endpoint_leaves() {
     assert!(!sync_in_node(&mut world));
     assert_eq!(udp_from_fixed_port(lab.pod(2), vip).unwrap(), "pod1");
 }
+
+/// Cluster-IP traffic from outside the pod network is masqueraded (replies must come back
+/// through this node); a pod reaching itself through its Service is masqueraded too
+/// (hairpin), or its reply would bypass the DNAT's reverse translation.
+#[test]
+fn off_cluster_and_hairpin_traffic_to_a_cluster_ip_is_masqueraded() {
+    let cluster = Cluster::new(1);
+    cluster
+        .lab
+        .client()
+        .ip(&["route", "add", "10.96.0.0/16", "via", &NODE_IP.to_string()])
+        .unwrap();
+    let mut world = World::new();
+    world
+        .service(
+            "web",
+            json!({"type": "ClusterIP", "clusterIP": "10.96.0.10",
+                               "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+        )
+        .slice("web", http_slice_port(), vec![endpoint(0, "")]);
+    let mut backend = nft_backend(cluster.lab.node());
+    sync(&mut backend, &mut world);
+    let vip = sock([10, 96, 0, 10], 80);
+    assert_eq!(
+        cluster
+            .lab
+            .client()
+            .tcp_request(vip, Duration::from_secs(2))
+            .unwrap(),
+        "pod0"
+    );
+    assert_eq!(
+        cluster
+            .lab
+            .pod(0)
+            .tcp_request(vip, Duration::from_secs(2))
+            .unwrap(),
+        "pod0",
+        "hairpin"
+    );
+    let peers = cluster.servers[0].peers();
+    assert_eq!(peers.len(), 2);
+    assert!(
+        peers
+            .iter()
+            .all(|p| p.ip() != IpAddr::V4(CLIENT_IP) && p.ip() != IpAddr::V4(pod_ip(0))),
+        "{peers:?}"
+    );
+}
+
+/// `--nodeport-addresses`: NodePorts answer only on the node addresses inside the CIDRs.
+#[test]
+fn nodeport_addresses_limit_where_node_ports_answer() {
+    let cluster = Cluster::new(1);
+    let node = cluster.lab.node();
+    // A second node address, outside the CIDR, reachable from the client.
+    node.ip(&["addr", "add", "192.168.78.1/24", "dev", "eth0"])
+        .unwrap();
+    cluster
+        .lab
+        .client()
+        .ip(&["addr", "add", "192.168.78.2/24", "dev", "eth0"])
+        .unwrap();
+    let opts = NftablesOptions {
+        nodeport_addresses: kpr_iptables::NodePortAddresses::Cidrs(vec!["192.168.77.0/24".parse().unwrap()]),
+        ..opts()
+    };
+    let cli = NftCli::new(opts.affinity_capacity).with_prefix(&["ip", "netns", "exec", node.name()]);
+    let addresses = kpr_iptables::FixedAddresses(vec![IpAddr::V4(NODE_IP), "192.168.78.1".parse().unwrap()]);
+    let mut backend = NftablesBackend::new(opts, Box::new(cli))
+        .unwrap()
+        .with_local_addresses(Box::new(addresses));
+    let mut world = World::new();
+    world
+        .service("web", json!({"type": "NodePort", "clusterIP": "10.96.0.10",
+                               "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}))
+        .slice("web", http_slice_port(), vec![endpoint(0, "")]);
+    sync(&mut backend, &mut world);
+    let client = cluster.lab.client();
+    assert_eq!(
+        client
+            .tcp_request(sock(NODE_IP, 30080), Duration::from_secs(2))
+            .unwrap(),
+        "pod0"
+    );
+    let other = client
+        .tcp_request(sock([192, 168, 78, 1], 30080), Duration::from_secs(1))
+        .unwrap_err();
+    assert_eq!(
+        other.kind(),
+        ErrorKind::ConnectionRefused,
+        "nothing listens there: no NodePort on that address"
+    );
+}
+
+/// The `ip6 kube-proxy` table carries IPv6 traffic the same way.
+#[test]
+fn ipv6_cluster_ip_and_node_port_carry_traffic() {
+    use kpr_netns::{CLUSTER_CIDR_V6, NODE_IP_V6, pod_ip_v6};
+    let lab = Lab::new(3).unwrap();
+    let _servers: Vec<_> = (0..2)
+        .map(|i| {
+            lab.pod(i)
+                .tcp_backend(sock(pod_ip_v6(i), 8080), &format!("pod{i}"))
+                .unwrap()
+        })
+        .collect();
+    let opts = NftablesOptions {
+        family: IpFamily::V6,
+        local_detector: LocalDetector::ClusterCidr(vec![CLUSTER_CIDR_V6.parse().unwrap()]),
+        service_cidrs: vec!["fd00:96::/112".parse().unwrap()],
+        ..NftablesOptions::default()
+    };
+    let cli = NftCli::new(opts.affinity_capacity).with_prefix(&["ip", "netns", "exec", lab.node().name()]);
+    let mut backend = NftablesBackend::new(opts, Box::new(cli)).unwrap();
+    let mut world = World::with_family(IpFamily::V6);
+    world
+        .service("web", json!({"type": "NodePort", "clusterIP": "fd00:96::10", "ipFamilies": ["IPv6"],
+                               "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}))
+        .slice("web", http_slice_port(), vec![ep(&pod_ip_v6(0).to_string()), ep(&pod_ip_v6(1).to_string())]);
+    sync(&mut backend, &mut world);
+    let vip = sock("fd00:96::10".parse::<IpAddr>().unwrap(), 80);
+    // The rules are in at once; the retries only cover IPv6 neighbour discovery on a
+    // namespace's first connection (the deadline is a ceiling against hangs).
+    let settled = |ns: &Netns, dest: SocketAddr| {
+        kpr_netns::eventually(Duration::from_secs(20), Duration::from_millis(200), || {
+            let counts = spread(ns, dest, 40);
+            match answered(&counts)[..] {
+                ["pod0", "pod1"] => Ok(()),
+                _ => Err(format!("{dest}: {counts:?}")),
+            }
+        })
+    };
+    settled(lab.pod(2), vip);
+    settled(lab.client(), sock(NODE_IP_V6, 30080));
+    settled(lab.pod(1), vip);
+}

@@ -1,0 +1,171 @@
+//! One quick measurement of the nftables mode at scale, through the `nft -f` transport, in
+//! a throw-away network namespace: cold full sync (generation + kernel), one endpoint
+//! change and one new Service (partial syncs), batch sizes, peak RSS.
+//!
+//! `cargo run -p kpr-nftables --example scale -- <services> <endpoints per service> [changes]`
+//! (needs root and nft). Not a test: it asserts nothing about speed.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use kpr_netns::Netns;
+use kpr_nftables::{NftCli, NftablesBackend, NftablesOptions, build, full_batches};
+use kpr_state::Backend;
+use kpr_world::{World, ep};
+use serde_json::json;
+
+fn service_ip(i: usize) -> String {
+    format!("10.{}.{}.{}", 96 + i / 65536, (i / 256) % 256, i % 256)
+}
+
+/// The endpoints of service `i`; in `generation` g > 0 the first one is replaced by a new
+/// address (one endpoint change).
+fn endpoints(i: usize, m: usize, generation: usize) -> Vec<serde_json::Value> {
+    (0..m)
+        .map(|j| {
+            let k = i * m + j;
+            if j == 0 && generation > 0 {
+                ep(&format!("10.200.{}.{}", generation / 256 % 256, generation % 256))
+            } else {
+                ep(&format!(
+                    "10.{}.{}.{}",
+                    128 + k / 65536 % 64,
+                    k / 256 % 256,
+                    k % 256
+                ))
+            }
+        })
+        .collect()
+}
+
+fn add_service(world: &mut World, i: usize, m: usize, generation: usize) {
+    let name = format!("svc{i}");
+    world
+        .service(
+            &name,
+            json!({"type": "ClusterIP", "clusterIP": service_ip(i),
+                               "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+        )
+        .slice(
+            &name,
+            json!([{"name": "http", "port": 8080}]),
+            endpoints(i, m, generation),
+        );
+}
+
+fn peak_rss_mib() -> f64 {
+    status_mib("VmHWM:")
+}
+
+fn rss_mib() -> f64 {
+    status_mib("VmRSS:")
+}
+
+fn status_mib(field: &str) -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort();
+    let index = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples[index]
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().unwrap()).collect();
+    let (n, m, changes) = (
+        args.first().copied().unwrap_or(1000),
+        args.get(1).copied().unwrap_or(10),
+        args.get(2).copied().unwrap_or(20),
+    );
+    let netns = Netns::new("nftscale").unwrap();
+    let opts = NftablesOptions {
+        local_detector: kpr_iptables::LocalDetector::ClusterCidr(vec!["10.128.0.0/10".parse().unwrap()]),
+        service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
+        ..NftablesOptions::default()
+    };
+    let cli = NftCli::new(opts.affinity_capacity).with_prefix(&["ip", "netns", "exec", netns.name()]);
+    let mut backend = NftablesBackend::new(opts.clone(), Box::new(cli)).unwrap();
+
+    let mut world = World::new();
+    for i in 0..n {
+        add_service(&mut world, i, m, 0);
+    }
+    let pending = world.pending();
+    let world_rss = rss_mib();
+    let started = Instant::now();
+    let ruleset = build(&pending.state, &opts, &[]);
+    let batches = full_batches(&ruleset, &opts, opts.max_batch_elements);
+    let text: usize = batches
+        .iter()
+        .map(|b| kpr_nftables::batch_text(b, opts.affinity_capacity).len())
+        .sum();
+    let generation = started.elapsed();
+    let generation_rss = rss_mib();
+    // To time nft alone on the same input: SCALE_DUMP=<path> writes it as one script.
+    if let Ok(path) = std::env::var("SCALE_DUMP") {
+        std::fs::write(path, kpr_nftables::render_text(&ruleset, &opts)).unwrap();
+    }
+    drop((ruleset, batches));
+    println!(
+        "RSS: {generation_rss:.0} MiB holding a full build, its batches and their text; {:.0} MiB after dropping them",
+        rss_mib()
+    );
+    let started = Instant::now();
+    let report = backend.sync(&pending.request(false)).unwrap();
+    let cold = started.elapsed();
+    let sizes: Vec<usize> = backend.last_batches().iter().map(|c| c.elements_added).collect();
+    println!(
+        "{n} services x {m} endpoints: generation+render {generation:?}, cold full sync {cold:?} ({} batches, elements per batch {:?}, {} bytes of nft text, {} objects)",
+        sizes.len(),
+        sizes,
+        text,
+        report.tables[0].total
+    );
+    drop(pending);
+    println!(
+        "RSS: {world_rss:.0} MiB with the test's World and state, {:.0} MiB after the cold sync",
+        rss_mib()
+    );
+
+    let mut one_change = Vec::new();
+    let mut sizes = Vec::new();
+    for k in 0..changes {
+        let i = (k * 7919) % n;
+        world.slice(
+            &format!("svc{i}"),
+            json!([{"name": "http", "port": 8080}]),
+            endpoints(i, m, k + 1),
+        );
+        let pending = world.pending();
+        let started = Instant::now();
+        let report = backend.sync(&pending.request(false)).unwrap();
+        one_change.push(started.elapsed());
+        assert!(!report.full);
+        sizes.push(report.tables[0].written);
+    }
+    let mut new_service = Vec::new();
+    for k in 0..changes {
+        add_service(&mut world, n + k, m, 0);
+        let pending = world.pending();
+        let started = Instant::now();
+        backend.sync(&pending.request(false)).unwrap();
+        new_service.push(started.elapsed());
+    }
+    println!(
+        "one endpoint change: p50 {:?} p99 {:?} (elements+rules written {:?}); one new service: p50 {:?} p99 {:?}; peak RSS {:.0} MiB",
+        percentile(&mut one_change, 0.5),
+        percentile(&mut one_change, 0.99),
+        &sizes[..sizes.len().min(5)],
+        percentile(&mut new_service, 0.5),
+        percentile(&mut new_service, 0.99),
+        peak_rss_mib()
+    );
+}

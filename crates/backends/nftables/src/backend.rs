@@ -1,0 +1,474 @@
+//! The nftables [`Backend`]: full or partial, which bundles to recompute, and the batches.
+//!
+//! - **Full** (first sync, after a failure, when forced, every [`FULL_SYNC_PERIOD`], after
+//!   a read-back found the table changed by someone else, or after two Services claimed
+//!   one key): the table is deleted and rebuilt, in batches of at most
+//!   `max_batch_elements` elements.
+//! - **Partial** (otherwise): only the bundles of changed Services (and the node's) are
+//!   recomputed; the [`Ledger`] turns their difference into one batch. The kernel is not
+//!   listed on this path.
+//! - **Reconcile**: a sync with nothing changed is the sync period's tick: the table is
+//!   read back (without elements) and compared with what we wrote: chain and set names,
+//!   rule counts, and the rules' JSON against the last listing that matched. Any
+//!   difference makes this sync full, which removes foreign rules and restores ours.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use kpr_conntrack::Conntrack;
+use kpr_iptables::{AddressError, InterfaceAddresses, LocalAddresses};
+use kpr_model::{IpFamily, NamespacedName, ServicePortName};
+use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount};
+
+use crate::batch::{Batch, BatchCounts, Ledger, stream_full};
+use crate::build::{
+    Bundle, Context, Dest, Owner, build, fixed_chains, needs_local_addresses, node_bundle, port_bundle,
+    shared_rules,
+};
+use crate::names::ChainId;
+use crate::options::{NftablesOptions, OptionsError};
+use crate::transport::{Listing, Transport, TransportError};
+
+/// A full sync at least this often repairs any drift the read-back cannot see (elements).
+pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("applying batch {index} of the {} nftables sync: {source}", if *.full { "full" } else { "partial" })]
+    Apply {
+        full: bool,
+        index: usize,
+        #[source]
+        source: TransportError,
+    },
+    #[error("reading back table kube-proxy: {0}")]
+    ReadBack(#[source] TransportError),
+    #[error("{source}")]
+    NodeAddresses {
+        full: bool,
+        #[source]
+        source: AddressError,
+    },
+}
+
+impl SyncError {
+    pub fn attempted(&self) -> SyncKind {
+        match self {
+            Self::Apply { full: true, .. } | Self::NodeAddresses { full: true, .. } => SyncKind::Full,
+            _ => SyncKind::Partial,
+        }
+    }
+
+    pub fn step(&self) -> FailedStep {
+        match self {
+            Self::Apply { .. } => FailedStep::Restore,
+            _ => FailedStep::Other,
+        }
+    }
+}
+
+/// Why a sync is full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FullSyncReason {
+    FirstSync,
+    PreviousSyncFailed,
+    Forced,
+    Periodic,
+    /// The read-back differs from what we wrote (flushed, foreign rules, ...).
+    TableChanged,
+    /// A key two owners claimed lost an owner; a full sync settles it in a fixed order.
+    ConflictReleased,
+}
+
+/// What the kernel holds after the last successful sync.
+#[derive(Debug)]
+struct Applied {
+    ledger: Ledger,
+    bundles: HashMap<Owner, Bundle>,
+    ports: HashMap<NamespacedName, Vec<ServicePortName>>,
+    full_at: Instant,
+    needs_full: bool,
+    /// The last listing that matched what we wrote: rules are compared against it.
+    baseline: Option<Listing>,
+}
+
+pub struct NftablesBackend {
+    opts: NftablesOptions,
+    transport: Box<dyn Transport>,
+    conntrack: Option<Box<dyn Conntrack>>,
+    local_addresses: Box<dyn LocalAddresses>,
+    applied: Option<Applied>,
+    synced_once: bool,
+    full_sync_period: Duration,
+    last_batches: Vec<BatchCounts>,
+    last_full_reason: Option<FullSyncReason>,
+}
+
+impl std::fmt::Debug for NftablesBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NftablesBackend")
+            .field("opts", &self.opts)
+            .field("applied_owners", &self.applied.as_ref().map(|a| a.bundles.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl NftablesBackend {
+    pub fn new(opts: NftablesOptions, transport: Box<dyn Transport>) -> Result<Self, OptionsError> {
+        opts.validate()?;
+        Ok(Self {
+            opts,
+            transport,
+            conntrack: None,
+            local_addresses: Box::new(InterfaceAddresses),
+            applied: None,
+            synced_once: false,
+            full_sync_period: FULL_SYNC_PERIOD,
+            last_batches: Vec::new(),
+            last_full_reason: None,
+        })
+    }
+
+    pub fn with_local_addresses(mut self, source: Box<dyn LocalAddresses>) -> Self {
+        self.local_addresses = source;
+        self
+    }
+
+    pub fn with_full_sync_period(mut self, period: Duration) -> Self {
+        self.full_sync_period = period;
+        self
+    }
+
+    /// Deletes stale UDP conntrack entries after each successful sync, as upstream does.
+    pub fn with_conntrack(mut self, conntrack: Box<dyn Conntrack>) -> Self {
+        self.conntrack = Some(conntrack);
+        self
+    }
+
+    pub fn options(&self) -> &NftablesOptions {
+        &self.opts
+    }
+
+    /// Replaces the Service CIDRs (ServiceCIDR objects changed); the next sync, partial or
+    /// full, writes the difference (the node's elements are recomputed on every sync).
+    pub fn set_service_cidrs(&mut self, cidrs: Vec<ipnet::IpNet>) {
+        self.opts.service_cidrs = cidrs;
+    }
+
+    /// What the batches of the last sync carried.
+    pub fn last_batches(&self) -> &[BatchCounts] {
+        &self.last_batches
+    }
+
+    /// Why the last full sync was full (`None` when the last sync was partial).
+    pub fn last_full_reason(&self) -> Option<FullSyncReason> {
+        self.last_full_reason
+    }
+
+    /// Syncs the kernel with `request.state`; on error the next sync is full.
+    pub fn sync_rules(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, SyncError> {
+        let result = self.try_sync(request);
+        if result.is_err() {
+            self.applied = None;
+        }
+        self.synced_once = true;
+        result
+    }
+
+    fn try_sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, SyncError> {
+        let reason = self.full_sync_reason(request)?;
+        self.last_full_reason = reason;
+        let local_addresses = self.read_local_addresses(reason.is_some())?;
+        match reason {
+            Some(reason) => {
+                if reason != FullSyncReason::FirstSync {
+                    tracing::info!(?reason, family = ?self.opts.family, "full nftables sync");
+                }
+                self.full_sync(request, &local_addresses)
+            }
+            None => self.partial_sync(request, &local_addresses),
+        }
+    }
+
+    fn read_local_addresses(&self, full: bool) -> Result<Vec<IpAddr>, SyncError> {
+        if !needs_local_addresses(&self.opts) {
+            return Ok(Vec::new());
+        }
+        self.local_addresses
+            .addresses(self.opts.family)
+            .map_err(|source| SyncError::NodeAddresses { full, source })
+    }
+
+    fn full_sync_reason(&mut self, request: &SyncRequest<'_>) -> Result<Option<FullSyncReason>, SyncError> {
+        let Some(applied) = &self.applied else {
+            return Ok(Some(if self.synced_once {
+                FullSyncReason::PreviousSyncFailed
+            } else {
+                FullSyncReason::FirstSync
+            }));
+        };
+        if request.force_full {
+            return Ok(Some(FullSyncReason::Forced));
+        }
+        if applied.needs_full {
+            return Ok(Some(FullSyncReason::ConflictReleased));
+        }
+        if applied.full_at.elapsed() >= self.full_sync_period {
+            return Ok(Some(FullSyncReason::Periodic));
+        }
+        if request.changed.is_empty() && !self.table_matches()? {
+            return Ok(Some(FullSyncReason::TableChanged));
+        }
+        Ok(None)
+    }
+
+    /// Reads our table back and compares it with what we wrote (see the module docs).
+    fn table_matches(&mut self) -> Result<bool, SyncError> {
+        let listing = self
+            .transport
+            .read_back(self.opts.family)
+            .map_err(SyncError::ReadBack)?;
+        let Some(applied) = &mut self.applied else {
+            return Ok(false);
+        };
+        let Some(listing) = listing else {
+            tracing::warn!(family = ?self.opts.family, "table kube-proxy is gone; rebuilding it");
+            return Ok(false);
+        };
+        let expected = expected_shape(&self.opts, &applied.ledger);
+        let shape: HashMap<String, usize> = listing
+            .chains
+            .iter()
+            .map(|(name, rules)| (name.clone(), rules.len()))
+            .collect();
+        let sets_ok = listing.sets
+            == crate::build::declared_sets()
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        let rules_ok = applied.baseline.as_ref().is_none_or(|baseline| {
+            baseline
+                .chains
+                .iter()
+                .all(|(name, rules)| listing.chains.get(name).is_none_or(|now| now == rules))
+        });
+        if shape != expected || !sets_ok || !rules_ok {
+            tracing::warn!(family = ?self.opts.family, "table kube-proxy differs from what was written; rebuilding it");
+            return Ok(false);
+        }
+        applied.baseline = Some(listing);
+        Ok(true)
+    }
+
+    fn apply_partial(&mut self, batch: &Batch) -> Result<(), SyncError> {
+        self.last_batches = vec![batch.counts()];
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.transport.apply(batch).map_err(|source| SyncError::Apply {
+            full: false,
+            index: 1,
+            source,
+        })
+    }
+
+    fn full_sync(
+        &mut self,
+        request: &SyncRequest<'_>,
+        local_addresses: &[IpAddr],
+    ) -> Result<SyncReport, SyncError> {
+        let state = request.state;
+        let ruleset = build(state, &self.opts, local_addresses);
+        // Batches are built and sent one at a time: a cold load never holds them all.
+        self.last_batches.clear();
+        let transport = &mut self.transport;
+        let counts = &mut self.last_batches;
+        stream_full(&ruleset, &self.opts, self.opts.max_batch_elements, &mut |batch| {
+            counts.push(batch.counts());
+            transport.apply(&batch).map_err(|source| SyncError::Apply {
+                full: true,
+                index: counts.len(),
+                source,
+            })
+        })?;
+        let ledger = Ledger::of(&ruleset);
+        let mut ports: HashMap<NamespacedName, Vec<ServicePortName>> = HashMap::new();
+        for owner in ruleset.bundles.keys() {
+            if let Owner::Port(name) = owner {
+                ports.entry(name.service.clone()).or_default().push(name.clone());
+            }
+        }
+        let bundles: HashMap<Owner, Bundle> = ruleset.bundles.into_iter().collect();
+        // The baseline comes from the next reconcile's listing; a listing right here would
+        // cost every full sync a read.
+        self.applied = Some(Applied {
+            ledger,
+            bundles,
+            ports,
+            full_at: Instant::now(),
+            needs_full: false,
+            baseline: None,
+        });
+        Ok(self.report(true))
+    }
+
+    fn partial_sync(
+        &mut self,
+        request: &SyncRequest<'_>,
+        local_addresses: &[IpAddr],
+    ) -> Result<SyncReport, SyncError> {
+        let state = request.state;
+        let ctx = Context::new(&self.opts, state, local_addresses);
+        let Some(applied) = &mut self.applied else {
+            return self.full_sync(request, local_addresses);
+        };
+        let mut new_bundles: Vec<(Owner, Option<Bundle>)> = vec![(Owner::Node, Some(node_bundle(&ctx)))];
+        let mut new_ports: HashMap<NamespacedName, Vec<ServicePortName>> = HashMap::new();
+        // Destinations claimed earlier in this sync (e.g. two new Services, one external IP).
+        let mut fresh: HashMap<Dest, Owner> = HashMap::new();
+        for service in request.changed {
+            let mut names: BTreeSet<ServicePortName> = applied
+                .ports
+                .get(service)
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect();
+            let current = state.services.get(service).map(|ports| &ports[..]).unwrap_or(&[]);
+            for port in current {
+                names.insert(port.name.clone());
+                let owner = Owner::Port(port.name.clone());
+                let taken = |dest: &Dest| {
+                    applied.ledger.taken_by_other(dest, &owner)
+                        || fresh.get(dest).is_some_and(|o| *o != owner)
+                };
+                let bundle = port_bundle(&state.plan(port), &ctx, applied.bundles.get(&owner), &taken);
+                for dest in &bundle.dests {
+                    fresh.insert(*dest, owner.clone());
+                }
+                new_bundles.push((owner, Some(bundle)));
+                new_ports
+                    .entry(service.clone())
+                    .or_default()
+                    .push(port.name.clone());
+            }
+            for name in names {
+                if !current.iter().any(|p| p.name == name) {
+                    new_bundles.push((Owner::Port(name), None));
+                }
+            }
+        }
+        let replaced: Vec<(Owner, Option<&Bundle>, Option<&Bundle>)> = new_bundles
+            .iter()
+            .map(|(owner, new)| (owner.clone(), applied.bundles.get(owner), new.as_ref()))
+            .collect();
+        let (batch, conflict) = applied.ledger.update(self.opts.family, &replaced, &self.opts);
+        applied.needs_full |= conflict;
+        for (owner, new) in new_bundles {
+            match new {
+                Some(bundle) => {
+                    applied.bundles.insert(owner, bundle);
+                }
+                None => {
+                    applied.bundles.remove(&owner);
+                }
+            }
+        }
+        for service in request.changed {
+            match new_ports.remove(service) {
+                Some(names) => applied.ports.insert(service.clone(), names),
+                None => applied.ports.remove(service),
+            };
+        }
+        self.apply_partial(&batch)?;
+        Ok(self.report(false))
+    }
+
+    fn report(&self, full: bool) -> SyncReport {
+        let table = match self.opts.family {
+            IpFamily::V4 => "ip kube-proxy",
+            IpFamily::V6 => "ip6 kube-proxy",
+        };
+        let (mut no_local_internal, mut no_local_external, mut total) = (0, 0, 0);
+        if let Some(applied) = &self.applied {
+            for bundle in applied.bundles.values() {
+                no_local_internal += usize::from(bundle.no_local_internal);
+                no_local_external += usize::from(bundle.no_local_external);
+            }
+            total = applied.ledger.element_count()
+                + expected_shape(&self.opts, &applied.ledger)
+                    .values()
+                    .sum::<usize>();
+        }
+        let written = self
+            .last_batches
+            .iter()
+            .map(|c| c.elements_added + c.elements_deleted + c.rules_written)
+            .sum();
+        SyncReport {
+            full,
+            tables: vec![TableCount {
+                table,
+                total,
+                written,
+            }],
+            no_local_internal,
+            no_local_external,
+            conntrack_reconcile: None,
+            newly_unsafe: Vec::new(),
+        }
+    }
+}
+
+/// Chain name -> rule count, as the table should hold it.
+fn expected_shape(opts: &NftablesOptions, ledger: &Ledger) -> HashMap<String, usize> {
+    let mut shape: HashMap<String, usize> = fixed_chains(opts)
+        .into_iter()
+        .map(|(chain, rules)| (ChainId::Fixed(chain).to_string(), rules.len()))
+        .collect();
+    for chain in ledger.chains() {
+        shape.insert(
+            ChainId::Shared(chain).to_string(),
+            shared_rules(chain, opts).len(),
+        );
+    }
+    shape
+}
+
+impl Backend for NftablesBackend {
+    fn mode(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let result = self
+            .sync_rules(request)
+            .map_err(|e| BackendError::new(e.attempted(), e.step(), e));
+        match (result, &mut self.conntrack) {
+            // Only once the new rules are in, or the deleted flows would be re-created.
+            (Ok(mut report), Some(conntrack)) => {
+                report.conntrack_reconcile = conntrack.after_sync(request);
+                Ok(report)
+            }
+            (Err(error), Some(conntrack)) => {
+                conntrack.sync_failed();
+                Err(error)
+            }
+            (result, None) => result,
+        }
+    }
+}
+
+/// Deletes our table of `family` (`--cleanup`, or a switch to another mode). A missing
+/// table is fine.
+pub fn cleanup(transport: &mut dyn Transport, family: IpFamily) -> Result<bool, TransportError> {
+    if transport.read_back(family)?.is_none() {
+        return Ok(false);
+    }
+    let mut batch = Batch::new(family);
+    batch.ops.push(crate::batch::Op::AddTable);
+    batch.ops.push(crate::batch::Op::DeleteTable);
+    transport.apply(&batch)?;
+    Ok(true)
+}

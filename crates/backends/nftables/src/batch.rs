@@ -1,0 +1,528 @@
+//! Batches: the ordered operations one atomic nf_tables transaction carries, and how a
+//! sync computes them.
+//!
+//! - A **full** sync deletes and recreates the table (removing whatever others added to
+//!   it), declares every set, writes the fixed chains and every shared chain in use, then
+//!   the elements. Large loads are split by element count ([`full_batches`]): the first
+//!   batch holds the table, the chains and the first elements; each further batch only
+//!   elements, endpoint maps before the entries that lead to them, so a Service becomes
+//!   reachable only once its endpoints are in.
+//! - A **partial** sync diffs the old and new bundles of the changed owners; the
+//!   [`Ledger`] counts what owners share (cluster IPs, hairpin addresses, shared chains):
+//!   chains that become used are created first, then element deletes, element adds (a
+//!   changed value is a delete and an add of the same key), and last the chains no longer
+//!   used.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use kpr_model::IpFamily;
+
+use crate::build::{Bundle, Dest, Owner, Ruleset, shared_rules};
+use crate::model::{ElemKey, ElemValue, Element, Rule};
+use crate::names::{ChainId, SetName, SharedChain};
+use crate::options::NftablesOptions;
+use crate::render::{TABLE, chain_hook, element_text, family_word, rule_text, set_body};
+
+/// One operation of a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Create the table if missing (never fails).
+    AddTable,
+    /// Delete the table (and everything in it, also what others added).
+    DeleteTable,
+    AddSet(SetName),
+    AddChain(ChainId),
+    AddRule(ChainId, Rule),
+    /// Flush and delete a chain no element points at any more.
+    DeleteChain(ChainId),
+    AddElements(SetName, Vec<(ElemKey, Option<ElemValue>)>),
+    DeleteElements(SetName, Vec<ElemKey>),
+}
+
+/// The operations of one atomic transaction on one family's table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    pub family: IpFamily,
+    pub ops: Vec<Op>,
+}
+
+impl Batch {
+    pub fn new(family: IpFamily) -> Self {
+        Self {
+            family,
+            ops: Vec::new(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Elements added and deleted, rules written (for metrics and tests).
+    pub fn counts(&self) -> BatchCounts {
+        let mut c = BatchCounts::default();
+        for op in &self.ops {
+            match op {
+                Op::AddElements(_, e) => c.elements_added += e.len(),
+                Op::DeleteElements(_, e) => c.elements_deleted += e.len(),
+                Op::AddRule(..) => c.rules_written += 1,
+                Op::AddChain(_) => c.chains_added += 1,
+                Op::DeleteChain(_) => c.chains_deleted += 1,
+                _ => {}
+            }
+        }
+        c
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchCounts {
+    pub elements_added: usize,
+    pub elements_deleted: usize,
+    pub rules_written: usize,
+    pub chains_added: usize,
+    pub chains_deleted: usize,
+}
+
+/// Sets in the order their elements are loaded: what entries lead to first.
+fn load_rank(set: SetName) -> u8 {
+    match set {
+        SetName::Endpoints(_) | SetName::Hairpin | SetName::Affinity(_) => 0,
+        SetName::ServiceCidrs | SetName::NodePortIps | SetName::FirewallIps | SetName::FirewallAllow => 1,
+        SetName::ClusterIps | SetName::NoEndpointServices | SetName::NoEndpointNodePorts => 2,
+        SetName::ServiceIps | SetName::ServiceNodePorts => 3,
+    }
+}
+
+/// Shared chains sorted so that a chain comes after the chains it jumps to.
+fn creation_order(chains: impl IntoIterator<Item = SharedChain>) -> Vec<SharedChain> {
+    let mut v: Vec<SharedChain> = chains.into_iter().collect();
+    v.sort_by_key(|c| (c.level(), *c));
+    v
+}
+
+fn add_chain_ops(ops: &mut Vec<Op>, chain: SharedChain, opts: &NftablesOptions) {
+    let id = ChainId::Shared(chain);
+    ops.push(Op::AddChain(id));
+    for rule in shared_rules(chain, opts) {
+        ops.push(Op::AddRule(id, rule));
+    }
+}
+
+/// The batches of a full sync, none holding more than `max_elements` elements (the first
+/// also holds the table and its chains).
+pub fn full_batches(ruleset: &Ruleset, opts: &NftablesOptions, max_elements: usize) -> Vec<Batch> {
+    let mut batches = Vec::new();
+    let _ = stream_full(ruleset, opts, max_elements, &mut |batch| {
+        batches.push(batch);
+        Ok::<(), std::convert::Infallible>(())
+    });
+    batches
+}
+
+/// Hands the batches of a full sync to `sink` one at a time, so only one batch is ever
+/// built in memory. Elements go in by [`load_rank`]; within a set in owner order (shared
+/// ones, cluster IPs and hairpin addresses, once).
+pub fn stream_full<E>(
+    ruleset: &Ruleset,
+    opts: &NftablesOptions,
+    max_elements: usize,
+    sink: &mut dyn FnMut(Batch) -> Result<(), E>,
+) -> Result<(), E> {
+    let family = ruleset.family;
+    let max = max_elements.max(1);
+    let mut batch = Batch::new(family);
+    batch.ops.push(Op::AddTable);
+    batch.ops.push(Op::DeleteTable);
+    batch.ops.push(Op::AddTable);
+    for set in &ruleset.sets {
+        batch.ops.push(Op::AddSet(*set));
+    }
+    for (chain, _) in &ruleset.fixed {
+        batch.ops.push(Op::AddChain(ChainId::Fixed(*chain)));
+    }
+    for (chain, rules) in &ruleset.fixed {
+        for rule in rules {
+            batch.ops.push(Op::AddRule(ChainId::Fixed(*chain), rule.clone()));
+        }
+    }
+    let shared: BTreeSet<SharedChain> = ruleset
+        .bundles
+        .values()
+        .flat_map(|b| b.chains.iter().copied())
+        .collect();
+    for chain in creation_order(shared) {
+        add_chain_ops(&mut batch.ops, chain, opts);
+    }
+    let mut pending = Pending::new();
+    let mut room = max;
+    for rank in 0..=3u8 {
+        let mut seen: HashSet<(SetName, IpAddr)> = HashSet::new();
+        for bundle in ruleset.bundles.values() {
+            for e in bundle.all_elements() {
+                if load_rank(e.set) != rank {
+                    continue;
+                }
+                let shared_ip = match e.key {
+                    ElemKey::Addr(ip) if e.set == SetName::ClusterIps => Some(ip),
+                    ElemKey::AddrPair(ip, _) if e.set == SetName::Hairpin => Some(ip),
+                    _ => None,
+                };
+                if shared_ip.is_some_and(|ip| !seen.insert((e.set, ip))) {
+                    continue;
+                }
+                pending.entry((rank, e.set)).or_default().push((e.key, e.value));
+                room -= 1;
+                if room == 0 {
+                    flush(&mut batch, &mut pending);
+                    sink(std::mem::replace(&mut batch, Batch::new(family)))?;
+                    room = max;
+                }
+            }
+        }
+    }
+    flush(&mut batch, &mut pending);
+    if !batch.is_empty() {
+        sink(batch)?;
+    }
+    Ok(())
+}
+
+type Pending = BTreeMap<(u8, SetName), Vec<(ElemKey, Option<ElemValue>)>>;
+
+fn flush(batch: &mut Batch, pending: &mut Pending) {
+    for ((_, set), elements) in std::mem::take(pending) {
+        batch.ops.push(Op::AddElements(set, elements));
+    }
+}
+
+// === the ledger: what the kernel holds ===
+
+/// What the kernel holds beyond the bundles themselves: who holds each destination, and
+/// reference counts of what several owners share (cluster IPs of multi-port Services,
+/// endpoint addresses in `hairpin`, shared chains). Elements keyed by a destination are
+/// written by its holder alone, so they need no count.
+#[derive(Clone, Debug, Default)]
+pub struct Ledger {
+    claims: HashMap<Dest, Owner>,
+    cluster_ips: HashMap<IpAddr, u32>,
+    hairpin: HashMap<IpAddr, u32>,
+    chains: HashMap<SharedChain, u32>,
+    /// Owners that wanted a destination another owner holds.
+    contested: HashSet<Owner>,
+    owned_elements: usize,
+}
+
+fn count_up<K: std::hash::Hash + Eq + Copy>(map: &mut HashMap<K, u32>, key: K) -> bool {
+    let n = map.entry(key).or_default();
+    *n += 1;
+    *n == 1
+}
+
+fn count_down<K: std::hash::Hash + Eq + Copy>(map: &mut HashMap<K, u32>, key: K) -> bool {
+    match map.get_mut(&key) {
+        Some(n) if *n > 1 => {
+            *n -= 1;
+            false
+        }
+        Some(_) => {
+            map.remove(&key);
+            true
+        }
+        None => false,
+    }
+}
+
+impl Ledger {
+    /// The ledger of a freshly loaded `ruleset`.
+    pub fn of(ruleset: &Ruleset) -> Self {
+        let mut ledger = Self::default();
+        for (owner, bundle) in &ruleset.bundles {
+            ledger.hold(owner, bundle);
+        }
+        ledger
+    }
+
+    fn hold(&mut self, owner: &Owner, bundle: &Bundle) {
+        for dest in &bundle.dests {
+            self.claims.insert(*dest, owner.clone());
+        }
+        if bundle.contested {
+            self.contested.insert(owner.clone());
+        }
+        if let Some(ip) = bundle.cluster_ip {
+            count_up(&mut self.cluster_ips, ip);
+        }
+        for ip in bundle.hairpin_ips() {
+            count_up(&mut self.hairpin, ip);
+        }
+        for chain in bundle.chains.iter() {
+            count_up(&mut self.chains, *chain);
+        }
+        self.owned_elements +=
+            bundle.entries.len() + bundle.slots.iter().map(|(_, e)| e.len()).sum::<usize>();
+    }
+
+    /// Whether `dest` is held by an owner other than `owner`.
+    pub fn taken_by_other(&self, dest: &Dest, owner: &Owner) -> bool {
+        self.claims.get(dest).is_some_and(|holder| holder != owner)
+    }
+
+    /// Elements in the table (shared ones once).
+    pub fn element_count(&self) -> usize {
+        self.owned_elements + self.cluster_ips.len() + self.hairpin.len()
+    }
+
+    pub fn has_chain(&self, chain: SharedChain) -> bool {
+        self.chains.contains_key(&chain)
+    }
+
+    pub fn chains(&self) -> impl Iterator<Item = SharedChain> + '_ {
+        self.chains.keys().copied()
+    }
+
+    /// Replaces the old bundles of some owners by their new ones; returns the batch that
+    /// takes the kernel from the old to the new state, and whether a destination someone
+    /// else wanted was released (a full sync then hands it over).
+    pub fn update(
+        &mut self,
+        family: IpFamily,
+        replaced: &[(Owner, Option<&Bundle>, Option<&Bundle>)],
+        opts: &NftablesOptions,
+    ) -> (Batch, bool) {
+        let mut deletes: BTreeMap<SetName, Vec<ElemKey>> = BTreeMap::new();
+        let mut adds: BTreeMap<SetName, Vec<(ElemKey, Option<ElemValue>)>> = BTreeMap::new();
+        let mut shared_before: HashMap<(SetName, IpAddr), bool> = HashMap::new();
+        let mut chains_before: HashMap<SharedChain, bool> = HashMap::new();
+        let mut released = false;
+        for (owner, old, new) in replaced {
+            let old_elements = old.map(|b| b.owned_elements()).unwrap_or_default();
+            let new_elements = new.map(|b| b.owned_elements()).unwrap_or_default();
+            let (removed, added) = diff(&old_elements, &new_elements);
+            self.owned_elements = (self.owned_elements + added.len()).saturating_sub(removed.len());
+            for e in removed {
+                deletes.entry(e.set).or_default().push(e.key.clone());
+            }
+            for e in added {
+                adds.entry(e.set).or_default().push((e.key.clone(), e.value));
+            }
+            // Shared elements and chains: counted, written on the first holder, deleted
+            // with the last.
+            let shared = |b: Option<&&Bundle>| -> (Option<IpAddr>, BTreeSet<IpAddr>, Vec<SharedChain>) {
+                b.map_or_else(Default::default, |b| {
+                    (b.cluster_ip, b.hairpin_ips(), b.chains.to_vec())
+                })
+            };
+            let (old_vip, old_hairpin, old_chains) = shared(old.as_ref());
+            let (new_vip, new_hairpin, new_chains) = shared(new.as_ref());
+            for ip in new_vip.iter().chain(&old_vip) {
+                shared_before
+                    .entry((SetName::ClusterIps, *ip))
+                    .or_insert(self.cluster_ips.contains_key(ip));
+            }
+            for ip in new_hairpin.iter().chain(&old_hairpin) {
+                shared_before
+                    .entry((SetName::Hairpin, *ip))
+                    .or_insert(self.hairpin.contains_key(ip));
+            }
+            for chain in new_chains.iter().chain(&old_chains) {
+                chains_before
+                    .entry(*chain)
+                    .or_insert(self.chains.contains_key(chain));
+            }
+            if let Some(ip) = new_vip {
+                count_up(&mut self.cluster_ips, ip);
+            }
+            for ip in &new_hairpin {
+                count_up(&mut self.hairpin, *ip);
+            }
+            for chain in &new_chains {
+                count_up(&mut self.chains, *chain);
+            }
+            if let Some(ip) = old_vip {
+                count_down(&mut self.cluster_ips, ip);
+            }
+            for ip in &old_hairpin {
+                count_down(&mut self.hairpin, *ip);
+            }
+            for chain in &old_chains {
+                count_down(&mut self.chains, *chain);
+            }
+            // Destinations.
+            if let Some(old) = old {
+                for dest in &old.dests {
+                    if self.claims.get(dest) == Some(owner) {
+                        self.claims.remove(dest);
+                        released |= new.is_none_or(|n| !n.dests.contains(dest));
+                    }
+                }
+            }
+            self.contested.remove(owner);
+            if let Some(new) = new {
+                for dest in &new.dests {
+                    self.claims.insert(*dest, owner.clone());
+                }
+                if new.contested {
+                    self.contested.insert(owner.clone());
+                }
+            }
+        }
+        for ((set, ip), existed) in shared_before {
+            let map = if set == SetName::ClusterIps {
+                &self.cluster_ips
+            } else {
+                &self.hairpin
+            };
+            let key = if set == SetName::ClusterIps {
+                ElemKey::Addr(ip)
+            } else {
+                ElemKey::AddrPair(ip, ip)
+            };
+            match (existed, map.contains_key(&ip)) {
+                (true, false) => deletes.entry(set).or_default().push(key),
+                (false, true) => adds.entry(set).or_default().push((key, None)),
+                _ => {}
+            }
+        }
+        let created = creation_order(
+            chains_before
+                .iter()
+                .filter(|(c, existed)| !**existed && self.chains.contains_key(c))
+                .map(|(c, _)| *c),
+        );
+        let mut gone = creation_order(
+            chains_before
+                .iter()
+                .filter(|(c, existed)| **existed && !self.chains.contains_key(c))
+                .map(|(c, _)| *c),
+        );
+        gone.reverse();
+
+        let mut batch = Batch::new(family);
+        for chain in created {
+            add_chain_ops(&mut batch.ops, chain, opts);
+        }
+        // Entries first, so nothing points at a slot while it is gone.
+        let mut deletes: Vec<_> = deletes.into_iter().collect();
+        deletes.sort_by_key(|(set, _)| (std::cmp::Reverse(load_rank(*set)), *set));
+        for (set, mut keys) in deletes {
+            keys.sort();
+            batch.ops.push(Op::DeleteElements(set, keys));
+        }
+        let mut adds: Vec<_> = adds.into_iter().collect();
+        adds.sort_by_key(|(set, _)| (load_rank(*set), *set));
+        for (set, mut elements) in adds {
+            elements.sort();
+            batch.ops.push(Op::AddElements(set, elements));
+        }
+        for chain in gone {
+            batch.ops.push(Op::DeleteChain(ChainId::Shared(chain)));
+        }
+        (batch, released && !self.contested.is_empty())
+    }
+}
+
+/// Elements of `old` not in `new`, and of `new` not in `old` (both sorted).
+fn diff<'a>(old: &'a [Element], new: &'a [Element]) -> (Vec<&'a Element>, Vec<&'a Element>) {
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() || j < new.len() {
+        match (old.get(i), new.get(j)) {
+            (Some(a), Some(b)) if a == b => {
+                i += 1;
+                j += 1;
+            }
+            (Some(a), Some(b)) if a < b => {
+                removed.push(a);
+                i += 1;
+            }
+            (Some(_), Some(b)) => {
+                added.push(b);
+                j += 1;
+            }
+            (Some(a), None) => {
+                removed.push(a);
+                i += 1;
+            }
+            (None, Some(b)) => {
+                added.push(b);
+                j += 1;
+            }
+            (None, None) => break,
+        }
+    }
+    (removed, added)
+}
+
+// === text ===
+
+/// `nft -f` text for one batch.
+pub fn batch_text(batch: &Batch, affinity_capacity: u32) -> String {
+    let fam = family_word(batch.family);
+    let table = format!("{fam} {TABLE}");
+    let mut out = String::new();
+    for op in &batch.ops {
+        match op {
+            Op::AddTable => {
+                let _ = writeln!(out, "add table {table} {{ comment \"rules for kube-proxy\" ; }}");
+            }
+            Op::DeleteTable => {
+                let _ = writeln!(out, "delete table {table}");
+            }
+            Op::AddSet(set) => {
+                let kind = match set {
+                    SetName::ServiceIps
+                    | SetName::ServiceNodePorts
+                    | SetName::NoEndpointServices
+                    | SetName::NoEndpointNodePorts
+                    | SetName::Endpoints(_) => "map",
+                    _ => "set",
+                };
+                let body = set_body(batch.family, *set, affinity_capacity);
+                let _ = writeln!(out, "add {kind} {table} {set} {{ {body} }}");
+            }
+            Op::AddChain(chain) => match chain_hook(*chain) {
+                Some(hook) => {
+                    let _ = writeln!(out, "add chain {table} {chain} {{ {hook} }}");
+                }
+                None => {
+                    let _ = writeln!(out, "add chain {table} {chain}");
+                }
+            },
+            Op::AddRule(chain, rule) => {
+                let _ = writeln!(out, "add rule {table} {chain} {}", rule_text(batch.family, rule));
+            }
+            Op::DeleteChain(chain) => {
+                let _ = writeln!(out, "flush chain {table} {chain}");
+                let _ = writeln!(out, "delete chain {table} {chain}");
+            }
+            Op::AddElements(set, elements) => {
+                for chunk in elements.chunks(256) {
+                    let _ = write!(out, "add element {table} {set} {{ ");
+                    for (i, (key, value)) in chunk.iter().enumerate() {
+                        if i > 0 {
+                            out.push_str(", ");
+                        }
+                        element_text(&mut out, key, value.as_ref());
+                    }
+                    out.push_str(" }\n");
+                }
+            }
+            Op::DeleteElements(set, keys) => {
+                for chunk in keys.chunks(256) {
+                    let _ = write!(out, "delete element {table} {set} {{ ");
+                    for (i, key) in chunk.iter().enumerate() {
+                        if i > 0 {
+                            out.push_str(", ");
+                        }
+                        element_text(&mut out, key, None);
+                    }
+                    out.push_str(" }\n");
+                }
+            }
+        }
+    }
+    out
+}

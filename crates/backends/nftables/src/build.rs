@@ -1,0 +1,674 @@
+//! Generation: the desired state, the options and the node's addresses in; the fixed part
+//! of the table and one [`Bundle`] per Service port (plus one for the node) out.
+//!
+//! A bundle is everything one Service port adds to the kernel: elements of the shared
+//! maps and the shared chains those elements point at. Bundles are independent of each
+//! other, so a sync recomputes only the bundles of changed Services and sends the
+//! difference ([`crate::batch`]). The per-port decisions (which endpoints, REJECT or DROP)
+//! come from kpr-state's `PortPlan`, exactly as the iptables mode takes them.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use kpr_iptables::{LocalDetector, NodePortAddresses, NodePortTargets};
+use kpr_model::{Endpoint, IpFamily, Protocol, ServicePortName};
+use kpr_state::{DesiredState, PortPlan, Unreachable};
+
+use crate::model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt};
+use crate::names::{ChainId, Choice, EndpointMap, FixedChain, KeySpace, PROTOCOLS, SetName, SharedChain};
+use crate::options::NftablesOptions;
+use crate::slots;
+
+/// Who put an element or a shared chain into the table.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Owner {
+    /// Node-level elements: the Service CIDRs and the addresses accepting NodePorts.
+    Node,
+    Port(ServicePortName),
+}
+
+/// The endpoints of one entry in one endpoint map, by slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GroupKey {
+    Address(IpAddr, u16),
+    Port(u16),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotGroup {
+    pub map: EndpointMap,
+    pub key: GroupKey,
+}
+
+/// A destination one Service port owns: its entry and everything keyed by it (endpoint
+/// slots, firewall elements) are written by that port alone. Two ports claiming the same
+/// destination (e.g. one external IP and port in two Services) is user error; the first in
+/// name order keeps it, as a full sync decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dest {
+    Address(IpAddr, Protocol, u16),
+    NodePort(Protocol, u16),
+}
+
+/// What one owner contributes to the table, kept compact: endpoint-map elements are stored
+/// as slot orders and expanded only when a sync needs them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Bundle {
+    /// Elements only this owner writes, other than endpoint slots and the shared
+    /// `cluster-ips`/`hairpin` elements; sorted.
+    pub entries: Vec<Element>,
+    /// The slot order of each endpoint group (see [`slots`]).
+    pub slots: Vec<(SlotGroup, Box<[SocketAddr]>)>,
+    /// Shared chains used, each once (including the chains they jump to).
+    pub chains: Box<[SharedChain]>,
+    /// The cluster IP (an element shared by every port of the Service).
+    pub cluster_ip: Option<IpAddr>,
+    /// Destinations this owner holds.
+    pub dests: Vec<Dest>,
+    /// Some destination it wanted is held by another owner.
+    pub contested: bool,
+    /// internalTrafficPolicy Local without a local endpoint (a metric).
+    pub no_local_internal: bool,
+    /// externalTrafficPolicy Local without a local endpoint (a metric).
+    pub no_local_external: bool,
+}
+
+impl Bundle {
+    pub fn slots_of(&self, group: &SlotGroup) -> Option<&[SocketAddr]> {
+        self.slots
+            .iter()
+            .find(|(g, _)| g == group)
+            .map(|(_, eps)| &eps[..])
+    }
+
+    /// The elements only this owner writes (entries and endpoint slots), sorted.
+    pub fn owned_elements(&self) -> Vec<Element> {
+        let mut out = self.entries.clone();
+        for (group, endpoints) in &self.slots {
+            for (slot, ep) in (0u16..).zip(endpoints.iter()) {
+                let key = match group.key {
+                    GroupKey::Address(addr, port) => ElemKey::AddrPortSlot(addr, port, slot),
+                    GroupKey::Port(port) => ElemKey::PortSlot(port, slot),
+                };
+                out.push(Element::map(
+                    SetName::Endpoints(group.map),
+                    key,
+                    ElemValue::Endpoint(*ep),
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Endpoint addresses (each once): a pod reaching itself through them is masqueraded.
+    pub fn hairpin_ips(&self) -> BTreeSet<IpAddr> {
+        self.slots
+            .iter()
+            .flat_map(|(_, eps)| eps.iter().map(SocketAddr::ip))
+            .collect()
+    }
+
+    /// Every element this owner needs in the table, shared ones included.
+    pub fn all_elements(&self) -> Vec<Element> {
+        let mut out = self.owned_elements();
+        out.extend(
+            self.cluster_ip
+                .map(|ip| Element::new(SetName::ClusterIps, ElemKey::Addr(ip))),
+        );
+        out.extend(
+            self.hairpin_ips()
+                .into_iter()
+                .map(|ip| Element::new(SetName::Hairpin, ElemKey::AddrPair(ip, ip))),
+        );
+        out
+    }
+}
+
+/// The whole table as a full sync writes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ruleset {
+    pub family: IpFamily,
+    pub fixed: Vec<(FixedChain, Vec<Rule>)>,
+    pub sets: Vec<SetName>,
+    pub bundles: BTreeMap<Owner, Bundle>,
+}
+
+/// What generation needs besides the desired state.
+#[derive(Clone, Copy, Debug)]
+pub struct Context<'a> {
+    pub opts: &'a NftablesOptions,
+    /// This host's addresses of the family (used with `--nodeport-addresses`).
+    pub local_addresses: &'a [IpAddr],
+    /// Upstream's node IP: decides whether source ranges admit the node itself.
+    pub node_ip: IpAddr,
+}
+
+impl<'a> Context<'a> {
+    pub fn new(opts: &'a NftablesOptions, state: &DesiredState, local_addresses: &'a [IpAddr]) -> Self {
+        Self {
+            opts,
+            local_addresses,
+            node_ip: opts.primary_node_ip(&state.node.addresses),
+        }
+    }
+}
+
+/// The complete table for `state`, with endpoints in their given order (no history).
+/// Ports are taken in name order, so the first claims a contested destination.
+pub fn build(state: &DesiredState, opts: &NftablesOptions, local_addresses: &[IpAddr]) -> Ruleset {
+    let ctx = Context::new(opts, state, local_addresses);
+    let mut bundles = BTreeMap::new();
+    bundles.insert(Owner::Node, node_bundle(&ctx));
+    let mut claimed: HashSet<Dest> = HashSet::new();
+    for port in state.ports() {
+        let bundle = port_bundle(&state.plan(port), &ctx, None, &|dest| claimed.contains(dest));
+        claimed.extend(bundle.dests.iter().copied());
+        bundles.insert(Owner::Port(port.name.clone()), bundle);
+    }
+    Ruleset {
+        family: opts.family,
+        fixed: fixed_chains(opts),
+        sets: declared_sets(),
+        bundles,
+    }
+}
+
+/// Every set and map, declared by every full sync (empty ones cost nothing per Service).
+pub fn declared_sets() -> Vec<SetName> {
+    let mut sets = vec![
+        SetName::ClusterIps,
+        SetName::ServiceCidrs,
+        SetName::NodePortIps,
+        SetName::ServiceIps,
+        SetName::ServiceNodePorts,
+        SetName::NoEndpointServices,
+        SetName::NoEndpointNodePorts,
+        SetName::FirewallIps,
+        SetName::FirewallAllow,
+        SetName::Hairpin,
+    ];
+    for proto in PROTOCOLS {
+        for space in KeySpace::ALL {
+            let map = EndpointMap { space, proto };
+            sets.push(SetName::Endpoints(map));
+            sets.push(SetName::Affinity(map));
+        }
+    }
+    sets
+}
+
+// === fixed chains ===
+
+/// "Comes from a pod" (negated: "does not"), or `None` without local detection.
+pub fn pod_match(opts: &NftablesOptions, negate: bool) -> Option<Match> {
+    match &opts.local_detector {
+        LocalDetector::None => None,
+        LocalDetector::ClusterCidr(cidrs) => {
+            cidrs
+                .iter()
+                .find(|c| opts.family.matches(&c.addr()))
+                .map(|net| Match::SourceNet {
+                    net: net.trunc(),
+                    negate,
+                })
+        }
+        LocalDetector::BridgeInterface(name) => Some(Match::InputInterface {
+            name: name.clone(),
+            prefix: false,
+            negate,
+        }),
+        LocalDetector::InterfaceNamePrefix(name) => Some(Match::InputInterface {
+            name: name.clone(),
+            prefix: true,
+            negate,
+        }),
+    }
+}
+
+/// "Addressed to a node address that accepts NodePorts".
+fn nodeport_destination(opts: &NftablesOptions) -> Vec<Match> {
+    match opts.nodeport_addresses.targets(opts.family, &[]) {
+        NodePortTargets::AllLocal => vec![Match::DestIsLocal, Match::DestNotNet(opts.loopback_net())],
+        NodePortTargets::Ips(_) => vec![Match::DestIn(SetName::NodePortIps)],
+    }
+}
+
+fn jump(chain: FixedChain) -> Stmt {
+    Stmt::Jump(ChainId::Fixed(chain))
+}
+
+/// The fixed chains and their rules, upstream's nftables layout (hooks and priorities).
+pub fn fixed_chains(opts: &NftablesOptions) -> Vec<(FixedChain, Vec<Rule>)> {
+    use FixedChain as F;
+    let new = || vec![Match::CtStateNew];
+    let mark = opts.mark();
+    FixedChain::ALL
+        .iter()
+        .map(|&chain| {
+            let rules = match chain {
+                F::FilterPreroutingPreDnat | F::FilterOutputPreDnat => {
+                    vec![Rule::new(new(), jump(F::FirewallCheck))]
+                }
+                F::FilterInput => vec![
+                    Rule::new(new(), jump(F::NodePortEndpointsCheck)),
+                    Rule::new(new(), jump(F::ServiceEndpointsCheck)),
+                ],
+                F::FilterForward => {
+                    let mut rules = Vec::new();
+                    // INVALID packets would reach pods un-NATed and reset connections; with
+                    // tcp_be_liberal the kernel marks only out-of-window RSTs INVALID.
+                    if !opts.conntrack_tcp_be_liberal {
+                        rules.push(Rule::new(vec![Match::CtStateInvalid], Stmt::Drop));
+                    }
+                    rules.push(Rule::new(new(), jump(F::ServiceEndpointsCheck)));
+                    rules.push(Rule::new(new(), jump(F::ClusterIpsCheck)));
+                    rules
+                }
+                F::FilterOutput => vec![
+                    Rule::new(new(), jump(F::ServiceEndpointsCheck)),
+                    Rule::new(new(), jump(F::ClusterIpsCheck)),
+                ],
+                F::NatPrerouting | F::NatOutput => vec![Rule::always(jump(F::Services))],
+                F::NatPostrouting => vec![
+                    Rule::always(jump(F::Masquerading)),
+                    // A pod reaching itself through a Service: without SNAT its reply would
+                    // bypass the DNAT's reverse translation.
+                    Rule::new(
+                        vec![
+                            Match::CtStatusDnat,
+                            Match::Lookup {
+                                key: Key::SourceDest,
+                                set: SetName::Hairpin,
+                                negate: false,
+                            },
+                        ],
+                        Stmt::Masquerade,
+                    ),
+                ],
+                F::Services => services_rules(opts),
+                F::MarkForMasquerade => vec![Rule::always(Stmt::MarkOr(mark))],
+                F::Masquerading => vec![
+                    Rule::new(vec![Match::MarkClear(mark)], Stmt::Return),
+                    // Cleared so a packet that traverses the stack again is not SNATed twice.
+                    Rule::always(Stmt::MarkXor(mark)),
+                    Rule::always(Stmt::Masquerade),
+                ],
+                F::ServiceEndpointsCheck => vec![Rule::always(Stmt::Vmap {
+                    key: Key::DestProtoPort,
+                    map: SetName::NoEndpointServices,
+                })],
+                F::NodePortEndpointsCheck => vec![Rule::new(
+                    nodeport_destination(opts),
+                    Stmt::Vmap {
+                        key: Key::ProtoPort,
+                        map: SetName::NoEndpointNodePorts,
+                    },
+                )],
+                F::FirewallCheck => vec![Rule::new(
+                    vec![
+                        Match::Lookup {
+                            key: Key::DestProtoPort,
+                            set: SetName::FirewallIps,
+                            negate: false,
+                        },
+                        Match::Lookup {
+                            key: Key::DestProtoPortSource,
+                            set: SetName::FirewallAllow,
+                            negate: true,
+                        },
+                    ],
+                    Stmt::Drop,
+                )],
+                F::ClusterIpsCheck => vec![
+                    // Still addressed to a cluster IP after DNAT: no Service has this port.
+                    Rule::new(vec![Match::DestIn(SetName::ClusterIps)], Stmt::Reject),
+                    Rule::new(vec![Match::DestIn(SetName::ServiceCidrs)], Stmt::Drop),
+                ],
+                F::RejectChain => vec![Rule::always(Stmt::Reject)],
+            };
+            (chain, rules)
+        })
+        .collect()
+}
+
+fn services_rules(opts: &NftablesOptions) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    // Cluster-IP traffic from outside the pod network is masqueraded so replies come back
+    // through this node (or all of it, with masqueradeAll). Marking traffic that is then
+    // rejected is harmless: the mark only matters to packets that leave.
+    let to_cluster_ip = Match::DestIn(SetName::ClusterIps);
+    if opts.masquerade_all {
+        rules.push(Rule::new(
+            vec![to_cluster_ip],
+            jump(FixedChain::MarkForMasquerade),
+        ));
+    } else if let Some(not_pod) = pod_match(opts, true) {
+        rules.push(Rule::new(
+            vec![to_cluster_ip, not_pod],
+            jump(FixedChain::MarkForMasquerade),
+        ));
+    }
+    rules.push(Rule::always(Stmt::Vmap {
+        key: Key::DestProtoPort,
+        map: SetName::ServiceIps,
+    }));
+    rules.push(Rule::new(
+        nodeport_destination(opts),
+        Stmt::Vmap {
+            key: Key::ProtoPort,
+            map: SetName::ServiceNodePorts,
+        },
+    ));
+    rules
+}
+
+// === shared chains ===
+
+/// The rules of a shared chain: a function of its name and the options only.
+pub fn shared_rules(chain: SharedChain, opts: &NftablesOptions) -> Vec<Rule> {
+    let goto = |c: SharedChain| Stmt::Goto(ChainId::Shared(c));
+    match chain {
+        SharedChain::Pick { map, count } => {
+            vec![Rule::always(Stmt::DnatMap {
+                map,
+                slot: Slot::Random(count),
+            })]
+        }
+        SharedChain::Slot { map, slot, timeout } => vec![
+            Rule::always(Stmt::RememberSlot { map, slot, timeout }),
+            Rule::always(Stmt::DnatMap {
+                map,
+                slot: Slot::Fixed(slot),
+            }),
+        ],
+        SharedChain::Sticky { map, count, timeout } => {
+            let slot_chain = |slot| SharedChain::Slot { map, slot, timeout };
+            let mut rules: Vec<Rule> = (0..count)
+                .map(|slot| {
+                    Rule::new(
+                        vec![Match::Lookup {
+                            key: Key::AffinityEntry { map, slot },
+                            set: SetName::Affinity(map),
+                            negate: false,
+                        }],
+                        goto(slot_chain(slot)),
+                    )
+                })
+                .collect();
+            let targets = (0..count).map(|slot| ChainId::Shared(slot_chain(slot))).collect();
+            rules.push(Rule::always(Stmt::RandomGoto(targets)));
+            rules
+        }
+        SharedChain::Masquerade { choice } => vec![
+            Rule::always(jump(FixedChain::MarkForMasquerade)),
+            Rule::always(goto(choice.chain())),
+        ],
+        SharedChain::LocalPolicy { local, shortcut } => {
+            let mut rules = Vec::new();
+            if let Some(shortcut) = shortcut {
+                // Pods and the node itself reach every endpoint, as if they had gone out to
+                // the load balancer and come back; the node's traffic has the external
+                // address as source, so it must be masqueraded.
+                if let Some(pod) = pod_match(opts, false) {
+                    rules.push(Rule::new(vec![pod], goto(shortcut.chain())));
+                }
+                rules.push(Rule::new(
+                    vec![Match::SourceIsLocal],
+                    jump(FixedChain::MarkForMasquerade),
+                ));
+                rules.push(Rule::new(vec![Match::SourceIsLocal], goto(shortcut.chain())));
+            }
+            if let Some(local) = local {
+                rules.push(Rule::always(goto(local.chain())));
+            }
+            rules
+        }
+    }
+}
+
+// === node-level elements ===
+
+pub fn node_bundle(ctx: &Context<'_>) -> Bundle {
+    let opts = ctx.opts;
+    let mut elements: Vec<Element> = opts
+        .service_cidrs()
+        .map(|net| Element::new(SetName::ServiceCidrs, ElemKey::Net(net)))
+        .collect();
+    if let NodePortTargets::Ips(ips) = opts.nodeport_addresses.targets(opts.family, ctx.local_addresses) {
+        let loopback = opts.loopback_net();
+        elements.extend(
+            ips.into_iter()
+                .filter(|ip| !loopback.contains(ip))
+                .map(|ip| Element::new(SetName::NodePortIps, ElemKey::Addr(ip))),
+        );
+    }
+    elements.sort();
+    elements.dedup();
+    Bundle {
+        entries: elements,
+        ..Bundle::default()
+    }
+}
+
+/// Whether the node's addresses matter to generation (to re-read them before a sync).
+pub fn needs_local_addresses(opts: &NftablesOptions) -> bool {
+    !matches!(opts.nodeport_addresses, NodePortAddresses::All)
+        && opts.nodeport_addresses.needs_local_addresses(opts.family)
+}
+
+// === per service port ===
+
+fn unreachable_value(u: Unreachable) -> ElemValue {
+    match u {
+        Unreachable::Reject => ElemValue::Goto(ChainId::Fixed(FixedChain::RejectChain)),
+        Unreachable::Drop => ElemValue::Drop,
+    }
+}
+
+struct PortBuilder<'h> {
+    proto: Protocol,
+    port: u16,
+    affinity: Option<u32>,
+    history: Option<&'h Bundle>,
+    taken: &'h dyn Fn(&Dest) -> bool,
+    out: Bundle,
+    chains: BTreeSet<SharedChain>,
+}
+
+impl PortBuilder<'_> {
+    fn element(&mut self, set: SetName, key: ElemKey) {
+        self.out.entries.push(Element::new(set, key));
+    }
+
+    fn entry(&mut self, set: SetName, key: ElemKey, value: ElemValue) {
+        self.out.entries.push(Element::map(set, key, value));
+    }
+
+    /// Takes `dest` for this port, unless another port (or this one already) holds it.
+    fn claim(&mut self, dest: Dest) -> bool {
+        if (self.taken)(&dest) || self.out.dests.contains(&dest) {
+            tracing::warn!(
+                ?dest,
+                "two Service ports claim one destination; the first keeps it"
+            );
+            self.out.contested = true;
+            return false;
+        }
+        self.out.dests.push(dest);
+        true
+    }
+
+    fn use_chain(&mut self, chain: SharedChain) {
+        if self.chains.insert(chain) {
+            for target in chain.targets() {
+                self.use_chain(target);
+            }
+        }
+    }
+
+    /// Puts `endpoints` into the slots of `key` in `space`'s map; returns how to choose.
+    fn endpoints(&mut self, space: KeySpace, key: GroupKey, endpoints: &[&Endpoint]) -> Option<Choice> {
+        let map = EndpointMap {
+            space,
+            proto: self.proto,
+        };
+        let group = SlotGroup { map, key };
+        let mut current: Vec<SocketAddr> = endpoints.iter().map(|ep| ep.addr).collect();
+        current.truncate(usize::from(u16::MAX));
+        if current.is_empty() {
+            return None;
+        }
+        let order = slots::assign(self.history.and_then(|h| h.slots_of(&group)), &current);
+        let count = u16::try_from(order.len()).unwrap_or(u16::MAX);
+        self.out.slots.push((group, order.into_boxed_slice()));
+        let choice = Choice {
+            map,
+            count,
+            affinity: self.affinity,
+        };
+        self.use_chain(choice.chain());
+        Some(choice)
+    }
+
+    /// The entry chain for external traffic (NodePort, external IP, load-balancer IP).
+    fn external_entry(&mut self, plan: &PortPlan<'_>, space: KeySpace, key: GroupKey) -> Option<ChainId> {
+        let chain = if !plan.port.external_policy_local {
+            let choice = self.endpoints(space, key, &plan.endpoints.cluster)?;
+            SharedChain::Masquerade { choice }
+        } else {
+            let local = if plan.external_unreachable.is_none() {
+                self.endpoints(space, key, &plan.endpoints.local)
+            } else {
+                None
+            };
+            let shortcut = if plan.uses_cluster_chain {
+                self.endpoints(space.shortcut(), key, &plan.endpoints.cluster)
+            } else {
+                None
+            };
+            if local.is_none() && shortcut.is_none() {
+                return None;
+            }
+            SharedChain::LocalPolicy { local, shortcut }
+        };
+        self.use_chain(chain);
+        Some(ChainId::Shared(chain))
+    }
+}
+
+/// Everything one service port puts into the table. `history` is the port's bundle from
+/// the previous sync: endpoints keep their slots.
+/// `taken` says which destinations other ports hold.
+pub fn port_bundle(
+    plan: &PortPlan<'_>,
+    ctx: &Context<'_>,
+    history: Option<&Bundle>,
+    taken: &dyn Fn(&Dest) -> bool,
+) -> Bundle {
+    let port = plan.port;
+    let proto = port.name.protocol;
+    let mut b = PortBuilder {
+        proto,
+        port: port.port,
+        affinity: port.session_affinity_seconds,
+        history,
+        taken,
+        out: Bundle::default(),
+        chains: BTreeSet::new(),
+    };
+    if plan.has_endpoints() {
+        b.out.no_local_internal = plan.internal_unreachable == Some(Unreachable::Drop);
+        b.out.no_local_external = plan.external_unreachable == Some(Unreachable::Drop);
+    }
+    let vip = port.cluster_ip;
+    b.out.cluster_ip = Some(vip);
+    let port_number = port.port;
+    let dest = |addr| ElemKey::AddrProtoPort(addr, proto, port_number);
+    let claimed_vip = b.claim(Dest::Address(vip, proto, port_number));
+    match plan.internal_unreachable {
+        _ if !claimed_vip => {}
+        None => {
+            let endpoints = if port.internal_policy_local {
+                &plan.endpoints.local
+            } else {
+                &plan.endpoints.cluster
+            };
+            if let Some(choice) = b.endpoints(KeySpace::Address, GroupKey::Address(vip, port.port), endpoints)
+            {
+                b.entry(
+                    SetName::ServiceIps,
+                    dest(vip),
+                    ElemValue::Goto(ChainId::Shared(choice.chain())),
+                );
+            }
+        }
+        Some(u) => b.entry(SetName::NoEndpointServices, dest(vip), unreachable_value(u)),
+    }
+    for &addr in port.external_ips.iter().chain(&port.load_balancer_ips) {
+        if !b.claim(Dest::Address(addr, proto, port_number)) {
+            continue;
+        }
+        if plan.uses_external_chain
+            && let Some(entry) = b.external_entry(plan, KeySpace::Address, GroupKey::Address(addr, port.port))
+        {
+            b.entry(SetName::ServiceIps, dest(addr), ElemValue::Goto(entry));
+        }
+        if let Some(u) = plan.external_unreachable {
+            b.entry(SetName::NoEndpointServices, dest(addr), unreachable_value(u));
+        }
+    }
+    if plan.uses_firewall_chain {
+        firewall(&mut b, plan, ctx);
+    }
+    if let Some(node_port) = port.node_port.filter(|np| b.claim(Dest::NodePort(proto, *np))) {
+        let key = ElemKey::ProtoPort(proto, node_port);
+        if plan.uses_external_chain
+            && let Some(entry) = b.external_entry(plan, KeySpace::NodePort, GroupKey::Port(node_port))
+        {
+            b.entry(SetName::ServiceNodePorts, key.clone(), ElemValue::Goto(entry));
+        }
+        if let Some(u) = plan.external_unreachable {
+            b.entry(SetName::NoEndpointNodePorts, key, unreachable_value(u));
+        }
+    }
+    b.out.entries.sort();
+    b.out.entries.dedup();
+    b.out.chains = b.chains.into_iter().collect();
+    b.out
+}
+
+/// loadBalancerSourceRanges: the load-balancer destinations and the sources they accept;
+/// `firewall-check` drops the rest before DNAT. NodePorts are not subject to them.
+fn firewall(b: &mut PortBuilder<'_>, plan: &PortPlan<'_>, ctx: &Context<'_>) {
+    let port = plan.port;
+    let family = ctx.opts.family;
+    let ranges: Vec<IpNet> = port
+        .load_balancer_source_ranges
+        .iter()
+        .filter(|range| family.matches(&range.addr()))
+        .map(IpNet::trunc)
+        .collect();
+    // A VIP that is also a local address loops node-originated requests back with the VIP
+    // as source: allowed when the ranges admit this node's primary IP, as upstream.
+    let node_allowed = ranges.iter().any(|range| range.contains(&ctx.node_ip));
+    for &lb in &port.load_balancer_ips {
+        if !b.out.dests.contains(&Dest::Address(lb, b.proto, b.port)) {
+            continue;
+        }
+        b.element(SetName::FirewallIps, ElemKey::AddrProtoPort(lb, b.proto, b.port));
+        let sources = ranges.iter().copied().chain(
+            port.load_balancer_ips
+                .iter()
+                .filter(|_| node_allowed)
+                .map(|ip| IpNet::from(*ip)),
+        );
+        for source in sources {
+            b.element(
+                SetName::FirewallAllow,
+                ElemKey::AddrProtoPortNet(lb, b.proto, b.port, source),
+            );
+        }
+    }
+}

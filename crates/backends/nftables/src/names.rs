@@ -1,0 +1,440 @@
+//! Every name in our table, as closed enums.
+//!
+//! No name in the table comes from an API object: sets, maps and chains are named from
+//! literals of this file and numbers (endpoint counts, slots, timeouts). So no Service,
+//! namespace or port name can ever reach nft text or a netlink attribute, and a name can be
+//! lowered to netlink as the same string the text form uses.
+
+use std::fmt;
+
+use kpr_model::Protocol;
+
+/// The protocols a Service port can have, in a fixed order (maps exist for each).
+pub const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+
+/// What an endpoint map is keyed by, and which endpoints it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KeySpace {
+    /// `daddr . dport . slot`: cluster IPs (the internal policy's endpoints) and external
+    /// addresses (external IPs, load-balancer IPs: the external policy's endpoints).
+    Address,
+    /// `daddr . dport . slot` for the external addresses of `externalTrafficPolicy: Local`
+    /// Services: every cluster-wide endpoint, for pod and host traffic (the short-circuit).
+    AddressShortcut,
+    /// `dport . slot`: NodePorts (the external policy's endpoints). The node address is
+    /// not part of the key, so any address that accepts NodePorts shares one element.
+    NodePort,
+    /// `dport . slot` for NodePorts of `externalTrafficPolicy: Local` Services: the
+    /// cluster-wide endpoints for pod and host traffic.
+    NodePortShortcut,
+}
+
+impl KeySpace {
+    pub const ALL: [KeySpace; 4] = [
+        Self::Address,
+        Self::AddressShortcut,
+        Self::NodePort,
+        Self::NodePortShortcut,
+    ];
+
+    fn stem(self) -> &'static str {
+        match self {
+            Self::Address => "service-endpoints",
+            Self::AddressShortcut => "service-shortcut",
+            Self::NodePort => "nodeport-endpoints",
+            Self::NodePortShortcut => "nodeport-shortcut",
+        }
+    }
+
+    /// Whether the key starts with the destination address.
+    pub fn keyed_by_address(self) -> bool {
+        matches!(self, Self::Address | Self::AddressShortcut)
+    }
+
+    /// The short-circuit space belonging to this entry space.
+    pub fn shortcut(self) -> Self {
+        if self.keyed_by_address() {
+            Self::AddressShortcut
+        } else {
+            Self::NodePortShortcut
+        }
+    }
+}
+
+/// One endpoint map: a key space for one protocol (nft 1.0.6 cannot reference a map typed
+/// with the protocol-independent `th dport` from a rule added in a later transaction, so
+/// each protocol has its own maps and chains).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointMap {
+    pub space: KeySpace,
+    pub proto: Protocol,
+}
+
+impl fmt::Display for EndpointMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.space.stem(), self.proto.lower())
+    }
+}
+
+/// Every set and map of the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SetName {
+    /// Every cluster IP: traffic to one of them on a port no Service has is rejected.
+    ClusterIps,
+    /// The Service CIDRs: traffic to an address in them that no Service holds is dropped.
+    ServiceCidrs,
+    /// Node addresses accepting NodePorts (only with `--nodeport-addresses`).
+    NodePortIps,
+    /// `addr . proto . port : verdict`: the entry for every cluster IP and external address.
+    ServiceIps,
+    /// `proto . port : verdict`: the entry for every NodePort.
+    ServiceNodePorts,
+    /// `addr . proto . port : reject | drop` for destinations without usable endpoints.
+    NoEndpointServices,
+    /// `proto . port : reject | drop` for NodePorts without usable endpoints.
+    NoEndpointNodePorts,
+    /// Load-balancer destinations with source ranges.
+    FirewallIps,
+    /// `addr . proto . port . source-range`: the sources each of them accepts.
+    FirewallAllow,
+    /// `endpoint . endpoint`: a pod reaching itself through a Service is masqueraded.
+    Hairpin,
+    /// `key . slot : endpoint address . port`.
+    Endpoints(EndpointMap),
+    /// Dynamic: `client . key . slot` remembered for ClientIP affinity.
+    Affinity(EndpointMap),
+}
+
+impl fmt::Display for SetName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fixed = match self {
+            Self::ClusterIps => "cluster-ips",
+            Self::ServiceCidrs => "service-cidrs",
+            Self::NodePortIps => "nodeport-ips",
+            Self::ServiceIps => "service-ips",
+            Self::ServiceNodePorts => "service-nodeports",
+            Self::NoEndpointServices => "no-endpoint-services",
+            Self::NoEndpointNodePorts => "no-endpoint-nodeports",
+            Self::FirewallIps => "firewall-ips",
+            Self::FirewallAllow => "firewall-allow",
+            Self::Hairpin => "hairpin",
+            Self::Endpoints(map) => return map.fmt(f),
+            Self::Affinity(map) => return write!(f, "affinity-{map}"),
+        };
+        f.write_str(fixed)
+    }
+}
+
+/// The base chains (hooked into netfilter) and the fixed regular chains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FixedChain {
+    FilterPreroutingPreDnat,
+    FilterOutputPreDnat,
+    FilterInput,
+    FilterForward,
+    FilterOutput,
+    NatPrerouting,
+    NatOutput,
+    NatPostrouting,
+    Services,
+    MarkForMasquerade,
+    Masquerading,
+    ServiceEndpointsCheck,
+    NodePortEndpointsCheck,
+    FirewallCheck,
+    ClusterIpsCheck,
+    RejectChain,
+}
+
+impl FixedChain {
+    pub const ALL: [FixedChain; 16] = [
+        Self::FilterPreroutingPreDnat,
+        Self::FilterOutputPreDnat,
+        Self::FilterInput,
+        Self::FilterForward,
+        Self::FilterOutput,
+        Self::NatPrerouting,
+        Self::NatOutput,
+        Self::NatPostrouting,
+        Self::Services,
+        Self::MarkForMasquerade,
+        Self::Masquerading,
+        Self::ServiceEndpointsCheck,
+        Self::NodePortEndpointsCheck,
+        Self::FirewallCheck,
+        Self::ClusterIpsCheck,
+        Self::RejectChain,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FilterPreroutingPreDnat => "filter-prerouting-pre-dnat",
+            Self::FilterOutputPreDnat => "filter-output-pre-dnat",
+            Self::FilterInput => "filter-input",
+            Self::FilterForward => "filter-forward",
+            Self::FilterOutput => "filter-output",
+            Self::NatPrerouting => "nat-prerouting",
+            Self::NatOutput => "nat-output",
+            Self::NatPostrouting => "nat-postrouting",
+            Self::Services => "services",
+            Self::MarkForMasquerade => "mark-for-masquerade",
+            Self::Masquerading => "masquerading",
+            Self::ServiceEndpointsCheck => "service-endpoints-check",
+            Self::NodePortEndpointsCheck => "nodeport-endpoints-check",
+            Self::FirewallCheck => "firewall-check",
+            Self::ClusterIpsCheck => "cluster-ips-check",
+            Self::RejectChain => "reject-chain",
+        }
+    }
+
+    /// The netfilter hook of a base chain, as upstream's nftables mode hooks them.
+    pub fn hook(self) -> Option<Hook> {
+        let (kind, hook, priority) = match self {
+            Self::FilterPreroutingPreDnat => (ChainType::Filter, HookPoint::Prerouting, -110),
+            Self::FilterOutputPreDnat => (ChainType::Filter, HookPoint::Output, -110),
+            Self::FilterInput => (ChainType::Filter, HookPoint::Input, 0),
+            Self::FilterForward => (ChainType::Filter, HookPoint::Forward, 0),
+            Self::FilterOutput => (ChainType::Filter, HookPoint::Output, 0),
+            Self::NatPrerouting => (ChainType::Nat, HookPoint::Prerouting, -100),
+            Self::NatOutput => (ChainType::Nat, HookPoint::Output, -100),
+            Self::NatPostrouting => (ChainType::Nat, HookPoint::Postrouting, 100),
+            _ => return None,
+        };
+        Some(Hook { kind, hook, priority })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainType {
+    Filter,
+    Nat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookPoint {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+    Postrouting,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hook {
+    pub kind: ChainType,
+    pub hook: HookPoint,
+    pub priority: i32,
+}
+
+impl ChainType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Filter => "filter",
+            Self::Nat => "nat",
+        }
+    }
+}
+
+impl HookPoint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prerouting => "prerouting",
+            Self::Input => "input",
+            Self::Forward => "forward",
+            Self::Output => "output",
+            Self::Postrouting => "postrouting",
+        }
+    }
+}
+
+/// How one entry picks among `count` endpoints of one endpoint map: at random, or sticky
+/// per client for `affinity` seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Choice {
+    pub map: EndpointMap,
+    pub count: u16,
+    pub affinity: Option<u32>,
+}
+
+impl Choice {
+    /// The chain an entry goes to for this choice.
+    pub fn chain(self) -> SharedChain {
+        match self.affinity {
+            None => SharedChain::Pick {
+                map: self.map,
+                count: self.count,
+            },
+            Some(timeout) => SharedChain::Sticky {
+                map: self.map,
+                count: self.count,
+                timeout,
+            },
+        }
+    }
+}
+
+/// Chains shared by every Service entry with the same shape: they exist while some entry
+/// uses them, and their rules are a function of their name (and the options) alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SharedChain {
+    /// `pick-<map>-<M>`: DNAT to slot `random mod M` of the entry's key in `map`.
+    Pick { map: EndpointMap, count: u16 },
+    /// `slot-<map>-<k>-t<T>`: remember slot `k` for this client, DNAT to it.
+    Slot {
+        map: EndpointMap,
+        slot: u16,
+        timeout: u32,
+    },
+    /// `sticky-<map>-<M>-t<T>`: the client's remembered slot if any, else a random one.
+    Sticky {
+        map: EndpointMap,
+        count: u16,
+        timeout: u32,
+    },
+    /// `masq-<choice>`: external traffic with policy Cluster: masquerade, then choose.
+    Masquerade { choice: Choice },
+    /// `local-<...>`: external traffic with policy Local: pod and host traffic goes to
+    /// every endpoint (`shortcut`, host traffic masqueraded), the rest to the node's own
+    /// (`local`; none: it falls through and is dropped by `no-endpoint-*`).
+    LocalPolicy {
+        local: Option<Choice>,
+        shortcut: Option<Choice>,
+    },
+}
+
+impl SharedChain {
+    /// Chains must be created after the chains they jump to and deleted before them.
+    pub fn level(self) -> u8 {
+        match self {
+            Self::Pick { .. } | Self::Slot { .. } => 0,
+            Self::Sticky { .. } => 1,
+            Self::Masquerade { .. } | Self::LocalPolicy { .. } => 2,
+        }
+    }
+
+    /// The chains this one jumps to.
+    pub fn targets(self) -> Vec<SharedChain> {
+        match self {
+            Self::Pick { .. } | Self::Slot { .. } => Vec::new(),
+            Self::Sticky { map, count, timeout } => {
+                (0..count).map(|slot| Self::Slot { map, slot, timeout }).collect()
+            }
+            Self::Masquerade { choice } => vec![choice.chain()],
+            Self::LocalPolicy { local, shortcut } => {
+                local.into_iter().chain(shortcut).map(Choice::chain).collect()
+            }
+        }
+    }
+}
+
+fn write_choice(f: &mut fmt::Formatter<'_>, choice: &Choice) -> fmt::Result {
+    write!(f, "{}-{}", choice.map, choice.count)?;
+    if let Some(timeout) = choice.affinity {
+        write!(f, "-t{timeout}")?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for SharedChain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pick { map, count } => write!(f, "pick-{map}-{count}"),
+            Self::Slot { map, slot, timeout } => write!(f, "slot-{map}-{slot}-t{timeout}"),
+            Self::Sticky { map, count, timeout } => write!(f, "sticky-{map}-{count}-t{timeout}"),
+            Self::Masquerade { choice } => {
+                f.write_str("masq-")?;
+                write_choice(f, choice)
+            }
+            Self::LocalPolicy { local, shortcut } => {
+                f.write_str("local-")?;
+                match local {
+                    Some(choice) => write_choice(f, choice)?,
+                    None => f.write_str("none")?,
+                }
+                f.write_str("-via-")?;
+                match shortcut {
+                    Some(choice) => write_choice(f, choice),
+                    None => f.write_str("none"),
+                }
+            }
+        }
+    }
+}
+
+/// Any chain of the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ChainId {
+    Fixed(FixedChain),
+    Shared(SharedChain),
+}
+
+impl fmt::Display for ChainId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Fixed(c) => f.write_str(c.as_str()),
+            Self::Shared(c) => c.fmt(f),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(space: KeySpace) -> EndpointMap {
+        EndpointMap {
+            space,
+            proto: Protocol::Tcp,
+        }
+    }
+
+    #[test]
+    fn shared_chain_names_say_what_they_do() {
+        let pick = Choice {
+            map: map(KeySpace::Address),
+            count: 3,
+            affinity: None,
+        };
+        assert_eq!(pick.chain().to_string(), "pick-service-endpoints-tcp-3");
+        let sticky = Choice {
+            affinity: Some(10800),
+            ..pick
+        };
+        assert_eq!(
+            sticky.chain().to_string(),
+            "sticky-service-endpoints-tcp-3-t10800"
+        );
+        assert_eq!(
+            SharedChain::Masquerade { choice: pick }.to_string(),
+            "masq-service-endpoints-tcp-3"
+        );
+        let shortcut = Choice {
+            map: map(KeySpace::NodePortShortcut),
+            count: 5,
+            affinity: None,
+        };
+        assert_eq!(
+            SharedChain::LocalPolicy {
+                local: None,
+                shortcut: Some(shortcut)
+            }
+            .to_string(),
+            "local-none-via-nodeport-shortcut-tcp-5"
+        );
+        assert_eq!(
+            SetName::Affinity(map(KeySpace::NodePort)).to_string(),
+            "affinity-nodeport-endpoints-tcp"
+        );
+    }
+
+    #[test]
+    fn sticky_chains_need_their_slot_chains_first() {
+        let sticky = SharedChain::Sticky {
+            map: map(KeySpace::Address),
+            count: 2,
+            timeout: 60,
+        };
+        assert_eq!(sticky.targets().len(), 2);
+        assert!(sticky.targets().iter().all(|t| t.level() < sticky.level()));
+    }
+}

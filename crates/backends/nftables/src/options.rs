@@ -1,0 +1,113 @@
+//! The knobs of nftables mode, with upstream's defaults.
+//!
+//! Generation is a pure function of (desired state, options, node facts); everything it
+//! needs beyond the desired state is here. The local-traffic detector and
+//! `--nodeport-addresses` are the iptables mode's own types, so the binary builds both modes'
+//! options from its settings the same way.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+use kpr_iptables::{LocalDetector, NodePortAddresses};
+use kpr_model::IpFamily;
+
+/// Upstream's `nftables.masqueradeBit` default: mark 0x4000.
+pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
+/// Elements per batch in a cold load: a batch this size takes well under 100 ms of kernel
+/// time on the measured machines, so the nf_tables mutex is never held long.
+pub const DEFAULT_MAX_BATCH_ELEMENTS: usize = 20_000;
+/// Capacity of each dynamic affinity set (clients x Services with ClientIP affinity).
+pub const DEFAULT_AFFINITY_CAPACITY: u32 = 1 << 20;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OptionsError {
+    #[error("nftables option masqueradeBit: {0} is outside 0-31")]
+    MasqueradeBit(u8),
+    #[error("nftables option maxBatchElements: must be at least 1")]
+    BatchSize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NftablesOptions {
+    /// The family of this proxier: table `ip kube-proxy` or `ip6 kube-proxy`.
+    pub family: IpFamily,
+    /// Bit of the packet mark that flags traffic needing SNAT (mark = 1 << bit).
+    pub masquerade_bit: u8,
+    /// SNAT all traffic sent to cluster IPs (upstream's `--masquerade-all`).
+    pub masquerade_all: bool,
+    pub local_detector: LocalDetector,
+    pub nodeport_addresses: NodePortAddresses,
+    /// `--bind-address`, when specific: upstream's first choice for the node's primary IP,
+    /// which decides whether load-balancer source ranges admit the node itself.
+    pub bind_address: Option<IpAddr>,
+    /// `nf_conntrack_tcp_be_liberal` is on: the `ct state invalid drop` rule is left out.
+    pub conntrack_tcp_be_liberal: bool,
+    /// The cluster's Service CIDRs (ServiceCIDR objects or `--service-cluster-ip-range`):
+    /// traffic to an address inside them that no Service holds is dropped.
+    pub service_cidrs: Vec<IpNet>,
+    /// The most elements one batch of a cold load carries.
+    pub max_batch_elements: usize,
+    pub affinity_capacity: u32,
+}
+
+impl Default for NftablesOptions {
+    fn default() -> Self {
+        Self {
+            family: IpFamily::V4,
+            masquerade_bit: DEFAULT_MASQUERADE_BIT,
+            masquerade_all: false,
+            local_detector: LocalDetector::None,
+            nodeport_addresses: NodePortAddresses::All,
+            bind_address: None,
+            conntrack_tcp_be_liberal: false,
+            service_cidrs: Vec::new(),
+            max_batch_elements: DEFAULT_MAX_BATCH_ELEMENTS,
+            affinity_capacity: DEFAULT_AFFINITY_CAPACITY,
+        }
+    }
+}
+
+impl NftablesOptions {
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        if self.masquerade_bit > 31 {
+            return Err(OptionsError::MasqueradeBit(self.masquerade_bit));
+        }
+        if self.max_batch_elements == 0 {
+            return Err(OptionsError::BatchSize);
+        }
+        Ok(())
+    }
+
+    pub fn mark(&self) -> u32 {
+        1u32 << self.masquerade_bit.min(31)
+    }
+
+    pub fn loopback_net(&self) -> IpNet {
+        match self.family {
+            IpFamily::V4 => IpNet::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)), 8),
+            IpFamily::V6 => IpNet::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 128),
+        }
+        .unwrap_or_default()
+    }
+
+    /// Upstream's node IP for this family: `--bind-address` when specific, else the Node's
+    /// first address of the family, else loopback.
+    pub fn primary_node_ip(&self, node_addresses: &[IpAddr]) -> IpAddr {
+        let family = self.family;
+        self.bind_address
+            .filter(|ip| !ip.is_unspecified() && family.matches(ip))
+            .or_else(|| node_addresses.iter().copied().find(|ip| family.matches(ip)))
+            .unwrap_or(match family {
+                IpFamily::V4 => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                IpFamily::V6 => IpAddr::V6(Ipv6Addr::LOCALHOST),
+            })
+    }
+
+    /// The Service CIDRs of this family.
+    pub fn service_cidrs(&self) -> impl Iterator<Item = IpNet> + '_ {
+        self.service_cidrs
+            .iter()
+            .filter(|net| self.family.matches(&net.addr()))
+            .map(IpNet::trunc)
+    }
+}

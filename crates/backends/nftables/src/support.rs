@@ -1,0 +1,118 @@
+//! Start-up check: does this kernel and nft take everything the nftables mode writes?
+//!
+//! Each step adds one kind of object to a probe batch that the kernel validates and then
+//! throws away (`Transport::check`, `nft --check`): nothing is committed, no table is
+//! touched. Steps are cumulative, so the first one refused names the missing feature in
+//! the start-up error, instead of a first sync failing on line 4711 of a batch.
+
+use kpr_model::Protocol;
+
+use crate::batch::{Batch, Op};
+use crate::build::{declared_sets, fixed_chains, shared_rules};
+use crate::names::{ChainId, EndpointMap, KeySpace, SetName, SharedChain};
+use crate::options::NftablesOptions;
+use crate::transport::{Transport, TransportError};
+
+#[derive(Debug, thiserror::Error)]
+#[error("the nftables mode needs {feature}, which this kernel or nft does not support: {source}")]
+pub struct MissingFeature {
+    pub feature: &'static str,
+    #[source]
+    pub source: TransportError,
+}
+
+fn shared(ops: &mut Vec<Op>, chain: SharedChain, opts: &NftablesOptions) {
+    ops.push(Op::AddChain(ChainId::Shared(chain)));
+    for rule in shared_rules(chain, opts) {
+        ops.push(Op::AddRule(ChainId::Shared(chain), rule));
+    }
+}
+
+/// The probe steps: (feature, operations it adds).
+fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
+    let fixed = fixed_chains(opts);
+    let sets = declared_sets();
+    let pick = |set: &SetName, f: fn(&SetName) -> bool| f(set);
+    let of = |f: fn(&SetName) -> bool| {
+        sets.iter()
+            .filter(|s| pick(s, f))
+            .map(|s| Op::AddSet(*s))
+            .collect::<Vec<_>>()
+    };
+    let plain: fn(&SetName) -> bool = |s| {
+        !matches!(
+            s,
+            SetName::FirewallAllow | SetName::Endpoints(_) | SetName::Affinity(_)
+        )
+    };
+    let mut dnat = Vec::new();
+    let mut sticky = Vec::new();
+    for proto in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+        for space in [KeySpace::Address, KeySpace::NodePort] {
+            let map = EndpointMap { space, proto };
+            shared(&mut dnat, SharedChain::Pick { map, count: 2 }, opts);
+            for slot in 0..2 {
+                shared(
+                    &mut sticky,
+                    SharedChain::Slot {
+                        map,
+                        slot,
+                        timeout: 10,
+                    },
+                    opts,
+                );
+            }
+            shared(
+                &mut sticky,
+                SharedChain::Sticky {
+                    map,
+                    count: 2,
+                    timeout: 10,
+                },
+                opts,
+            );
+        }
+    }
+    vec![
+        (
+            "nf_tables with nat and filter base chains (kernel >= 5.13, nft >= 1.0)",
+            std::iter::once(Op::AddTable)
+                .chain(fixed.iter().map(|(c, _)| Op::AddChain(ChainId::Fixed(*c))))
+                .collect(),
+        ),
+        ("sets and verdict maps with concatenated keys", of(plain)),
+        (
+            "concatenated interval sets (loadBalancerSourceRanges)",
+            vec![Op::AddSet(SetName::FirewallAllow)],
+        ),
+        (
+            "typeof maps keyed by numgen (endpoint maps)",
+            of(|s| matches!(s, SetName::Endpoints(_))),
+        ),
+        (
+            "dynamic sets with timeouts (ClientIP affinity)",
+            of(|s| matches!(s, SetName::Affinity(_))),
+        ),
+        (
+            "ct, fib, mark, reject and masquerade fully-random rules",
+            fixed
+                .iter()
+                .flat_map(|(c, rules)| rules.iter().map(|r| Op::AddRule(ChainId::Fixed(*c), r.clone())))
+                .collect(),
+        ),
+        ("DNAT to a concatenation looked up in a map", dnat),
+        ("set updates from the packet path (ClientIP affinity)", sticky),
+    ]
+}
+
+/// Checks every feature the mode uses, in order; the first missing one is the error.
+pub fn check_support(transport: &mut dyn Transport, opts: &NftablesOptions) -> Result<(), MissingFeature> {
+    let mut batch = Batch::new(opts.family);
+    for (feature, ops) in steps(opts) {
+        batch.ops.extend(ops);
+        transport
+            .check(&batch)
+            .map_err(|source| MissingFeature { feature, source })?;
+    }
+    Ok(())
+}

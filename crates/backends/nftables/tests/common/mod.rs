@@ -1,0 +1,83 @@
+//! Test support: golden-file comparison and the service shapes the tests share.
+//! Desired states come from kpr-world (the real conversions and trackers).
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use kpr_iptables::LocalDetector;
+use kpr_nftables::NftablesOptions;
+use kpr_world::World;
+use serde_json::{Value, json};
+
+pub fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+/// Compares `actual` with `tests/golden/<name>.nft` byte for byte, or rewrites the file
+/// when `UPDATE_GOLDEN=1`.
+pub fn check_golden(name: &str, actual: &str) {
+    let path = golden_dir().join(format!("{name}.nft"));
+    if std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1") {
+        std::fs::create_dir_all(golden_dir()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        eprintln!("UPDATED (not compared): {}", path.display());
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read {}: {e}; run with UPDATE_GOLDEN=1 to create it",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let diff = similar::TextDiff::from_lines(expected.as_str(), actual)
+            .unified_diff()
+            .context_radius(3)
+            .header(&format!("{} (expected)", path.display()), "rendered (actual)")
+            .to_string();
+        panic!("golden mismatch for {name} (UPDATE_GOLDEN=1 to accept):\n{diff}");
+    }
+}
+
+/// Options as a typical cluster runs: pods detected by the cluster CIDR, one Service CIDR.
+pub fn options() -> NftablesOptions {
+    NftablesOptions {
+        local_detector: LocalDetector::ClusterCidr(vec!["10.244.0.0/16".parse().unwrap()]),
+        service_cidrs: vec!["10.96.0.0/16".parse().unwrap(), "fd00:96::/112".parse().unwrap()],
+        ..NftablesOptions::default()
+    }
+}
+
+pub fn clusterip(ip: &str, ports: Value) -> Value {
+    json!({"type": "ClusterIP", "clusterIP": ip, "ports": ports})
+}
+
+pub fn http_port() -> Value {
+    json!([{"name": "http", "port": 80, "targetPort": 8080}])
+}
+
+pub fn http_slice_port() -> Value {
+    json!([{"name": "http", "port": 8080}])
+}
+
+/// Service `web` (ClusterIP 10.96.0.10, port `http` 80 -> 8080) with these endpoints.
+pub fn web(endpoints: Vec<Value>) -> World {
+    let mut world = World::new();
+    world
+        .service("web", clusterip("10.96.0.10", http_port()))
+        .slice("web", http_slice_port(), endpoints);
+    world
+}
+
+/// `web` as a NodePort Service (NodePort 30080) with extra spec fields.
+pub fn nodeport_web(extra: Value) -> Value {
+    let mut spec = json!({"type": "NodePort", "clusterIP": "10.96.0.10",
+           "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            spec.insert(k.clone(), v.clone());
+        }
+    }
+    spec
+}

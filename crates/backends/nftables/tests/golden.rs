@@ -1,0 +1,351 @@
+//! Golden tests: the exact `nft -f` script a full sync loads (`render_dry_run`), for each
+//! Service feature, byte for byte. The kernel tests load these shapes for real.
+//!
+//! `UPDATE_GOLDEN=1 cargo nextest run -p kpr-nftables --test golden` rewrites the files;
+//! review the diff before committing it.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{check_golden, clusterip, http_port, http_slice_port, nodeport_web, options, web};
+use kpr_iptables::NodePortAddresses;
+use kpr_model::IpFamily;
+use kpr_nftables::{NftablesOptions, render_dry_run};
+use kpr_world::{World, ep};
+use serde_json::json;
+
+fn render(world: &mut World, opts: &NftablesOptions) -> String {
+    render_dry_run(&world.state(), opts, &[])
+}
+
+/// The lines of `text` that carry elements of `set`, joined.
+fn elements_of(text: &str, set: &str) -> String {
+    let prefix = format!(" {set} {{ ");
+    text.lines()
+        .filter(|l| l.starts_with("add element") && l.contains(&prefix))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn clusterip_without_endpoints_rejects() {
+    let mut world = World::new();
+    world.service("web", clusterip("10.96.0.10", http_port()));
+    let text = render(&mut world, &options());
+    assert!(text.contains(
+        "add element ip kube-proxy no-endpoint-services { 10.96.0.10 . tcp . 80 : goto reject-chain }"
+    ));
+    assert!(
+        !text.contains("add chain ip kube-proxy pick-"),
+        "no shared chain without endpoints"
+    );
+    check_golden("clusterip_0_endpoints", &text);
+}
+
+#[test]
+fn clusterip_with_three_endpoints_is_elements_only() {
+    let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6"), ep("10.244.3.7")]);
+    let text = render(&mut world, &options());
+    assert!(text.contains("service-ips { 10.96.0.10 . tcp . 80 : goto pick-service-endpoints-tcp-3 }"));
+    assert!(text.contains(
+        "add rule ip kube-proxy pick-service-endpoints-tcp-3 dnat to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp"
+    ));
+    assert_eq!(
+        elements_of(&text, "service-endpoints-tcp"),
+        "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 0 : 10.244.1.5 . 8080, 10.96.0.10 . 80 . 1 : 10.244.2.6 . 8080, 10.96.0.10 . 80 . 2 : 10.244.3.7 . 8080 }"
+    );
+    check_golden("clusterip_3_endpoints", &text);
+}
+
+/// Many Services with the same endpoint count share one chain: chains do not grow with
+/// the number of Services.
+#[test]
+fn services_with_the_same_count_share_one_chain() {
+    let mut world = World::new();
+    for i in 0..20 {
+        let name = format!("svc{i}");
+        world
+            .service(&name, clusterip(&format!("10.96.1.{i}"), http_port()))
+            .slice(
+                &name,
+                http_slice_port(),
+                vec![ep(&format!("10.244.1.{i}")), ep(&format!("10.244.2.{i}"))],
+            );
+    }
+    let text = render(&mut world, &options());
+    let chains = text.lines().filter(|l| l.starts_with("add chain")).count();
+    let sets = text
+        .lines()
+        .filter(|l| l.starts_with("add set") || l.starts_with("add map"))
+        .count();
+    let mut one = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
+    let one = render(&mut one, &options());
+    assert_eq!(chains, one.lines().filter(|l| l.starts_with("add chain")).count());
+    assert_eq!(
+        sets,
+        one.lines()
+            .filter(|l| l.starts_with("add set") || l.starts_with("add map"))
+            .count()
+    );
+}
+
+#[test]
+fn nodeport_with_cluster_policy_masquerades() {
+    let mut world = World::new();
+    world.service("web", nodeport_web(json!({}))).slice(
+        "web",
+        http_slice_port(),
+        vec![ep("10.244.1.5"), ep("10.244.2.6")],
+    );
+    let text = render(&mut world, &options());
+    assert!(text.contains("service-nodeports { tcp . 30080 : goto masq-nodeport-endpoints-tcp-2 }"));
+    assert!(text.contains("add rule ip kube-proxy masq-nodeport-endpoints-tcp-2 jump mark-for-masquerade"));
+    assert!(
+        text.contains(
+            "nodeport-endpoints-tcp { 30080 . 0 : 10.244.1.5 . 8080, 30080 . 1 : 10.244.2.6 . 8080 }"
+        )
+    );
+    assert!(text.contains("add rule ip kube-proxy services fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports"));
+    check_golden("nodeport", &text);
+}
+
+#[test]
+fn nodeport_addresses_use_the_nodeport_ips_set() {
+    let mut world = World::new();
+    world
+        .service("web", nodeport_web(json!({})))
+        .slice("web", http_slice_port(), vec![ep("10.244.1.5")]);
+    let opts = NftablesOptions {
+        nodeport_addresses: NodePortAddresses::Cidrs(vec!["192.168.77.0/24".parse().unwrap()]),
+        ..options()
+    };
+    let locals = [
+        "192.168.77.1".parse().unwrap(),
+        "10.0.0.1".parse().unwrap(),
+        "127.0.0.1".parse().unwrap(),
+    ];
+    let text = render_dry_run(&world.state(), &opts, &locals);
+    assert_eq!(
+        elements_of(&text, "nodeport-ips"),
+        "add element ip kube-proxy nodeport-ips { 192.168.77.1 }"
+    );
+    assert!(text.contains("add rule ip kube-proxy services ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports"));
+    check_golden("nodeport_addresses", &text);
+}
+
+#[test]
+fn external_traffic_policy_local() {
+    let mut world = World::new();
+    world
+        .service(
+            "web",
+            nodeport_web(json!({"externalTrafficPolicy": "Local", "externalIPs": ["203.0.113.9"]})),
+        )
+        .slice(
+            "web",
+            http_slice_port(),
+            vec![ep("10.244.1.5 local"), ep("10.244.2.6"), ep("10.244.3.7")],
+        );
+    let text = render(&mut world, &options());
+    let chain = "local-nodeport-endpoints-tcp-1-via-nodeport-shortcut-tcp-3";
+    assert!(text.contains(&format!("service-nodeports {{ tcp . 30080 : goto {chain} }}")));
+    assert!(text.contains(&format!(
+        "add rule ip kube-proxy {chain} ip saddr 10.244.0.0/16 goto pick-nodeport-shortcut-tcp-3"
+    )));
+    assert!(text.contains(&format!(
+        "add rule ip kube-proxy {chain} fib saddr type local jump mark-for-masquerade"
+    )));
+    assert!(text.contains(&format!(
+        "add rule ip kube-proxy {chain} goto pick-nodeport-endpoints-tcp-1"
+    )));
+    assert!(
+        text.contains(
+            "203.0.113.9 . tcp . 80 : goto local-service-endpoints-tcp-1-via-service-shortcut-tcp-3"
+        )
+    );
+    check_golden("external_traffic_policy_local", &text);
+}
+
+#[test]
+fn external_traffic_policy_local_without_local_endpoints_drops_outside_traffic() {
+    let mut world = World::new();
+    world
+        .service("web", nodeport_web(json!({"externalTrafficPolicy": "Local"})))
+        .slice("web", http_slice_port(), vec![ep("10.244.2.6")]);
+    let text = render(&mut world, &options());
+    assert!(text.contains("no-endpoint-nodeports { tcp . 30080 : drop }"));
+    // Pods and the node still reach the Service through the NodePort.
+    assert!(text.contains("service-nodeports { tcp . 30080 : goto local-none-via-nodeport-shortcut-tcp-1 }"));
+    check_golden("external_traffic_policy_local_no_local", &text);
+}
+
+#[test]
+fn internal_traffic_policy_local() {
+    let mut world = World::new();
+    world
+        .service("web", json!({"type": "ClusterIP", "clusterIP": "10.96.0.10", "internalTrafficPolicy": "Local", "ports": http_port()}))
+        .slice("web", http_slice_port(), vec![ep("10.244.1.5 local"), ep("10.244.2.6")]);
+    let text = render(&mut world, &options());
+    assert_eq!(
+        elements_of(&text, "service-endpoints-tcp"),
+        "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 0 : 10.244.1.5 . 8080 }"
+    );
+    check_golden("internal_traffic_policy_local", &text);
+
+    let mut none = World::new();
+    none.service("web", json!({"type": "ClusterIP", "clusterIP": "10.96.0.10", "internalTrafficPolicy": "Local", "ports": http_port()}))
+        .slice("web", http_slice_port(), vec![ep("10.244.2.6")]);
+    let text = render(&mut none, &options());
+    assert!(text.contains("no-endpoint-services { 10.96.0.10 . tcp . 80 : drop }"));
+}
+
+#[test]
+fn loadbalancer_with_source_ranges() {
+    let mut world = World::new();
+    world
+        .service(
+            "web",
+            json!({"type": "LoadBalancer", "clusterIP": "10.96.0.10",
+                   "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}],
+                   "loadBalancerSourceRanges": ["192.0.2.0/24", "198.51.100.7/32"],
+                   "status": {"loadBalancer": {"ingress": [{"ip": "5.6.7.8"}]}}}),
+        )
+        .slice("web", http_slice_port(), vec![ep("10.244.1.5")]);
+    let text = render(&mut world, &options());
+    assert_eq!(
+        elements_of(&text, "firewall-ips"),
+        "add element ip kube-proxy firewall-ips { 5.6.7.8 . tcp . 80 }"
+    );
+    assert_eq!(
+        elements_of(&text, "firewall-allow"),
+        "add element ip kube-proxy firewall-allow { 5.6.7.8 . tcp . 80 . 192.0.2.0/24, 5.6.7.8 . tcp . 80 . 198.51.100.7 }"
+    );
+    assert!(text.contains("add rule ip kube-proxy firewall-check ip daddr . meta l4proto . th dport @firewall-ips ip daddr . meta l4proto . th dport . ip saddr != @firewall-allow drop"));
+    check_golden("loadbalancer_source_ranges", &text);
+}
+
+#[test]
+fn clientip_affinity() {
+    let mut world = World::new();
+    world
+        .service(
+            "web",
+            json!({"type": "ClusterIP", "clusterIP": "10.96.0.10", "ports": http_port(),
+                   "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}),
+        )
+        .slice("web", http_slice_port(), vec![ep("10.244.1.5"), ep("10.244.2.6")]);
+    let text = render(&mut world, &options());
+    assert!(text.contains("service-ips { 10.96.0.10 . tcp . 80 : goto sticky-service-endpoints-tcp-2-t60 }"));
+    assert!(text.contains("add rule ip kube-proxy slot-service-endpoints-tcp-1-t60 update @affinity-service-endpoints-tcp { ip saddr . ip daddr . tcp dport . numgen random mod 1 offset 1 timeout 60s }"));
+    check_golden("clientip_affinity", &text);
+}
+
+#[test]
+fn udp_and_sctp_use_their_own_maps() {
+    let mut world = World::new();
+    world
+        .service(
+            "dns",
+            json!({"type": "ClusterIP", "clusterIP": "10.96.0.53",
+                   "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
+                             {"name": "s", "port": 9, "protocol": "SCTP"}]}),
+        )
+        .slice(
+            "dns",
+            json!([{"name": "dns", "port": 5353, "protocol": "UDP"}, {"name": "dns-tcp", "port": 5353}, {"name": "s", "port": 99, "protocol": "SCTP"}]),
+            vec![ep("10.244.1.5")],
+        );
+    let text = render(&mut world, &options());
+    assert!(text.contains("10.96.0.53 . udp . 53 : goto pick-service-endpoints-udp-1"));
+    assert!(text.contains("service-endpoints-sctp { 10.96.0.53 . 9 . 0 : 10.244.1.5 . 99 }"));
+    assert_eq!(
+        elements_of(&text, "cluster-ips"),
+        "add element ip kube-proxy cluster-ips { 10.96.0.53 }"
+    );
+    check_golden("udp_sctp", &text);
+}
+
+#[test]
+fn masquerade_all_and_other_detectors() {
+    let mut world = web(vec![ep("10.244.1.5")]);
+    let opts = NftablesOptions {
+        masquerade_all: true,
+        ..options()
+    };
+    let text = render(&mut world, &opts);
+    assert!(text.contains("add rule ip kube-proxy services ip daddr @cluster-ips jump mark-for-masquerade"));
+    let opts = NftablesOptions {
+        local_detector: kpr_iptables::LocalDetector::InterfaceNamePrefix(
+            kpr_iptables::InterfaceName::prefix("veth").unwrap(),
+        ),
+        ..options()
+    };
+    let text = render(&mut world, &opts);
+    assert!(text.contains(
+        "add rule ip kube-proxy services ip daddr @cluster-ips iifname != \"veth*\" jump mark-for-masquerade"
+    ));
+    check_golden(
+        "masquerade_all",
+        &render(
+            &mut world,
+            &NftablesOptions {
+                masquerade_all: true,
+                ..options()
+            },
+        ),
+    );
+}
+
+#[test]
+fn ipv6_uses_the_ip6_table() {
+    let mut world = World::with_family(IpFamily::V6);
+    world
+        .service(
+            "web",
+            nodeport_web(json!({"clusterIP": "fd00:96::10", "ipFamilies": ["IPv6"]})),
+        )
+        .slice("web", http_slice_port(), vec![ep("fd00:10:244:1::5")]);
+    let opts = NftablesOptions {
+        family: IpFamily::V6,
+        local_detector: kpr_iptables::LocalDetector::ClusterCidr(vec!["fd00:10:244::/56".parse().unwrap()]),
+        ..options()
+    };
+    let text = render(&mut world, &opts);
+    assert!(text.contains("service-ips { fd00:96::10 . tcp . 80 : goto pick-service-endpoints-tcp-1 }"));
+    assert!(text.contains("add element ip6 kube-proxy service-cidrs { fd00:96::/112 }"));
+    assert!(text.contains("ip6 daddr != ::1 meta l4proto"));
+    check_golden("ipv6_nodeport", &text);
+}
+
+#[test]
+fn terminating_endpoints_are_a_fallback() {
+    let mut world = web(vec![
+        ep("10.244.1.5 serving terminating"),
+        ep("10.244.2.6 serving terminating"),
+    ]);
+    let text = render(&mut world, &options());
+    assert!(text.contains("goto pick-service-endpoints-tcp-2"));
+    let mut world = web(vec![ep("10.244.1.5 serving terminating"), ep("10.244.2.6")]);
+    let text = render(&mut world, &options());
+    assert!(
+        text.contains("goto pick-service-endpoints-tcp-1"),
+        "ready endpoints win"
+    );
+}
+
+#[test]
+fn topology_hints_narrow_the_cluster_slots() {
+    let mut world = web(vec![
+        ep("10.244.1.5 hint-zone=z1"),
+        ep("10.244.2.6 hint-zone=z2"),
+        ep("10.244.3.7 hint-zone=z1"),
+    ]);
+    let text = render(&mut world, &options());
+    assert_eq!(
+        elements_of(&text, "service-endpoints-tcp"),
+        "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 0 : 10.244.1.5 . 8080, 10.96.0.10 . 80 . 1 : 10.244.3.7 . 8080 }"
+    );
+    assert!(text.contains("goto pick-service-endpoints-tcp-2"));
+    check_golden("topology_hints", &text);
+}

@@ -1,0 +1,363 @@
+//! O(change) syncs: after the first (full) sync, each sync sends one batch holding only the
+//! elements and shared chains that changed. These tests drive the real backend through a
+//! transport that records batches (no kernel; tests/kernel.rs applies the same batches).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::{clusterip, http_port, http_slice_port, options, web};
+use kpr_model::IpFamily;
+use kpr_nftables::{
+    Batch, FullSyncReason, Listing, NftablesBackend, Op, Transport, TransportError, names::SetName,
+};
+use kpr_state::Backend;
+use kpr_world::{World, ep};
+use serde_json::json;
+
+#[derive(Clone, Default)]
+struct Recorder {
+    batches: Arc<Mutex<Vec<Batch>>>,
+}
+
+impl Transport for Recorder {
+    fn apply(&mut self, batch: &Batch) -> Result<(), TransportError> {
+        self.batches.lock().unwrap().push(batch.clone());
+        Ok(())
+    }
+    fn read_back(&mut self, _family: IpFamily) -> Result<Option<Listing>, TransportError> {
+        Ok(None)
+    }
+    fn check(&mut self, _batch: &Batch) -> Result<(), TransportError> {
+        Ok(())
+    }
+}
+
+struct Harness {
+    world: World,
+    backend: NftablesBackend,
+    batches: Arc<Mutex<Vec<Batch>>>,
+}
+
+impl Harness {
+    fn new(world: World) -> Self {
+        let recorder = Recorder::default();
+        let batches = recorder.batches.clone();
+        let mut h = Self {
+            world,
+            backend: NftablesBackend::new(options(), Box::new(recorder)).unwrap(),
+            batches,
+        };
+        let report = h.sync();
+        assert!(report.full);
+        h.batches.lock().unwrap().clear();
+        h
+    }
+
+    fn sync(&mut self) -> kpr_state::SyncReport {
+        let pending = self.world.pending();
+        self.backend.sync(&pending.request(false)).unwrap()
+    }
+
+    /// Syncs and returns the one batch the partial sync sent, as nft text.
+    fn partial(&mut self) -> (Batch, String) {
+        let report = self.sync();
+        assert!(!report.full, "expected a partial sync");
+        let mut batches = std::mem::take(&mut *self.batches.lock().unwrap());
+        assert_eq!(batches.len(), 1, "one atomic batch per partial sync");
+        let batch = batches.remove(0);
+        let text = kpr_nftables::batch_text(&batch, 1);
+        (batch, text)
+    }
+}
+
+fn lines(text: &str) -> Vec<&str> {
+    text.lines().collect()
+}
+
+#[test]
+fn one_endpoint_added_appends_a_slot_and_repoints_the_entry() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5"), ep("10.244.2.6")]));
+    h.world.slice(
+        "web",
+        http_slice_port(),
+        vec![ep("10.244.1.5"), ep("10.244.2.6"), ep("10.244.3.7")],
+    );
+    let (_, text) = h.partial();
+    assert_eq!(
+        lines(&text),
+        [
+            "add chain ip kube-proxy pick-service-endpoints-tcp-3",
+            "add rule ip kube-proxy pick-service-endpoints-tcp-3 dnat to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp",
+            "delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 }",
+            "add element ip kube-proxy hairpin { 10.244.3.7 . 10.244.3.7 }",
+            "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 2 : 10.244.3.7 . 8080 }",
+            "add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 : goto pick-service-endpoints-tcp-3 }",
+            "flush chain ip kube-proxy pick-service-endpoints-tcp-2",
+            "delete chain ip kube-proxy pick-service-endpoints-tcp-2",
+        ]
+    );
+}
+
+#[test]
+fn one_endpoint_removed_moves_the_last_slot_into_the_hole() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5"), ep("10.244.2.6"), ep("10.244.3.7")]));
+    h.world
+        .slice("web", http_slice_port(), vec![ep("10.244.1.5"), ep("10.244.3.7")]);
+    let (batch, text) = h.partial();
+    assert_eq!(
+        lines(&text),
+        [
+            "add chain ip kube-proxy pick-service-endpoints-tcp-2",
+            "add rule ip kube-proxy pick-service-endpoints-tcp-2 dnat to ip daddr . tcp dport . numgen random mod 2 map @service-endpoints-tcp",
+            "delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 }",
+            "delete element ip kube-proxy hairpin { 10.244.2.6 . 10.244.2.6 }",
+            "delete element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1, 10.96.0.10 . 80 . 2 }",
+            "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1 : 10.244.3.7 . 8080 }",
+            "add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 : goto pick-service-endpoints-tcp-2 }",
+            "flush chain ip kube-proxy pick-service-endpoints-tcp-3",
+            "delete chain ip kube-proxy pick-service-endpoints-tcp-3",
+        ]
+    );
+    let counts = batch.counts();
+    assert_eq!((counts.elements_added, counts.elements_deleted), (2, 4));
+}
+
+#[test]
+fn one_endpoint_replaced_is_one_slot() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5"), ep("10.244.2.6"), ep("10.244.3.7")]));
+    h.world.slice(
+        "web",
+        http_slice_port(),
+        vec![ep("10.244.1.5"), ep("10.244.9.9"), ep("10.244.3.7")],
+    );
+    let (_, text) = h.partial();
+    assert_eq!(
+        lines(&text),
+        [
+            "delete element ip kube-proxy hairpin { 10.244.2.6 . 10.244.2.6 }",
+            "delete element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1 }",
+            "add element ip kube-proxy hairpin { 10.244.9.9 . 10.244.9.9 }",
+            "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1 : 10.244.9.9 . 8080 }",
+        ]
+    );
+}
+
+#[test]
+fn a_new_service_with_a_known_count_is_elements_only() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5"), ep("10.244.2.6")]));
+    h.world
+        .service("api", clusterip("10.96.0.20", http_port()))
+        .slice("api", http_slice_port(), vec![ep("10.244.1.8"), ep("10.244.2.9")]);
+    let (batch, text) = h.partial();
+    assert!(
+        !batch
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::AddChain(_) | Op::DeleteChain(_))),
+        "{text}"
+    );
+    assert!(text.contains(
+        "add element ip kube-proxy service-ips { 10.96.0.20 . tcp . 80 : goto pick-service-endpoints-tcp-2 }"
+    ));
+    assert!(text.contains("add element ip kube-proxy cluster-ips { 10.96.0.20 }"));
+    assert_eq!(batch.counts().elements_added, 6, "{text}");
+    assert_eq!(batch.counts().elements_deleted, 0);
+}
+
+#[test]
+fn a_deleted_service_takes_its_elements_and_unused_chains() {
+    let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
+    world.service("api", clusterip("10.96.0.20", http_port())).slice(
+        "api",
+        http_slice_port(),
+        vec![ep("10.244.1.5")],
+    );
+    let mut h = Harness::new(world);
+    h.world.delete_service("api");
+    let (batch, text) = h.partial();
+    assert_eq!(
+        lines(&text),
+        [
+            "delete element ip kube-proxy service-ips { 10.96.0.20 . tcp . 80 }",
+            "delete element ip kube-proxy cluster-ips { 10.96.0.20 }",
+            "delete element ip kube-proxy service-endpoints-tcp { 10.96.0.20 . 80 . 0 }",
+            "flush chain ip kube-proxy pick-service-endpoints-tcp-1",
+            "delete chain ip kube-proxy pick-service-endpoints-tcp-1",
+        ],
+        "the hairpin element of 10.244.1.5 stays: web still uses it"
+    );
+    assert_eq!(batch.counts().elements_added, 0);
+}
+
+#[test]
+fn a_policy_change_repoints_the_entry() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5 local"), ep("10.244.2.6")]));
+    h.world.service(
+        "web",
+        json!({"type": "ClusterIP", "clusterIP": "10.96.0.10", "internalTrafficPolicy": "Local", "ports": http_port()}),
+    );
+    let (_, text) = h.partial();
+    assert!(text.contains("add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 : goto pick-service-endpoints-tcp-1 }"), "{text}");
+    assert!(
+        text.contains("delete element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1 }"),
+        "{text}"
+    );
+    // No local endpoint left: the cluster IP drops.
+    h.world.slice("web", http_slice_port(), vec![ep("10.244.2.6")]);
+    let (_, text) = h.partial();
+    assert!(
+        text.contains("add element ip kube-proxy no-endpoint-services { 10.96.0.10 . tcp . 80 : drop }"),
+        "{text}"
+    );
+    assert!(
+        text.contains("delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 }"),
+        "{text}"
+    );
+}
+
+#[test]
+fn nothing_changed_sends_nothing_but_reconciles() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5")]));
+    // The recorder's read-back finds no table: someone deleted it, so the sync is full.
+    let report = h.sync();
+    assert!(report.full);
+    assert_eq!(h.backend.last_full_reason(), Some(FullSyncReason::TableChanged));
+}
+
+#[test]
+fn large_cold_loads_are_split_by_element_count() {
+    let mut world = World::new();
+    for i in 0..50u32 {
+        let name = format!("svc{i}");
+        world
+            .service(&name, clusterip(&format!("10.96.1.{i}"), http_port()))
+            .slice(
+                &name,
+                http_slice_port(),
+                vec![ep(&format!("10.244.1.{i}")), ep(&format!("10.244.2.{i}"))],
+            );
+    }
+    let recorder = Recorder::default();
+    let batches = recorder.batches.clone();
+    let opts = kpr_nftables::NftablesOptions {
+        max_batch_elements: 40,
+        ..options()
+    };
+    let mut backend = NftablesBackend::new(opts, Box::new(recorder)).unwrap();
+    backend.sync(&world.pending().request(false)).unwrap();
+    let batches = batches.lock().unwrap();
+    // 50 x (2 endpoints + 2 hairpin + entry + cluster IP) + 1 service CIDR = 301 elements.
+    let sizes: Vec<usize> = batches.iter().map(|b| b.counts().elements_added).collect();
+    assert_eq!(sizes.iter().sum::<usize>(), 301);
+    assert!(sizes.iter().all(|n| *n <= 40), "{sizes:?}");
+    assert_eq!(sizes.len(), 8);
+    // Endpoints go in before the entries that lead to them.
+    let ops: Vec<&Op> = batches.iter().flat_map(|b| &b.ops).collect();
+    let first_entry = ops
+        .iter()
+        .position(|op| matches!(op, Op::AddElements(SetName::ServiceIps, _)))
+        .unwrap();
+    let last_endpoint = ops
+        .iter()
+        .rposition(|op| matches!(op, Op::AddElements(SetName::Endpoints(_), _)))
+        .unwrap();
+    assert!(last_endpoint < first_entry);
+}
+
+/// Refuses any batch that declares an affinity set, as a kernel without dynamic sets would.
+struct NoDynamicSets;
+
+impl Transport for NoDynamicSets {
+    fn apply(&mut self, _batch: &Batch) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn read_back(&mut self, _family: IpFamily) -> Result<Option<Listing>, TransportError> {
+        Ok(None)
+    }
+    fn check(&mut self, batch: &Batch) -> Result<(), TransportError> {
+        if batch
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::AddSet(SetName::Affinity(_))))
+        {
+            return Err(TransportError::Refused {
+                status: "exit status: 1".into(),
+                stderr: "Error: Operation not supported".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_missing_kernel_feature_is_named_at_start_up() {
+    let error = kpr_nftables::check_support(&mut NoDynamicSets, &options()).unwrap_err();
+    assert_eq!(error.feature, "dynamic sets with timeouts (ClientIP affinity)");
+    assert!(error.to_string().contains("Operation not supported"), "{error}");
+}
+
+/// Two Services claiming one external IP and port: the first keeps it, the second's entry
+/// is left out (never a second element with the same key, which the kernel would refuse);
+/// when the holder goes, a full sync hands the destination over.
+#[test]
+fn a_contested_destination_stays_with_its_holder_until_released() {
+    let external = |ip: &str| json!({"type": "ClusterIP", "clusterIP": ip, "externalIPs": ["203.0.113.9"], "ports": http_port()});
+    let mut world = World::new();
+    world
+        .service("a", external("10.96.0.10"))
+        .slice("a", http_slice_port(), vec![ep("10.244.1.5")]);
+    let mut h = Harness::new(world);
+    h.world
+        .service("b", external("10.96.0.20"))
+        .slice("b", http_slice_port(), vec![ep("10.244.2.6")]);
+    let (_, text) = h.partial();
+    assert!(
+        !text.contains("203.0.113.9"),
+        "b may not touch a's destination:\n{text}"
+    );
+    assert!(
+        text.contains("10.96.0.20 . tcp . 80 : goto pick-service-endpoints-tcp-1"),
+        "{text}"
+    );
+
+    h.world.delete_service("a");
+    let (_, text) = h.partial();
+    assert!(
+        text.contains(
+            "delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80, 203.0.113.9 . tcp . 80 }"
+        ),
+        "{text}"
+    );
+    let report = h.sync();
+    assert!(report.full, "b gets the destination in a full sync");
+    assert_eq!(
+        h.backend.last_full_reason(),
+        Some(FullSyncReason::ConflictReleased)
+    );
+    let batches = std::mem::take(&mut *h.batches.lock().unwrap());
+    let text: String = batches.iter().map(|b| kpr_nftables::batch_text(b, 1)).collect();
+    assert!(
+        text.contains("203.0.113.9 . tcp . 80 : goto masq-service-endpoints-tcp-1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn service_cidr_changes_are_element_changes() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5")]));
+    h.backend.set_service_cidrs(vec![
+        "10.96.0.0/16".parse().unwrap(),
+        "10.97.0.0/16".parse().unwrap(),
+    ]);
+    // Any sync carries it; here one with an endpoint change.
+    h.world.slice("web", http_slice_port(), vec![ep("10.244.1.6")]);
+    let (_, text) = h.partial();
+    assert!(
+        text.contains("add element ip kube-proxy service-cidrs { 10.97.0.0/16 }"),
+        "{text}"
+    );
+    assert!(!text.contains("10.96.0.0/16"), "{text}");
+}

@@ -122,9 +122,9 @@ pub struct Cluster {
 impl Cluster {
     /// Starts one backend per endpoint of [`SERVICES`] in an already built lab, then the
     /// proxy in its node namespace.
-    pub fn start(lab: Lab, proxy: &Path, manifests: &Path) -> Result<Self, Failure> {
+    pub fn start(lab: Lab, proxy: &Path, manifests: &Path, mode: &str) -> Result<Self, Failure> {
         let backends = start_backends(&lab)?;
-        let command = proxy_command(proxy, manifests);
+        let command = proxy_command(proxy, manifests, mode);
         println!("starting  {}", describe(&command));
         let proxy = lab
             .spawn(lab.node(), command)
@@ -248,9 +248,10 @@ fn start_backends(lab: &Lab) -> Result<Vec<Backend>, Failure> {
 }
 
 /// The proxy's command line: upstream's flags, healthz and metrics on the node's loopback.
-fn proxy_command(proxy: &Path, manifests: &Path) -> Command {
+fn proxy_command(proxy: &Path, manifests: &Path, mode: &str) -> Command {
     let mut command = Command::new(proxy);
     command
+        .args(["--proxy-mode", mode])
         .args(["--hostname-override", NODE_NAME])
         .arg("--manifests")
         .arg(manifests)
@@ -322,10 +323,10 @@ mod tests {
 
     #[test]
     fn the_proxy_gets_upstreams_flags() {
-        let command = proxy_command(Path::new("/bin/kube-proxy-rs"), Path::new("/ex"));
+        let command = proxy_command(Path::new("/bin/kube-proxy-rs"), Path::new("/ex"), "nftables");
         assert_eq!(
             describe(&command),
-            "/bin/kube-proxy-rs --hostname-override node1 --manifests /ex \
+            "/bin/kube-proxy-rs --proxy-mode nftables --hostname-override node1 --manifests /ex \
              --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 -v 2"
         );
     }

@@ -45,6 +45,9 @@ struct Args {
     /// UDP datagrams sent to the UDP Service.
     #[arg(long, value_name = "N", default_value_t = 200, value_parser = at_least_one)]
     datagrams: usize,
+    /// The proxy mode kube-proxy-rs runs in (`--proxy-mode`).
+    #[arg(long, value_name = "MODE", default_value = "iptables", value_parser = ["iptables", "nftables"])]
+    proxy_mode: String,
     /// How long kube-proxy-rs gets to serve /healthz and route the ClusterIP.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     ready_timeout: u64,
@@ -106,7 +109,7 @@ fn run(args: &Args, interrupt: &Interrupt, namespaces: &mut Vec<String>) -> Resu
     namespaces.extend(namespace_names(&lab));
     describe_lab(&lab);
     interrupt.check()?;
-    let mut cluster = Cluster::start(lab, &proxy, &manifests)?;
+    let mut cluster = Cluster::start(lab, &proxy, &manifests, &args.proxy_mode)?;
     let ready = cluster.wait_ready(Duration::from_secs(args.ready_timeout), interrupt)?;
     println!(
         "ready     after {:.1}s: /healthz 200, {} answered from the node\n",
@@ -117,7 +120,7 @@ fn run(args: &Args, interrupt: &Interrupt, namespaces: &mut Vec<String>) -> Resu
     let results = send_traffic(&cluster, args, interrupt)?;
     cluster.check_running("while the traffic flowed")?;
     println!("\n{}", report::answer_table(&results));
-    show_proxy_view(&cluster);
+    show_proxy_view(&cluster, args);
     println!("stopping  kube-proxy-rs: {}", cluster.stop_proxy());
     Ok(results.iter().all(PathResult::ok))
 }
@@ -156,7 +159,7 @@ fn send_traffic(cluster: &Cluster, args: &Args, interrupt: &Interrupt) -> Result
 
 /// The proxy's own account: its metrics and the rules it wrote. Informational: a failure
 /// here is shown, the verdict stays with the traffic.
-fn show_proxy_view(cluster: &Cluster) {
+fn show_proxy_view(cluster: &Cluster, args: &Args) {
     println!("metrics   GET http://{METRICS}/metrics (in the node namespace)");
     match cluster
         .node()
@@ -173,12 +176,23 @@ fn show_proxy_view(cluster: &Cluster) {
         Ok((status, body)) => println!("          answered {status}: {}", body.trim()),
         Err(err) => println!("          cannot read: {err}"),
     }
-    match cluster.node().sh("iptables-save -t nat") {
+    let (dump, count): (&str, fn(&str) -> usize) = match args.proxy_mode.as_str() {
+        "nftables" => ("nft list table ip kube-proxy", report::nft_element_count),
+        _ => ("iptables-save -t nat", report::kube_line_count),
+    };
+    match cluster.node().sh(dump) {
         Ok(rules) => println!(
-            "rules     iptables-save -t nat | grep -c KUBE-   ->   {}",
-            report::kube_line_count(&rules)
+            "rules     {dump}   ->   {}",
+            count_text(&args.proxy_mode, count(&rules))
         ),
-        Err(err) => println!("rules     iptables-save -t nat failed: {err}"),
+        Err(err) => println!("rules     {dump} failed: {err}"),
+    }
+}
+
+fn count_text(mode: &str, count: usize) -> String {
+    match mode {
+        "nftables" => format!("{count} map/set elements"),
+        _ => format!("{count} lines mention a KUBE- chain"),
     }
 }
 

@@ -105,6 +105,23 @@ pub fn kube_line_count(iptables_save: &str) -> usize {
         .count()
 }
 
+/// The elements of every set and map in an `nft list table` listing: in nftables mode a
+/// Service is elements of shared maps, not rules, so this is what grows with the cluster.
+pub fn nft_element_count(listing: &str) -> usize {
+    listing
+        .split("elements = {")
+        .skip(1)
+        .map(|block| {
+            let body = block.split('}').next().unwrap_or_default();
+            if body.trim().is_empty() {
+                0
+            } else {
+                body.matches(',').count() + 1
+            }
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -119,6 +136,14 @@ mod tests {
             failures: failures.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
             strangers: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn nft_elements_are_counted_across_sets_and_lines() {
+        let listing = "table ip kube-proxy {\n\tset a {\n\t\telements = { 10.0.0.1, 10.0.0.2,\n\t\t\t     10.0.0.3 }\n\t}\n\
+                       \tmap b {\n\t\telements = { 10.0.0.1 . tcp . 80 : goto x }\n\t}\n\tset c {\n\t}\n}\n";
+        assert_eq!(nft_element_count(listing), 4);
+        assert_eq!(nft_element_count("table ip kube-proxy {\n}\n"), 0);
     }
 
     #[test]

@@ -103,7 +103,7 @@ fn a_proxy_that_exits_is_reported_with_its_log() {
     );
     assert!(text.contains("fatal: no such flag"), "{text}");
     assert!(
-        text.contains("started with --hostname-override node1 --manifests"),
+        text.contains("started with --proxy-mode iptables --hostname-override node1 --manifests"),
         "{text}"
     );
 }

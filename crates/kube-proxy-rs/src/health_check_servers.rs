@@ -4,23 +4,24 @@
 use std::sync::Arc;
 
 use kpr_events::Recorder;
-use kpr_iptables::{InterfaceAddresses, IptablesOptions, LocalAddresses, NodePortAddresses, NodePortTargets};
+use kpr_iptables::{InterfaceAddresses, LocalAddresses, NodePortAddresses, NodePortTargets};
 use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_model::IpFamily;
 use kpr_servers::{HealthCheckAddresses, ServiceHealthConfig, ServiceHealthServers};
 
-/// The running set for `options.family`; it follows the state after each successful sync.
+/// The running set for `family`; it follows the state after each successful sync.
 pub fn start(
-    options: &IptablesOptions,
+    family: IpFamily,
+    nodeport_addresses: &NodePortAddresses,
     node_name: &str,
     health: Arc<ProxyHealth>,
     metrics: Metrics,
     recorder: Recorder,
 ) -> Arc<ServiceHealthServers> {
     let config = ServiceHealthConfig {
-        family: options.family,
+        family,
         node_name: node_name.to_string(),
-        addresses: addresses(&options.nodeport_addresses, options.family, &InterfaceAddresses),
+        addresses: addresses(nodeport_addresses, family, &InterfaceAddresses),
     };
     Arc::new(ServiceHealthServers::start(config, health, metrics, recorder))
 }

@@ -76,7 +76,7 @@ fn options_with(
 }
 
 /// `--bind-address` when it names one address (not 0.0.0.0 or ::).
-fn specific_address(bind_address: &str) -> Option<IpAddr> {
+pub(crate) fn specific_address(bind_address: &str) -> Option<IpAddr> {
     bind_address
         .trim()
         .parse::<IpAddr>()
@@ -111,7 +111,7 @@ fn interface(
 
 /// Upstream's `getLocalDetectors`, for any family: a CIDR mode uses the first CIDR of the
 /// backend's family (none of it: no detection for that family).
-fn local_detector(settings: &Settings, node: &NodeFacts) -> Result<LocalDetector, Fatal> {
+pub(crate) fn local_detector(settings: &Settings, node: &NodeFacts) -> Result<LocalDetector, Fatal> {
     let config = &settings.config;
     Ok(match settings.local_mode {
         LocalMode::ClusterCidr => {
@@ -140,7 +140,7 @@ fn local_detector(settings: &Settings, node: &NodeFacts) -> Result<LocalDetector
 
 /// `nodePortAddresses` as the backends take it; `primary` (validation allows it only alone)
 /// becomes the node IPs, as upstream rewrites it at start-up.
-fn nodeport_addresses(entries: &[String], node: &NodeFacts) -> Result<NodePortAddresses, Fatal> {
+pub(crate) fn nodeport_addresses(entries: &[String], node: &NodeFacts) -> Result<NodePortAddresses, Fatal> {
     if entries.is_empty() {
         return Ok(NodePortAddresses::All);
     }
@@ -215,24 +215,30 @@ impl PacketCounters for NfacctCounters {
 /// to addresses in its sets) and `kube-ipvs0`'s addresses keep acting on traffic after a
 /// switch. The chains both modes share stay: our first sync rewrites them.
 pub fn remove_other_modes_leftovers() {
+    remove_iptables_leftovers(Modes::IPVS);
+    // Logs what it removed and what it could not.
+    kpr_leftovers::remove_kernel_leftovers();
+}
+
+/// The iptables rules of `modes` in both families and both iptables flavours, best effort:
+/// failures are logged; a flavour whose tools are not installed is skipped quietly.
+pub fn remove_iptables_leftovers(modes: Modes) {
     for family in [IpFamily::V4, IpFamily::V6] {
         for variant in [Variant::Legacy, Variant::Nft] {
-            let report = cleanup_modes(&IptablesCli::new(family, variant), Modes::IPVS);
+            let report = cleanup_modes(&IptablesCli::new(family, variant), modes);
             for error in report.errors {
                 match &error.source {
                     ExecError::Spawn { command, .. } if is_save_tool(command) => {
-                        tracing::debug!(
-                            "{} {variant:?}: IPVS-mode leftovers not checked: {error}",
-                            family.label()
-                        );
+                        tracing::debug!("{} {variant:?}: leftovers not checked: {error}", family.label());
                     }
-                    _ => tracing::warn!("{} {variant:?}: IPVS-mode leftovers: {error}", family.label()),
+                    _ => tracing::warn!(
+                        "{} {variant:?}: leftovers of other modes: {error}",
+                        family.label()
+                    ),
                 }
             }
         }
     }
-    // Logs what it removed and what it could not.
-    kpr_leftovers::remove_kernel_leftovers();
 }
 
 /// `--cleanup`: removes what kube-proxy (ours or upstream's, in any mode) left: iptables

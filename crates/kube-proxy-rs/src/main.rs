@@ -13,6 +13,7 @@ mod health_check_servers;
 mod iptables_mode;
 mod logging;
 mod mode;
+mod nftables_mode;
 mod node;
 mod proxy;
 

@@ -16,16 +16,17 @@ use std::time::Duration;
 use ipnet::IpNet;
 use kpr_config::{LocalMode, ProxyMode, Settings};
 use kpr_events::Recorder;
-use kpr_iptables::ProcSysctl;
+use kpr_iptables::{NodePortAddresses, ProcSysctl};
 use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_model::IpFamily;
-use kpr_state::DesiredState;
+use kpr_state::{Backend, DesiredState};
 use kpr_sync::FamilyBackend;
 use prometheus_client::registry::Registry;
 
 use crate::fatal::Fatal;
 use crate::health_check_servers;
 use crate::iptables_mode;
+use crate::nftables_mode;
 use crate::node::NodeFacts;
 
 /// Upstream's order of the families a dual-stack proxy serves: the primary one first.
@@ -34,9 +35,10 @@ const BOTH: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
 /// Fails for a mode this version cannot run.
 pub fn ensure_available(mode: ProxyMode) -> Result<(), Fatal> {
     match mode {
-        ProxyMode::Iptables => Ok(()),
+        ProxyMode::Iptables | ProxyMode::Nftables => Ok(()),
         other => Err(Fatal::usage(format!(
-            "proxy mode {other} is not available in this version of kube-proxy-rs yet; use --proxy-mode=iptables"
+            "proxy mode {other} is not available in this version of kube-proxy-rs yet; \
+             use --proxy-mode=iptables or --proxy-mode=nftables"
         ))),
     }
 }
@@ -57,27 +59,41 @@ impl Support {
     }
 }
 
-/// Upstream's `platformCheckSupported` for `mode` (only iptables is available).
+/// Upstream's `platformCheckSupported` for `mode` (iptables or nftables, see
+/// [`ensure_available`]).
 pub fn supported_families(mode: ProxyMode) -> Support {
-    debug_assert_eq!(mode, ProxyMode::Iptables);
+    let supports = match mode {
+        ProxyMode::Nftables => nftables_mode::supports,
+        _ => iptables_mode::supports,
+    };
     Support {
-        ipv4: iptables_mode::supports(IpFamily::V4),
-        ipv6: iptables_mode::supports(IpFamily::V6),
+        ipv4: supports(IpFamily::V4),
+        ipv6: supports(IpFamily::V6),
+    }
+}
+
+/// What `mode` needs from the host, for error messages.
+fn requirement(mode: ProxyMode) -> &'static str {
+    match mode {
+        ProxyMode::Nftables => "nft can list its nf_tables tables",
+        _ => "its iptables can list the nat table",
     }
 }
 
 /// The families to run, the primary one first: both when the host supports both, else the
 /// primary family alone; an error when it cannot program the primary family.
-pub fn choose_families(primary: IpFamily, support: Support) -> Result<Vec<IpFamily>, Fatal> {
+pub fn choose_families(mode: ProxyMode, primary: IpFamily, support: Support) -> Result<Vec<IpFamily>, Fatal> {
     if !support.ipv4 && !support.ipv6 {
-        return Err(Fatal::runtime(
-            "iptables is not available on this host (neither iptables nor ip6tables can list the nat table)",
-        ));
+        return Err(Fatal::runtime(format!(
+            "{mode} mode is not available on this host: for neither IP family {}",
+            requirement(mode)
+        )));
     }
     if !support.has(primary) {
         return Err(Fatal::runtime(format!(
-            "no support for primary IP family {:?}: its iptables cannot list the nat table on this host",
-            primary.label()
+            "no support for primary IP family {:?} in {mode} mode: not on this host: {}",
+            primary.label(),
+            requirement(mode)
         )));
     }
     if support.ipv4 && support.ipv6 {
@@ -283,25 +299,50 @@ pub fn backends(
     families
         .iter()
         .map(|&family| {
-            let options = iptables_mode::options(settings, family, node)?;
+            let (backend, nodeport_addresses) = family_backend(settings, node, family, sync_period)?;
             let health_check_servers = health_check_servers::start(
-                &options,
+                family,
+                &nodeport_addresses,
                 &node.name,
                 service_health.health.clone(),
                 service_health.metrics.clone(),
                 service_health.recorder.clone(),
             );
-            let backend = iptables_mode::backend(options, sync_period)?;
-            if let Err(error) = backend.init(&ProcSysctl::default()) {
-                tracing::error!(%error, "host setting for localhost NodePorts failed; they may not answer");
-            }
-            Ok(FamilyBackend::new(family, Box::new(backend)).observed_by(health_check_servers))
+            Ok(FamilyBackend::new(family, backend).observed_by(health_check_servers))
         })
         .collect()
 }
 
+/// `family`'s backend of the chosen mode, and the addresses it serves NodePorts on (the
+/// Service health-check servers listen there too).
+fn family_backend(
+    settings: &Settings,
+    node: &NodeFacts,
+    family: IpFamily,
+    sync_period: Duration,
+) -> Result<(Box<dyn Backend>, NodePortAddresses), Fatal> {
+    if settings.mode == ProxyMode::Nftables {
+        let options = nftables_mode::options(settings, family, node)?;
+        let nodeport_addresses = options.nodeport_addresses.clone();
+        let backend = nftables_mode::backend(options, sync_period)?;
+        return Ok((Box::new(backend), nodeport_addresses));
+    }
+    let options = iptables_mode::options(settings, family, node)?;
+    let nodeport_addresses = options.nodeport_addresses.clone();
+    let backend = iptables_mode::backend(options, sync_period)?;
+    if let Err(error) = backend.init(&ProcSysctl::default()) {
+        tracing::error!(%error, "host setting for localhost NodePorts failed; they may not answer");
+    }
+    Ok((Box::new(backend), nodeport_addresses))
+}
+
 /// `--init-only`: the host settings every family's backend needs, nothing else.
 pub fn init_only(settings: &Settings, node: &NodeFacts, families: &[IpFamily]) -> Result<(), Fatal> {
+    if settings.mode == ProxyMode::Nftables {
+        // Upstream's nftables mode needs no host settings beyond conntrack's (applied by
+        // the caller): it has no localhost NodePorts, so no route_localnet.
+        return Ok(());
+    }
     for &family in families {
         let options = iptables_mode::options(settings, family, node)?;
         kpr_iptables::prepare_host(&options, &ProcSysctl::default())
@@ -319,6 +360,12 @@ pub fn dry_run(
 ) -> Result<String, Fatal> {
     let mut out = String::new();
     for (family, state) in states {
+        if settings.mode == ProxyMode::Nftables {
+            let options = nftables_mode::options(settings, *family, node)?;
+            out.push_str(&format!("# {} rules (nft -f input)\n", family.label()));
+            out.push_str(&nftables_mode::dry_run(state, &options)?);
+            continue;
+        }
         let options = iptables_mode::options(settings, *family, node)?;
         let tool = match family {
             IpFamily::V4 => "iptables-restore",
@@ -334,8 +381,9 @@ pub fn dry_run(
 /// (upstream's platform cleanup). Best effort: logged, never fatal.
 pub fn remove_other_modes_leftovers(mode: ProxyMode) {
     // ensure_available refused every other mode before this point.
-    if mode == ProxyMode::Iptables {
-        iptables_mode::remove_other_modes_leftovers();
+    match mode {
+        ProxyMode::Nftables => nftables_mode::remove_other_modes_leftovers(),
+        _ => iptables_mode::remove_other_modes_leftovers(),
     }
 }
 
@@ -359,11 +407,11 @@ mod tests {
     #[test]
     fn both_families_run_whenever_the_host_supports_both() {
         assert_eq!(
-            choose_families(IpFamily::V4, BOTH_SUPPORTED).unwrap(),
+            choose_families(ProxyMode::Iptables, IpFamily::V4, BOTH_SUPPORTED).unwrap(),
             [IpFamily::V4, IpFamily::V6]
         );
         assert_eq!(
-            choose_families(IpFamily::V6, BOTH_SUPPORTED).unwrap(),
+            choose_families(ProxyMode::Iptables, IpFamily::V6, BOTH_SUPPORTED).unwrap(),
             [IpFamily::V6, IpFamily::V4],
             "the primary family first"
         );
@@ -375,8 +423,11 @@ mod tests {
             ipv4: true,
             ipv6: false,
         };
-        assert_eq!(choose_families(IpFamily::V4, no_ipv6).unwrap(), [IpFamily::V4]);
-        let error = choose_families(IpFamily::V6, no_ipv6).unwrap_err();
+        assert_eq!(
+            choose_families(ProxyMode::Iptables, IpFamily::V4, no_ipv6).unwrap(),
+            [IpFamily::V4]
+        );
+        let error = choose_families(ProxyMode::Iptables, IpFamily::V6, no_ipv6).unwrap_err();
         assert!(
             error.message.contains("no support for primary IP family"),
             "{}",
@@ -386,7 +437,12 @@ mod tests {
             ipv4: false,
             ipv6: false,
         };
-        assert_eq!(choose_families(IpFamily::V4, neither).unwrap_err().code, 1);
+        assert_eq!(
+            choose_families(ProxyMode::Iptables, IpFamily::V4, neither)
+                .unwrap_err()
+                .code,
+            1
+        );
     }
 
     fn settings(args: &[&str]) -> Settings {
@@ -506,9 +562,15 @@ mod tests {
     }
 
     #[test]
-    fn only_iptables_is_available() {
+    fn iptables_and_nftables_are_available_the_other_modes_not_yet() {
         assert!(ensure_available(ProxyMode::Iptables).is_ok());
-        let error = ensure_available(ProxyMode::Nftables).unwrap_err();
+        assert!(ensure_available(ProxyMode::Nftables).is_ok());
+        let error = ensure_available(ProxyMode::Ipvs).unwrap_err();
         assert_eq!(error.code, 2);
+        assert!(
+            error.message.contains("--proxy-mode=nftables"),
+            "{}",
+            error.message
+        );
     }
 }

@@ -89,7 +89,11 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
         .await
         .map_err(|e| Fatal::runtime(e.to_string()))?;
     let facts = node_facts(&settings, node_name.clone(), waited.node.as_ref());
-    let families = mode::choose_families(facts.ips.primary_family, mode::supported_families(settings.mode))?;
+    let families = mode::choose_families(
+        settings.mode,
+        facts.ips.primary_family,
+        mode::supported_families(settings.mode),
+    )?;
     mode::check_config(&settings, &facts, &families)?;
     if settings.init_only {
         // Upstream's split: a privileged init container prepares the host, then the proxy

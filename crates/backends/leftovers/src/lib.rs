@@ -94,14 +94,26 @@ fn subsystem_missing(error: &NetlinkError) -> bool {
 pub fn remove_kernel_leftovers() -> Report {
     let mut report = Report::default();
     nftables::remove_tables(&mut report);
+    remove_ipvs_objects(&mut report);
+    report
+}
+
+/// IPVS mode's kernel objects only (virtual services, `kube-ipvs0`, ipsets): what an
+/// nftables-mode proxy removes, keeping the `kube-proxy` tables it adopts.
+pub fn remove_ipvs_leftovers() -> Report {
+    let mut report = Report::default();
+    remove_ipvs_objects(&mut report);
+    report
+}
+
+fn remove_ipvs_objects(report: &mut Report) {
     match find_ipvs_link() {
         Ok(Some(link)) => {
-            ipvs::remove_services_on(&link.addresses, &mut report);
-            link::remove(&link, &mut report);
+            ipvs::remove_services_on(&link.addresses, report);
+            link::remove(&link, report);
         }
         Ok(None) => {}
         Err(error) => report.failed(LeftoverError::netlink(format!("link {IPVS_LINK}"), &error)),
     }
-    remove_ipvs_sets(&mut report);
-    report
+    remove_ipvs_sets(report);
 }

@@ -20,6 +20,7 @@
 macro_rules! every_mode {
     ($($scenario:ident),+ $(,)?) => {
         in_mode!(iptables, $crate::mode::Mode::Iptables; $($scenario),+);
+        in_mode!(nftables, $crate::mode::Mode::Nftables; $($scenario),+);
     };
 }
 

@@ -10,6 +10,7 @@ use kpr_netns::Netns;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     Iptables,
+    Nftables,
 }
 
 impl Mode {
@@ -17,6 +18,7 @@ impl Mode {
     pub fn name(self) -> &'static str {
         match self {
             Mode::Iptables => "iptables",
+            Mode::Nftables => "nftables",
         }
     }
 
@@ -30,6 +32,8 @@ impl Mode {
     pub fn ruleset(self, node: &Netns) -> kpr_netns::Result<String> {
         let dump = match self {
             Mode::Iptables => "iptables-save",
+            // Map elements hold the addresses in this mode, and the listing shows them.
+            Mode::Nftables => "nft list ruleset",
         };
         node.sh(dump)
     }

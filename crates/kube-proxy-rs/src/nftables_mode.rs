@@ -1,0 +1,84 @@
+//! nftables mode: the effective configuration and the node's facts turned into one nftables
+//! backend per IP family (tables `ip kube-proxy` and `ip6 kube-proxy`), whether a family can
+//! be programmed on this host, `--dry-run`, and what the other modes left behind.
+//!
+//! The options come from the same settings and node facts as iptables mode's (local-traffic
+//! detection, `nodePortAddresses`, the primary node IP), through the same functions, so the
+//! two modes cannot read the configuration differently.
+
+use std::time::Duration;
+
+use kpr_config::Settings;
+use kpr_conntrack::Reconciler;
+use kpr_iptables::{InterfaceAddresses, LocalAddresses, ProcSysctl, conntrack_tcp_be_liberal};
+use kpr_model::IpFamily;
+use kpr_nftables::{NftCli, NftablesBackend, NftablesOptions, Transport, render_dry_run};
+use kpr_state::DesiredState;
+
+use crate::fatal::Fatal;
+use crate::iptables_mode;
+use crate::node::NodeFacts;
+
+/// Upstream's check for nftables mode: the kernel has nf_tables for the family and the tools
+/// can reach it (here: `nft` can list that family's tables).
+pub fn supports(family: IpFamily) -> bool {
+    match NftCli::new(0).read_back(family) {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::info!(ipFamily = family.label(), %error, "No nftables support for family");
+            false
+        }
+    }
+}
+
+/// The options of `family`'s backend, from the validated settings and the node's facts.
+pub fn options(settings: &Settings, family: IpFamily, node: &NodeFacts) -> Result<NftablesOptions, Fatal> {
+    let config = &settings.config;
+    Ok(NftablesOptions {
+        family,
+        // Validation keeps the bit within 0..=31.
+        masquerade_bit: u8::try_from(config.masquerade_bit()).unwrap_or(kpr_nftables::DEFAULT_MASQUERADE_BIT),
+        masquerade_all: config.masquerade_all(),
+        local_detector: iptables_mode::local_detector(settings, node)?,
+        nodeport_addresses: iptables_mode::nodeport_addresses(
+            config.node_port_addresses.as_deref().unwrap_or_default(),
+            node,
+        )?,
+        bind_address: iptables_mode::specific_address(&config.bind_address),
+        conntrack_tcp_be_liberal: config.conntrack.tcp_be_liberal
+            || conntrack_tcp_be_liberal(&ProcSysctl::default()),
+        ..NftablesOptions::default()
+    })
+}
+
+/// The nftables backend on the host's `nft`, reconciling the whole UDP conntrack table every
+/// `sync_period` as iptables mode does.
+pub fn backend(options: NftablesOptions, sync_period: Duration) -> Result<NftablesBackend, Fatal> {
+    let family = options.family;
+    let transport = NftCli::new(options.affinity_capacity);
+    let backend =
+        NftablesBackend::new(options, Box::new(transport)).map_err(|e| Fatal::usage(e.to_string()))?;
+    let reconciler = Reconciler::netlink(family).with_full_period(sync_period);
+    Ok(backend.with_conntrack(Box::new(reconciler)))
+}
+
+/// What `--dry-run` prints for one family: the `nft -f` script of a full sync, with this
+/// host's addresses.
+pub fn dry_run(state: &DesiredState, options: &NftablesOptions) -> Result<String, Fatal> {
+    let addresses = if options.nodeport_addresses.needs_local_addresses(options.family) {
+        InterfaceAddresses
+            .addresses(options.family)
+            .map_err(|e| Fatal::runtime(e.to_string()))?
+    } else {
+        Vec::new()
+    };
+    Ok(render_dry_run(state, options, &addresses))
+}
+
+/// Start-up, as upstream's platform cleanup when it starts in nftables mode: the iptables
+/// rules of iptables and IPVS modes (both families and flavours) and IPVS mode's kernel
+/// objects. Our own tables stay: the first sync adopts them. Best effort, logged.
+pub fn remove_other_modes_leftovers() {
+    iptables_mode::remove_iptables_leftovers(kpr_iptables::Modes::ALL);
+    kpr_leftovers::remove_ipvs_leftovers();
+}

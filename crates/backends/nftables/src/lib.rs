@@ -58,8 +58,8 @@
 //!
 //! Per Service port: one `cluster-ips` element, one entry per destination (cluster IP,
 //! each external address, the NodePort) or its `no-endpoint-*` element, M endpoint-map
-//! elements per entry (2M for Local external entries), one `hairpin` element per endpoint
-//! IP (shared), and `firewall-*` elements per source range. No chain, no set. Cluster-IP
+//! elements per entry (2M for Local external entries), one `hairpin` element per distinct
+//! endpoint IP (shared by every Service using it), and `firewall-*` elements per source range. No chain, no set. Cluster-IP
 //! masquerading of non-pod traffic is one rule in `services` for all Services
 //! (`ip daddr @cluster-ips <not from pods> jump mark-for-masquerade`).
 //!
@@ -73,12 +73,31 @@
 //! addresses and shared chains) turns their difference into one ordered [`Batch`]: new
 //! chains, element deletes, element adds, chains no longer used. A destination (address,
 //! protocol, port, or NodePort) is written by one port only: a second claimant is left out
-//! and logged, and gets it in the full sync that follows the holder's release. Endpoints keep their
-//! slots across syncs (`slots`): one endpoint replaced is one element, a count change moves
-//! the last slot into the hole and repoints the entry at `pick-...-(M-1)`.
-//! [`NftablesBackend`] decides full vs partial and reconciles (see `backend`); it talks to
-//! the kernel only through [`Transport`] ([`NftCli`] feeds `nft -f -`; the netlink
-//! transport takes the same batches).
+//! and logged, and gets it in the full sync that follows the holder's release. Endpoints
+//! keep their slots across syncs (`slots`): one endpoint replaced is one element, a count
+//! change moves the last slot into the hole and repoints the entry at `pick-...-(M-1)`.
+//! A full sync deletes and recreates the table (foreign additions go with it) and is
+//! streamed in batches of at most `max_batch_elements` elements, endpoints before the
+//! entries leading to them, so no batch holds the nf_tables mutex long and only one batch
+//! is in memory. [`NftablesBackend`] decides full vs partial and reconciles (see
+//! `backend`); it talks to the kernel only through [`Transport`] ([`NftCli`] feeds
+//! `nft -f -`; the netlink transport takes the same batches). [`check_support`] probes,
+//! at start-up and without committing anything, every kernel and nft feature used, and
+//! names the first one missing.
+//!
+//! # Measured here (one quick run, `examples/scale.rs`, debug build, `nft -f` transport)
+//!
+//! 10 endpoints per Service, in a throw-away namespace; "objects" are elements + rules:
+//!
+//! | Services | objects | cold full sync (ours + nft) | nft alone, one script | one endpoint change p50/p99 | one new Service p50/p99 |
+//! |---:|---:|---:|---:|---:|---:|
+//! | 1k | 22k | 0.32 s | - | 19 / 31 ms | 8 / 14 ms |
+//! | 10k | 220k | 3.2-4.1 s (0.8-2.1 s generation, debug) | 1.7-2.0 s | 23 / 31 ms | 7-10 / 10-14 ms |
+//! | 50k | 1.1M | 18-24 s (56 batches) | 9.2 s | 22-24 / 49 ms | 47 / 83 ms |
+//!
+//! A partial sync is 4 elements for a replaced endpoint at any scale; its time is nft's
+//! own start-up (~20 ms), which the netlink transport removes. Cold loads are dominated by
+//! nft's parsing and by our debug-build generation.
 //!
 //! # Not here
 //!

@@ -392,10 +392,8 @@ impl NftablesBackend {
         };
         let (mut no_local_internal, mut no_local_external, mut total) = (0, 0, 0);
         if let Some(applied) = &self.applied {
-            for bundle in applied.bundles.values() {
-                no_local_internal += usize::from(bundle.no_local_internal);
-                no_local_external += usize::from(bundle.no_local_external);
-            }
+            no_local_internal = applied.ledger.no_local_internal;
+            no_local_external = applied.ledger.no_local_external;
             total = applied.ledger.element_count()
                 + expected_shape(&self.opts, &applied.ledger)
                     .values()

@@ -213,6 +213,10 @@ pub struct Ledger {
     /// Owners that wanted a destination another owner holds.
     contested: HashSet<Owner>,
     owned_elements: usize,
+    /// Service ports whose Local policy finds no local endpoint (metrics), kept up to date
+    /// by every update so a sync never walks all bundles.
+    pub no_local_internal: usize,
+    pub no_local_external: usize,
 }
 
 fn count_up<K: std::hash::Hash + Eq + Copy>(map: &mut HashMap<K, u32>, key: K) -> bool {
@@ -298,6 +302,20 @@ impl Ledger {
         let mut chains_before: HashMap<SharedChain, bool> = HashMap::new();
         let mut released = false;
         for (owner, old, new) in replaced {
+            for (bundle, up) in [(old, false), (new, true)] {
+                let Some(bundle) = bundle else { continue };
+                let (internal, external) = (
+                    usize::from(bundle.no_local_internal),
+                    usize::from(bundle.no_local_external),
+                );
+                if up {
+                    self.no_local_internal += internal;
+                    self.no_local_external += external;
+                } else {
+                    self.no_local_internal = self.no_local_internal.saturating_sub(internal);
+                    self.no_local_external = self.no_local_external.saturating_sub(external);
+                }
+            }
             let old_elements = old.map(|b| b.owned_elements()).unwrap_or_default();
             let new_elements = new.map(|b| b.owned_elements()).unwrap_or_default();
             let (removed, added) = diff(&old_elements, &new_elements);

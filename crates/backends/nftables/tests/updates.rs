@@ -361,3 +361,27 @@ fn service_cidr_changes_are_element_changes() {
     );
     assert!(!text.contains("10.96.0.0/16"), "{text}");
 }
+
+#[test]
+fn no_local_endpoint_counts_follow_partial_syncs() {
+    let local = |eps| {
+        let mut world = World::new();
+        world
+            .service("web", json!({"type": "NodePort", "clusterIP": "10.96.0.10", "externalTrafficPolicy": "Local",
+                                   "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}))
+            .slice("web", http_slice_port(), eps);
+        world
+    };
+    let mut h = Harness::new(local(vec![ep("10.244.1.5 local")]));
+    h.world.slice("web", http_slice_port(), vec![ep("10.244.2.6")]);
+    let report = h.sync();
+    assert!(!report.full);
+    assert_eq!((report.no_local_internal, report.no_local_external), (0, 1));
+    h.world.slice(
+        "web",
+        http_slice_port(),
+        vec![ep("10.244.2.6"), ep("10.244.1.7 local")],
+    );
+    let report = h.sync();
+    assert_eq!((report.no_local_internal, report.no_local_external), (0, 0));
+}

@@ -21,9 +21,9 @@ use kpr_iptables::{AddressError, InterfaceAddresses, LocalAddresses};
 use kpr_model::{IpFamily, NamespacedName, ServicePortName};
 use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount};
 
-use crate::batch::{Batch, BatchCounts, Ledger, stream_full};
+use crate::batch::{Batch, BatchCounts, FullStart, Ledger, stream_full};
 use crate::build::{
-    Bundle, Context, Dest, Owner, build, fixed_chains, needs_local_addresses, node_bundle, port_bundle,
+    Bundle, Context, Dest, Owner, build_from, fixed_chains, needs_local_addresses, node_bundle, port_bundle,
     shared_rules,
 };
 use crate::names::ChainId;
@@ -279,19 +279,41 @@ impl NftablesBackend {
         local_addresses: &[IpAddr],
     ) -> Result<SyncReport, SyncError> {
         let state = request.state;
-        let ruleset = build(state, &self.opts, local_addresses);
+        // After a successful sync the table is kept and rebuilt in place, with endpoints in
+        // their slots, so ClientIP affinity survives; else (first sync, after a failure) it
+        // is recreated, which also clears whatever another proxy left in it.
+        let history = self.applied.take().map(|applied| applied.bundles);
+        let listing = match history {
+            Some(_) => self
+                .transport
+                .read_back(self.opts.family)
+                .map_err(SyncError::ReadBack)?,
+            None => None,
+        };
+        let ruleset = build_from(state, &self.opts, local_addresses, history.as_ref());
+        drop(history);
+        let start = match &listing {
+            Some(listing) => FullStart::InPlace(listing),
+            None => FullStart::Recreate,
+        };
         // Batches are built and sent one at a time: a cold load never holds them all.
         self.last_batches.clear();
         let transport = &mut self.transport;
         let counts = &mut self.last_batches;
-        stream_full(&ruleset, &self.opts, self.opts.max_batch_elements, &mut |batch| {
-            counts.push(batch.counts());
-            transport.apply(&batch).map_err(|source| SyncError::Apply {
-                full: true,
-                index: counts.len(),
-                source,
-            })
-        })?;
+        stream_full(
+            &ruleset,
+            &self.opts,
+            start,
+            self.opts.max_batch_elements,
+            &mut |batch| {
+                counts.push(batch.counts());
+                transport.apply(&batch).map_err(|source| SyncError::Apply {
+                    full: true,
+                    index: counts.len(),
+                    source,
+                })
+            },
+        )?;
         let ledger = Ledger::of(&ruleset);
         let mut ports: HashMap<NamespacedName, Vec<ServicePortName>> = HashMap::new();
         for owner in ruleset.bundles.keys() {

@@ -76,8 +76,10 @@
 //! and logged, and gets it in the full sync that follows the holder's release. Endpoints
 //! keep their slots across syncs (`slots`): one endpoint replaced is one element, a count
 //! change moves the last slot into the hole and repoints the entry at `pick-...-(M-1)`.
-//! A full sync deletes and recreates the table (foreign additions go with it) and is
-//! streamed in batches of at most `max_batch_elements` elements, endpoints before the
+//! A full sync rebuilds the table: in place after a successful sync (our chains and sets
+//! flushed, anything else in the table deleted by handle, the dynamic affinity sets and
+//! the endpoints' slots kept, so sticky clients stay put), or deleted and recreated on the
+//! first sync and after a failure. It is streamed in batches of at most `max_batch_elements` elements, endpoints before the
 //! entries leading to them, so no batch holds the nf_tables mutex long and only one batch
 //! is in memory. [`NftablesBackend`] decides full vs partial and reconciles (see
 //! `backend`); it talks to the kernel only through [`Transport`] ([`NftCli`] feeds
@@ -102,10 +104,11 @@
 //! # Not here
 //!
 //! No text from API objects is ever written (no comments with Service names): every name
-//! is built from literals and numbers ([`names`]), so there is nothing to escape. Known
-//! limits: a full sync rebuilds the table, so ClientIP affinity state is reset then (every
-//! [`FULL_SYNC_PERIOD`] or on repair); when the endpoint count of an affinity Service
-//! shrinks, clients stuck to the moved last slot pick again.
+//! is built from literals and numbers ([`names`]), so there is nothing to escape; foreign
+//! objects are deleted by their kernel handle, never by name. Known limits: a full sync
+//! that recreates the table (first sync, after a failure) resets ClientIP affinity; when
+//! the endpoint count of an affinity Service shrinks, clients stuck to the moved last slot
+//! pick again; while a chunked full sync loads, Services not yet loaded are unreachable.
 
 mod backend;
 mod batch;
@@ -119,10 +122,10 @@ mod support;
 mod transport;
 
 pub use backend::{FULL_SYNC_PERIOD, FullSyncReason, NftablesBackend, SyncError, cleanup};
-pub use batch::{Batch, BatchCounts, Ledger, Op, batch_text, full_batches, stream_full};
+pub use batch::{Batch, BatchCounts, FullStart, Ledger, Op, batch_text, full_batches, stream_full};
 pub use build::{
-    Bundle, Context, Dest, GroupKey, Owner, Ruleset, SlotGroup, build, declared_sets, fixed_chains,
-    node_bundle, port_bundle, shared_rules,
+    Bundle, Context, Dest, GroupKey, Owner, Ruleset, SlotGroup, build, build_from, declared_sets,
+    fixed_chains, node_bundle, port_bundle, shared_rules,
 };
 pub use model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt};
 pub use options::{DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, NftablesOptions, OptionsError};

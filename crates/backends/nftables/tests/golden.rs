@@ -378,6 +378,10 @@ fn nodeport_without_endpoints_rejects_everywhere() {
     let text = render(&mut world, &options());
     assert!(text.contains("no-endpoint-nodeports { tcp . 30080 : goto reject-chain }"));
     assert!(text.contains("203.0.113.9 . tcp . 80 : goto reject-chain"));
-    assert_eq!(elements_of(&text, "service-ips"), "", "no entry without endpoints");
+    assert_eq!(
+        elements_of(&text, "service-ips"),
+        "",
+        "no entry without endpoints"
+    );
     check_golden("nodeport_0_endpoints", &text);
 }

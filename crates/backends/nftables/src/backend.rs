@@ -32,6 +32,8 @@ use crate::transport::{Listing, Transport, TransportError};
 
 /// A full sync at least this often repairs any drift the read-back cannot see (elements).
 pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+/// Upstream's default `nftables.syncPeriod`.
+pub const DEFAULT_RECONCILE_PERIOD: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
@@ -88,6 +90,8 @@ struct Applied {
     bundles: HashMap<Owner, Bundle>,
     ports: HashMap<NamespacedName, Vec<ServicePortName>>,
     full_at: Instant,
+    /// When the table was last read back and compared.
+    checked_at: Instant,
     needs_full: bool,
     /// The last listing that matched what we wrote: rules are compared against it.
     baseline: Option<Listing>,
@@ -101,6 +105,7 @@ pub struct NftablesBackend {
     applied: Option<Applied>,
     synced_once: bool,
     full_sync_period: Duration,
+    reconcile_period: Duration,
     last_batches: Vec<BatchCounts>,
     last_full_reason: Option<FullSyncReason>,
 }
@@ -125,6 +130,7 @@ impl NftablesBackend {
             applied: None,
             synced_once: false,
             full_sync_period: FULL_SYNC_PERIOD,
+            reconcile_period: DEFAULT_RECONCILE_PERIOD,
             last_batches: Vec::new(),
             last_full_reason: None,
         })
@@ -137,6 +143,13 @@ impl NftablesBackend {
 
     pub fn with_full_sync_period(mut self, period: Duration) -> Self {
         self.full_sync_period = period;
+        self
+    }
+
+    /// How often, at most, the table is read back while changes keep coming (a sync with
+    /// nothing changed always reads it back). Give it the sync period.
+    pub fn with_reconcile_period(mut self, period: Duration) -> Self {
+        self.reconcile_period = period;
         self
     }
 
@@ -217,7 +230,10 @@ impl NftablesBackend {
         if applied.full_at.elapsed() >= self.full_sync_period {
             return Ok(Some(FullSyncReason::Periodic));
         }
-        if request.changed.is_empty() && !self.table_matches()? {
+        // A sync with nothing changed is the sync period's tick; under steady churn the
+        // check still runs once per reconcile period.
+        let due = request.changed.is_empty() || applied.checked_at.elapsed() >= self.reconcile_period;
+        if due && !self.table_matches()? {
             return Ok(Some(FullSyncReason::TableChanged));
         }
         Ok(None)
@@ -258,6 +274,7 @@ impl NftablesBackend {
             return Ok(false);
         }
         applied.baseline = Some(listing);
+        applied.checked_at = Instant::now();
         Ok(true)
     }
 
@@ -329,6 +346,7 @@ impl NftablesBackend {
             bundles,
             ports,
             full_at: Instant::now(),
+            checked_at: Instant::now(),
             needs_full: false,
             baseline: None,
         });

@@ -121,7 +121,9 @@ mod slots;
 mod support;
 mod transport;
 
-pub use backend::{FULL_SYNC_PERIOD, FullSyncReason, NftablesBackend, SyncError, cleanup};
+pub use backend::{
+    DEFAULT_RECONCILE_PERIOD, FULL_SYNC_PERIOD, FullSyncReason, NftablesBackend, SyncError, cleanup,
+};
 pub use batch::{Batch, BatchCounts, FullStart, Ledger, Op, batch_text, full_batches, stream_full};
 pub use build::{
     Bundle, Context, Dest, GroupKey, Owner, Ruleset, SlotGroup, build, build_from, declared_sets,

@@ -89,17 +89,19 @@
 //!
 //! # Measured here (one quick run, `examples/scale.rs`, debug build, `nft -f` transport)
 //!
-//! 10 endpoints per Service, in a throw-away namespace; "objects" are elements + rules:
+//! 10 endpoints per Service, in a throw-away namespace, 100 changes each; "objects" are
+//! elements + rules; "state" is what the backend keeps between syncs (process RSS after
+//! the cold sync minus before it):
 //!
-//! | Services | objects | cold full sync (ours + nft) | nft alone, one script | one endpoint change p50/p99 | one new Service p50/p99 |
+//! | Services | objects | cold full sync (generation + nft) | one endpoint change p50/p99 | one new Service p50/p99 | state |
 //! |---:|---:|---:|---:|---:|---:|
-//! | 1k | 22k | 0.32 s | - | 19 / 31 ms | 8 / 14 ms |
-//! | 10k | 220k | 3.2-4.1 s (0.8-2.1 s generation, debug) | 1.7-2.0 s | 23 / 31 ms | 7-10 / 10-14 ms |
-//! | 50k | 1.1M | 18-24 s (56 batches) | 9.2 s | 22-24 / 49 ms | 47 / 83 ms |
+//! | 1k | 22k | 0.36 s | 19 / 36 ms | 7 / 11 ms | ~4 MiB |
+//! | 10k | 220k | 2.6 s (nft alone, one script: 1.7-2.0 s) | 16 / 27 ms | 8 / 13 ms | ~22 MiB |
+//! | 50k | 1.1M | 15.7 s in 56 batches (nft alone, one script: 9.2 s) | 20 / 36 ms | 29 / 41 ms | ~112 MiB |
 //!
-//! A partial sync is 4 elements for a replaced endpoint at any scale; its time is nft's
-//! own start-up (~20 ms), which the netlink transport removes. Cold loads are dominated by
-//! nft's parsing and by our debug-build generation.
+//! A replaced endpoint is 4 element operations at any scale; its time is nft's own
+//! start-up (~20 ms), which the netlink transport removes. Cold loads are dominated by
+//! nft's parsing (one process per batch) and by our debug-build generation.
 //!
 //! # Not here
 //!

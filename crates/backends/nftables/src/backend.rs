@@ -21,9 +21,9 @@ use kpr_iptables::{AddressError, InterfaceAddresses, LocalAddresses};
 use kpr_model::{IpFamily, NamespacedName, ServicePortName};
 use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount};
 
-use crate::batch::{Batch, BatchCounts, Ledger, stream_full};
+use crate::batch::{Batch, BatchCounts, FullStart, Ledger, stream_full};
 use crate::build::{
-    Bundle, Context, Dest, Owner, build, fixed_chains, needs_local_addresses, node_bundle, port_bundle,
+    Bundle, Context, Dest, Owner, build_from, fixed_chains, needs_local_addresses, node_bundle, port_bundle,
     shared_rules,
 };
 use crate::names::ChainId;
@@ -32,6 +32,8 @@ use crate::transport::{Listing, Transport, TransportError};
 
 /// A full sync at least this often repairs any drift the read-back cannot see (elements).
 pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+/// Upstream's default `nftables.syncPeriod`.
+pub const DEFAULT_RECONCILE_PERIOD: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
@@ -88,6 +90,8 @@ struct Applied {
     bundles: HashMap<Owner, Bundle>,
     ports: HashMap<NamespacedName, Vec<ServicePortName>>,
     full_at: Instant,
+    /// When the table was last read back and compared.
+    checked_at: Instant,
     needs_full: bool,
     /// The last listing that matched what we wrote: rules are compared against it.
     baseline: Option<Listing>,
@@ -101,6 +105,7 @@ pub struct NftablesBackend {
     applied: Option<Applied>,
     synced_once: bool,
     full_sync_period: Duration,
+    reconcile_period: Duration,
     last_batches: Vec<BatchCounts>,
     last_full_reason: Option<FullSyncReason>,
 }
@@ -125,6 +130,7 @@ impl NftablesBackend {
             applied: None,
             synced_once: false,
             full_sync_period: FULL_SYNC_PERIOD,
+            reconcile_period: DEFAULT_RECONCILE_PERIOD,
             last_batches: Vec::new(),
             last_full_reason: None,
         })
@@ -137,6 +143,13 @@ impl NftablesBackend {
 
     pub fn with_full_sync_period(mut self, period: Duration) -> Self {
         self.full_sync_period = period;
+        self
+    }
+
+    /// How often, at most, the table is read back while changes keep coming (a sync with
+    /// nothing changed always reads it back). Give it the sync period.
+    pub fn with_reconcile_period(mut self, period: Duration) -> Self {
+        self.reconcile_period = period;
         self
     }
 
@@ -217,7 +230,10 @@ impl NftablesBackend {
         if applied.full_at.elapsed() >= self.full_sync_period {
             return Ok(Some(FullSyncReason::Periodic));
         }
-        if request.changed.is_empty() && !self.table_matches()? {
+        // A sync with nothing changed is the sync period's tick; under steady churn the
+        // check still runs once per reconcile period.
+        let due = request.changed.is_empty() || applied.checked_at.elapsed() >= self.reconcile_period;
+        if due && !self.table_matches()? {
             return Ok(Some(FullSyncReason::TableChanged));
         }
         Ok(None)
@@ -258,6 +274,7 @@ impl NftablesBackend {
             return Ok(false);
         }
         applied.baseline = Some(listing);
+        applied.checked_at = Instant::now();
         Ok(true)
     }
 
@@ -279,19 +296,41 @@ impl NftablesBackend {
         local_addresses: &[IpAddr],
     ) -> Result<SyncReport, SyncError> {
         let state = request.state;
-        let ruleset = build(state, &self.opts, local_addresses);
+        // After a successful sync the table is kept and rebuilt in place, with endpoints in
+        // their slots, so ClientIP affinity survives; else (first sync, after a failure) it
+        // is recreated, which also clears whatever another proxy left in it.
+        let history = self.applied.take().map(|applied| applied.bundles);
+        let listing = match history {
+            Some(_) => self
+                .transport
+                .read_back(self.opts.family)
+                .map_err(SyncError::ReadBack)?,
+            None => None,
+        };
+        let ruleset = build_from(state, &self.opts, local_addresses, history.as_ref());
+        drop(history);
+        let start = match &listing {
+            Some(listing) => FullStart::InPlace(listing),
+            None => FullStart::Recreate,
+        };
         // Batches are built and sent one at a time: a cold load never holds them all.
         self.last_batches.clear();
         let transport = &mut self.transport;
         let counts = &mut self.last_batches;
-        stream_full(&ruleset, &self.opts, self.opts.max_batch_elements, &mut |batch| {
-            counts.push(batch.counts());
-            transport.apply(&batch).map_err(|source| SyncError::Apply {
-                full: true,
-                index: counts.len(),
-                source,
-            })
-        })?;
+        stream_full(
+            &ruleset,
+            &self.opts,
+            start,
+            self.opts.max_batch_elements,
+            &mut |batch| {
+                counts.push(batch.counts());
+                transport.apply(&batch).map_err(|source| SyncError::Apply {
+                    full: true,
+                    index: counts.len(),
+                    source,
+                })
+            },
+        )?;
         let ledger = Ledger::of(&ruleset);
         let mut ports: HashMap<NamespacedName, Vec<ServicePortName>> = HashMap::new();
         for owner in ruleset.bundles.keys() {
@@ -307,6 +346,7 @@ impl NftablesBackend {
             bundles,
             ports,
             full_at: Instant::now(),
+            checked_at: Instant::now(),
             needs_full: false,
             baseline: None,
         });
@@ -392,10 +432,8 @@ impl NftablesBackend {
         };
         let (mut no_local_internal, mut no_local_external, mut total) = (0, 0, 0);
         if let Some(applied) = &self.applied {
-            for bundle in applied.bundles.values() {
-                no_local_internal += usize::from(bundle.no_local_internal);
-                no_local_external += usize::from(bundle.no_local_external);
-            }
+            no_local_internal = applied.ledger.no_local_internal;
+            no_local_external = applied.ledger.no_local_external;
             total = applied.ledger.element_count()
                 + expected_shape(&self.opts, &applied.ledger)
                     .values()

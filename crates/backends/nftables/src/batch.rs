@@ -24,6 +24,7 @@ use crate::model::{ElemKey, ElemValue, Element, Rule};
 use crate::names::{ChainId, SetName, SharedChain};
 use crate::options::NftablesOptions;
 use crate::render::{TABLE, chain_hook, element_text, family_word, rule_text, set_body};
+use crate::transport::Listing;
 
 /// One operation of a batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +38,13 @@ pub enum Op {
     AddRule(ChainId, Rule),
     /// Flush and delete a chain no element points at any more.
     DeleteChain(ChainId),
+    /// Remove every rule of one of our chains (full syncs in place).
+    FlushChain(ChainId),
+    /// Remove every element of one of our sets (full syncs in place).
+    FlushSet(SetName),
+    /// Delete a chain or set that should not be in our table, by the kernel's handle.
+    DeleteChainByHandle(u64),
+    DeleteSetByHandle(u64),
     AddElements(SetName, Vec<(ElemKey, Option<ElemValue>)>),
     DeleteElements(SetName, Vec<ElemKey>),
 }
@@ -115,7 +123,7 @@ fn add_chain_ops(ops: &mut Vec<Op>, chain: SharedChain, opts: &NftablesOptions) 
 /// also holds the table and its chains).
 pub fn full_batches(ruleset: &Ruleset, opts: &NftablesOptions, max_elements: usize) -> Vec<Batch> {
     let mut batches = Vec::new();
-    let _ = stream_full(ruleset, opts, max_elements, &mut |batch| {
+    let _ = stream_full(ruleset, opts, FullStart::Recreate, max_elements, &mut |batch| {
         batches.push(batch);
         Ok::<(), std::convert::Infallible>(())
     });
@@ -128,15 +136,26 @@ pub fn full_batches(ruleset: &Ruleset, opts: &NftablesOptions, max_elements: usi
 pub fn stream_full<E>(
     ruleset: &Ruleset,
     opts: &NftablesOptions,
+    start: FullStart<'_>,
     max_elements: usize,
     sink: &mut dyn FnMut(Batch) -> Result<(), E>,
 ) -> Result<(), E> {
     let family = ruleset.family;
     let max = max_elements.max(1);
+    let shared: BTreeSet<SharedChain> = ruleset
+        .bundles
+        .values()
+        .flat_map(|b| b.chains.iter().copied())
+        .collect();
     let mut batch = Batch::new(family);
     batch.ops.push(Op::AddTable);
-    batch.ops.push(Op::DeleteTable);
-    batch.ops.push(Op::AddTable);
+    match start {
+        FullStart::Recreate => {
+            batch.ops.push(Op::DeleteTable);
+            batch.ops.push(Op::AddTable);
+        }
+        FullStart::InPlace(listing) => clear_in_place(&mut batch.ops, ruleset, &shared, listing),
+    }
     for set in &ruleset.sets {
         batch.ops.push(Op::AddSet(*set));
     }
@@ -148,11 +167,6 @@ pub fn stream_full<E>(
             batch.ops.push(Op::AddRule(ChainId::Fixed(*chain), rule.clone()));
         }
     }
-    let shared: BTreeSet<SharedChain> = ruleset
-        .bundles
-        .values()
-        .flat_map(|b| b.chains.iter().copied())
-        .collect();
     for chain in creation_order(shared) {
         add_chain_ops(&mut batch.ops, chain, opts);
     }
@@ -190,6 +204,51 @@ pub fn stream_full<E>(
     Ok(())
 }
 
+/// How a full sync begins.
+#[derive(Clone, Copy, Debug)]
+pub enum FullStart<'a> {
+    /// Delete the table and create it anew (first sync, after a failure, table missing).
+    Recreate,
+    /// Keep the table and the dynamic affinity sets (so sticky clients stay sticky):
+    /// flush our chains and sets, delete whatever else `listing` shows, load everything.
+    InPlace(&'a Listing),
+}
+
+/// The start of an in-place full sync: our chains and non-dynamic sets emptied, every
+/// other chain and set of the table deleted (by handle).
+fn clear_in_place(ops: &mut Vec<Op>, ruleset: &Ruleset, shared: &BTreeSet<SharedChain>, listing: &Listing) {
+    let chains: HashMap<String, ChainId> = ruleset
+        .fixed
+        .iter()
+        .map(|(c, _)| ChainId::Fixed(*c))
+        .chain(shared.iter().map(|c| ChainId::Shared(*c)))
+        .map(|c| (c.to_string(), c))
+        .collect();
+    let sets: HashMap<String, SetName> = ruleset.sets.iter().map(|s| (s.to_string(), *s)).collect();
+    for name in listing.chains.keys() {
+        if let Some(chain) = chains.get(name) {
+            ops.push(Op::FlushChain(*chain));
+        }
+    }
+    for name in &listing.sets {
+        match sets.get(name) {
+            Some(SetName::Affinity(_)) => {}
+            Some(set) => ops.push(Op::FlushSet(*set)),
+            None => {}
+        }
+    }
+    for (name, handle) in &listing.chain_handles {
+        if !chains.contains_key(name) {
+            ops.push(Op::DeleteChainByHandle(*handle));
+        }
+    }
+    for (name, handle) in &listing.set_handles {
+        if !sets.contains_key(name) {
+            ops.push(Op::DeleteSetByHandle(*handle));
+        }
+    }
+}
+
 type Pending = BTreeMap<(u8, SetName), Vec<(ElemKey, Option<ElemValue>)>>;
 
 fn flush(batch: &mut Batch, pending: &mut Pending) {
@@ -213,6 +272,10 @@ pub struct Ledger {
     /// Owners that wanted a destination another owner holds.
     contested: HashSet<Owner>,
     owned_elements: usize,
+    /// Service ports whose Local policy finds no local endpoint (metrics), kept up to date
+    /// by every update so a sync never walks all bundles.
+    pub no_local_internal: usize,
+    pub no_local_external: usize,
 }
 
 fn count_up<K: std::hash::Hash + Eq + Copy>(map: &mut HashMap<K, u32>, key: K) -> bool {
@@ -298,6 +361,20 @@ impl Ledger {
         let mut chains_before: HashMap<SharedChain, bool> = HashMap::new();
         let mut released = false;
         for (owner, old, new) in replaced {
+            for (bundle, up) in [(old, false), (new, true)] {
+                let Some(bundle) = bundle else { continue };
+                let (internal, external) = (
+                    usize::from(bundle.no_local_internal),
+                    usize::from(bundle.no_local_external),
+                );
+                if up {
+                    self.no_local_internal += internal;
+                    self.no_local_external += external;
+                } else {
+                    self.no_local_internal = self.no_local_internal.saturating_sub(internal);
+                    self.no_local_external = self.no_local_external.saturating_sub(external);
+                }
+            }
             let old_elements = old.map(|b| b.owned_elements()).unwrap_or_default();
             let new_elements = new.map(|b| b.owned_elements()).unwrap_or_default();
             let (removed, added) = diff(&old_elements, &new_elements);
@@ -458,6 +535,17 @@ fn diff<'a>(old: &'a [Element], new: &'a [Element]) -> (Vec<&'a Element>, Vec<&'
 
 // === text ===
 
+fn set_kind(set: SetName) -> &'static str {
+    match set {
+        SetName::ServiceIps
+        | SetName::ServiceNodePorts
+        | SetName::NoEndpointServices
+        | SetName::NoEndpointNodePorts
+        | SetName::Endpoints(_) => "map",
+        _ => "set",
+    }
+}
+
 /// `nft -f` text for one batch.
 pub fn batch_text(batch: &Batch, affinity_capacity: u32) -> String {
     let fam = family_word(batch.family);
@@ -472,16 +560,21 @@ pub fn batch_text(batch: &Batch, affinity_capacity: u32) -> String {
                 let _ = writeln!(out, "delete table {table}");
             }
             Op::AddSet(set) => {
-                let kind = match set {
-                    SetName::ServiceIps
-                    | SetName::ServiceNodePorts
-                    | SetName::NoEndpointServices
-                    | SetName::NoEndpointNodePorts
-                    | SetName::Endpoints(_) => "map",
-                    _ => "set",
-                };
                 let body = set_body(batch.family, *set, affinity_capacity);
-                let _ = writeln!(out, "add {kind} {table} {set} {{ {body} }}");
+                let _ = writeln!(out, "add {} {table} {set} {{ {body} }}", set_kind(*set));
+            }
+            Op::FlushChain(chain) => {
+                let _ = writeln!(out, "flush chain {table} {chain}");
+            }
+            Op::FlushSet(set) => {
+                let _ = writeln!(out, "flush {} {table} {set}", set_kind(*set));
+            }
+            Op::DeleteChainByHandle(handle) => {
+                let _ = writeln!(out, "delete chain {table} handle {handle}");
+            }
+            Op::DeleteSetByHandle(handle) => {
+                // `delete set ... handle` deletes maps too.
+                let _ = writeln!(out, "delete set {table} handle {handle}");
             }
             Op::AddChain(chain) => match chain_hook(*chain) {
                 Some(hook) => {

@@ -7,7 +7,7 @@
 //! difference ([`crate::batch`]). The per-port decisions (which endpoints, REJECT or DROP)
 //! come from kpr-state's `PortPlan`, exactly as the iptables mode takes them.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
@@ -158,14 +158,26 @@ impl<'a> Context<'a> {
 /// The complete table for `state`, with endpoints in their given order (no history).
 /// Ports are taken in name order, so the first claims a contested destination.
 pub fn build(state: &DesiredState, opts: &NftablesOptions, local_addresses: &[IpAddr]) -> Ruleset {
+    build_from(state, opts, local_addresses, None)
+}
+
+/// Like [`build`], keeping each port's endpoints in the slots `history` gave them.
+pub fn build_from(
+    state: &DesiredState,
+    opts: &NftablesOptions,
+    local_addresses: &[IpAddr],
+    history: Option<&HashMap<Owner, Bundle>>,
+) -> Ruleset {
     let ctx = Context::new(opts, state, local_addresses);
     let mut bundles = BTreeMap::new();
     bundles.insert(Owner::Node, node_bundle(&ctx));
     let mut claimed: HashSet<Dest> = HashSet::new();
     for port in state.ports() {
-        let bundle = port_bundle(&state.plan(port), &ctx, None, &|dest| claimed.contains(dest));
+        let owner = Owner::Port(port.name.clone());
+        let previous = history.and_then(|h| h.get(&owner));
+        let bundle = port_bundle(&state.plan(port), &ctx, previous, &|dest| claimed.contains(dest));
         claimed.extend(bundle.dests.iter().copied());
-        bundles.insert(Owner::Port(port.name.clone()), bundle);
+        bundles.insert(owner, bundle);
     }
     Ruleset {
         family: opts.family,

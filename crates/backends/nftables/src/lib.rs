@@ -58,8 +58,8 @@
 //!
 //! Per Service port: one `cluster-ips` element, one entry per destination (cluster IP,
 //! each external address, the NodePort) or its `no-endpoint-*` element, M endpoint-map
-//! elements per entry (2M for Local external entries), one `hairpin` element per endpoint
-//! IP (shared), and `firewall-*` elements per source range. No chain, no set. Cluster-IP
+//! elements per entry (2M for Local external entries), one `hairpin` element per distinct
+//! endpoint IP (shared by every Service using it), and `firewall-*` elements per source range. No chain, no set. Cluster-IP
 //! masquerading of non-pod traffic is one rule in `services` for all Services
 //! (`ip daddr @cluster-ips <not from pods> jump mark-for-masquerade`).
 //!
@@ -73,20 +73,44 @@
 //! addresses and shared chains) turns their difference into one ordered [`Batch`]: new
 //! chains, element deletes, element adds, chains no longer used. A destination (address,
 //! protocol, port, or NodePort) is written by one port only: a second claimant is left out
-//! and logged, and gets it in the full sync that follows the holder's release. Endpoints keep their
-//! slots across syncs (`slots`): one endpoint replaced is one element, a count change moves
-//! the last slot into the hole and repoints the entry at `pick-...-(M-1)`.
-//! [`NftablesBackend`] decides full vs partial and reconciles (see `backend`); it talks to
-//! the kernel only through [`Transport`] ([`NftCli`] feeds `nft -f -`; the netlink
-//! transport takes the same batches).
+//! and logged, and gets it in the full sync that follows the holder's release. Endpoints
+//! keep their slots across syncs (`slots`): one endpoint replaced is one element, a count
+//! change moves the last slot into the hole and repoints the entry at `pick-...-(M-1)`.
+//! A full sync rebuilds the table: in place after a successful sync (our chains and sets
+//! flushed, anything else in the table deleted by handle, the dynamic affinity sets and
+//! the endpoints' slots kept, so sticky clients stay put), or deleted and recreated on the
+//! first sync and after a failure. It is streamed in batches of at most `max_batch_elements` elements, endpoints before the
+//! entries leading to them, so no batch holds the nf_tables mutex long and only one batch
+//! is in memory. [`NftablesBackend`] decides full vs partial and reconciles (see
+//! `backend`); it talks to the kernel only through [`Transport`] ([`NftCli`] feeds
+//! `nft -f -`; the netlink transport takes the same batches). [`check_support`] probes,
+//! at start-up and without committing anything, every kernel and nft feature used, and
+//! names the first one missing.
+//!
+//! # Measured here (one quick run, `examples/scale.rs`, debug build, `nft -f` transport)
+//!
+//! 10 endpoints per Service, in a throw-away namespace, 100 changes each; "objects" are
+//! elements + rules; "state" is what the backend keeps between syncs (process RSS after
+//! the cold sync minus before it):
+//!
+//! | Services | objects | cold full sync (generation + nft) | one endpoint change p50/p99 | one new Service p50/p99 | state |
+//! |---:|---:|---:|---:|---:|---:|
+//! | 1k | 22k | 0.36 s | 19 / 36 ms | 7 / 11 ms | ~4 MiB |
+//! | 10k | 220k | 2.6 s (nft alone, one script: 1.7-2.0 s) | 16 / 27 ms | 8 / 13 ms | ~22 MiB |
+//! | 50k | 1.1M | 15.7 s in 56 batches (nft alone, one script: 9.2 s) | 20 / 36 ms | 29 / 41 ms | ~112 MiB |
+//!
+//! A replaced endpoint is 4 element operations at any scale; its time is nft's own
+//! start-up (~20 ms), which the netlink transport removes. Cold loads are dominated by
+//! nft's parsing (one process per batch) and by our debug-build generation.
 //!
 //! # Not here
 //!
 //! No text from API objects is ever written (no comments with Service names): every name
-//! is built from literals and numbers ([`names`]), so there is nothing to escape. Known
-//! limits: a full sync rebuilds the table, so ClientIP affinity state is reset then (every
-//! [`FULL_SYNC_PERIOD`] or on repair); when the endpoint count of an affinity Service
-//! shrinks, clients stuck to the moved last slot pick again.
+//! is built from literals and numbers ([`names`]), so there is nothing to escape; foreign
+//! objects are deleted by their kernel handle, never by name. Known limits: a full sync
+//! that recreates the table (first sync, after a failure) resets ClientIP affinity; when
+//! the endpoint count of an affinity Service shrinks, clients stuck to the moved last slot
+//! pick again; while a chunked full sync loads, Services not yet loaded are unreachable.
 
 mod backend;
 mod batch;
@@ -99,11 +123,13 @@ mod slots;
 mod support;
 mod transport;
 
-pub use backend::{FULL_SYNC_PERIOD, FullSyncReason, NftablesBackend, SyncError, cleanup};
-pub use batch::{Batch, BatchCounts, Ledger, Op, batch_text, full_batches, stream_full};
+pub use backend::{
+    DEFAULT_RECONCILE_PERIOD, FULL_SYNC_PERIOD, FullSyncReason, NftablesBackend, SyncError, cleanup,
+};
+pub use batch::{Batch, BatchCounts, FullStart, Ledger, Op, batch_text, full_batches, stream_full};
 pub use build::{
-    Bundle, Context, Dest, GroupKey, Owner, Ruleset, SlotGroup, build, declared_sets, fixed_chains,
-    node_bundle, port_bundle, shared_rules,
+    Bundle, Context, Dest, GroupKey, Owner, Ruleset, SlotGroup, build, build_from, declared_sets,
+    fixed_chains, node_bundle, port_bundle, shared_rules,
 };
 pub use model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt};
 pub use options::{DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, NftablesOptions, OptionsError};

@@ -84,8 +84,9 @@ pub fn chain_hook(chain: ChainId) -> Option<String> {
         return None;
     };
     let hook = fixed.hook()?;
+    // The policy is spelled out so a full sync also resets one someone changed.
     Some(format!(
-        "type {} hook {} priority {} ;",
+        "type {} hook {} priority {} ; policy accept ;",
         hook.kind.as_str(),
         hook.hook.as_str(),
         hook.priority

@@ -38,6 +38,10 @@ pub struct Listing {
     pub chains: BTreeMap<String, Vec<String>>,
     /// Names of sets and maps.
     pub sets: BTreeSet<String>,
+    /// The kernel's handle of each chain and set: foreign objects are deleted by handle, so
+    /// their names (any text) never go into a command.
+    pub chain_handles: BTreeMap<String, u64>,
+    pub set_handles: BTreeMap<String, u64>,
 }
 
 pub trait Transport: Send {
@@ -178,13 +182,20 @@ pub fn parse_listing(json: &[u8]) -> Result<Listing, TransportError> {
         .ok_or_else(|| TransportError::Json("no \"nftables\" array".to_string()))?;
     let mut listing = Listing::default();
     for item in items {
+        let handle = |object: &serde_json::Value| object.get("handle").and_then(|h| h.as_u64());
         if let Some(chain) = item.get("chain") {
             if let Some(name) = chain.get("name").and_then(|n| n.as_str()) {
                 listing.chains.entry(name.to_string()).or_default();
+                if let Some(handle) = handle(chain) {
+                    listing.chain_handles.insert(name.to_string(), handle);
+                }
             }
         } else if let Some(set) = item.get("set").or_else(|| item.get("map")) {
             if let Some(name) = set.get("name").and_then(|n| n.as_str()) {
                 listing.sets.insert(name.to_string());
+                if let Some(handle) = handle(set) {
+                    listing.set_handles.insert(name.to_string(), handle);
+                }
             }
         } else if let Some(rule) = item.get("rule") {
             let chain = rule.get("chain").and_then(|c| c.as_str()).unwrap_or_default();

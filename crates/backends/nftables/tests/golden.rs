@@ -349,3 +349,39 @@ fn topology_hints_narrow_the_cluster_slots() {
     assert!(text.contains("goto pick-service-endpoints-tcp-2"));
     check_golden("topology_hints", &text);
 }
+
+#[test]
+fn both_traffic_policies_local() {
+    let mut world = World::new();
+    world
+        .service(
+            "web",
+            nodeport_web(json!({"externalTrafficPolicy": "Local", "internalTrafficPolicy": "Local"})),
+        )
+        .slice(
+            "web",
+            http_slice_port(),
+            vec![ep("10.244.1.5 local"), ep("10.244.2.6")],
+        );
+    let text = render(&mut world, &options());
+    // The cluster IP reaches the local endpoint only; pods and the node reach both through
+    // the NodePort's short-circuit.
+    assert!(text.contains("10.96.0.10 . tcp . 80 : goto pick-service-endpoints-tcp-1"));
+    assert!(text.contains("tcp . 30080 : goto local-nodeport-endpoints-tcp-1-via-nodeport-shortcut-tcp-2"));
+    check_golden("both_traffic_policies_local", &text);
+}
+
+#[test]
+fn nodeport_without_endpoints_rejects_everywhere() {
+    let mut world = World::new();
+    world.service("web", nodeport_web(json!({"externalIPs": ["203.0.113.9"]})));
+    let text = render(&mut world, &options());
+    assert!(text.contains("no-endpoint-nodeports { tcp . 30080 : goto reject-chain }"));
+    assert!(text.contains("203.0.113.9 . tcp . 80 : goto reject-chain"));
+    assert_eq!(
+        elements_of(&text, "service-ips"),
+        "",
+        "no entry without endpoints"
+    );
+    check_golden("nodeport_0_endpoints", &text);
+}

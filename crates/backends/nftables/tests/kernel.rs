@@ -336,3 +336,21 @@ fn this_kernel_supports_every_feature_and_the_check_commits_nothing() {
         "a check leaves no table behind"
     );
 }
+
+#[test]
+fn under_steady_churn_the_table_is_still_checked_every_reconcile_period() {
+    let netns = Netns::new("nftchurn").unwrap();
+    let mut world = web(vec![ep("10.244.1.5")]);
+    let mut backend = new_backend(&netns, options()).with_reconcile_period(std::time::Duration::ZERO);
+    sync(&mut backend, &mut world);
+    nft(&netns, &["flush", "table", "ip", "kube-proxy"]);
+    // A sync with a change: the check is due anyway.
+    world.slice("web", http_slice_port(), vec![ep("10.244.1.6")]);
+    assert!(sync(&mut backend, &mut world).full);
+    assert_eq!(backend.last_full_reason(), Some(FullSyncReason::TableChanged));
+    let listed = nft(
+        &netns,
+        &["list", "map", "ip", "kube-proxy", "service-endpoints-tcp"],
+    );
+    assert!(listed.contains("10.244.1.6 . 8080"), "{listed}");
+}

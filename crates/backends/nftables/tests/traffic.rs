@@ -492,3 +492,29 @@ fn ipv6_cluster_ip_and_node_port_carry_traffic() {
     settled(lab.client(), sock(NODE_IP_V6, 30080));
     settled(lab.pod(1), vip);
 }
+
+/// Full syncs after the first rebuild the table in place, keeping the affinity sets and
+/// the endpoints' slots: a sticky client stays with its endpoint.
+#[test]
+fn client_ip_affinity_survives_full_syncs() {
+    let cluster = Cluster::new(4);
+    let mut world = World::new();
+    world
+        .service("web", json!({"type": "ClusterIP", "clusterIP": "10.96.0.10",
+                               "ports": [{"name": "http", "port": 80, "targetPort": 8080}],
+                               "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}}}))
+        .slice("web", http_slice_port(), vec![endpoint(0, ""), endpoint(1, ""), endpoint(2, "")]);
+    let mut backend = nft_backend(cluster.lab.node());
+    let pending = world.pending();
+    assert!(backend.sync(&pending.request(false)).unwrap().full);
+    let vip = sock([10, 96, 0, 10], 80);
+    let first = answered(&spread(cluster.lab.pod(3), vip, 10))
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>();
+    assert_eq!(first.len(), 1, "{first:?}");
+    for _ in 0..3 {
+        assert!(backend.sync(&pending.request(true)).unwrap().full);
+        assert_eq!(answered(&spread(cluster.lab.pod(3), vip, 5)), [first[0].as_str()]);
+    }
+}

@@ -361,3 +361,72 @@ fn service_cidr_changes_are_element_changes() {
     );
     assert!(!text.contains("10.96.0.0/16"), "{text}");
 }
+
+#[test]
+fn no_local_endpoint_counts_follow_partial_syncs() {
+    let local = |eps| {
+        let mut world = World::new();
+        world
+            .service("web", json!({"type": "NodePort", "clusterIP": "10.96.0.10", "externalTrafficPolicy": "Local",
+                                   "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}))
+            .slice("web", http_slice_port(), eps);
+        world
+    };
+    let mut h = Harness::new(local(vec![ep("10.244.1.5 local")]));
+    h.world.slice("web", http_slice_port(), vec![ep("10.244.2.6")]);
+    let report = h.sync();
+    assert!(!report.full);
+    assert_eq!((report.no_local_internal, report.no_local_external), (0, 1));
+    h.world.slice(
+        "web",
+        http_slice_port(),
+        vec![ep("10.244.2.6"), ep("10.244.1.7 local")],
+    );
+    let report = h.sync();
+    assert_eq!((report.no_local_internal, report.no_local_external), (0, 0));
+}
+
+/// A full sync after a good one rebuilds the table in place: ours flushed, the rest deleted
+/// by handle (a foreign name never goes into a command), the affinity sets untouched.
+#[test]
+fn an_in_place_full_sync_flushes_ours_and_deletes_the_rest_by_handle() {
+    let mut world = web(vec![ep("10.244.1.5")]);
+    let opts = options();
+    let ruleset = kpr_nftables::build(&world.state(), &opts, &[]);
+    let listing = kpr_nftables::parse_listing(
+        br#"{"nftables": [{"metainfo": {}}, {"table": {"family": "ip", "name": "kube-proxy", "handle": 1}},
+            {"chain": {"name": "services", "handle": 5}}, {"chain": {"name": "x\"; delete table ip filter", "handle": 77}},
+            {"map": {"name": "service-ips", "handle": 6}}, {"set": {"name": "affinity-service-endpoints-tcp", "handle": 7}},
+            {"set": {"name": "intruder", "handle": 78}}]}"#,
+    )
+    .unwrap();
+    let mut batches = Vec::new();
+    kpr_nftables::stream_full(
+        &ruleset,
+        &opts,
+        kpr_nftables::FullStart::InPlace(&listing),
+        1000,
+        &mut |b| {
+            batches.push(b);
+            Ok::<(), ()>(())
+        },
+    )
+    .unwrap();
+    let text = kpr_nftables::batch_text(&batches[0], 1);
+    let head: Vec<&str> = text.lines().take(6).collect();
+    assert_eq!(
+        head,
+        [
+            "add table ip kube-proxy { comment \"rules for kube-proxy\" ; }",
+            "flush chain ip kube-proxy services",
+            "flush map ip kube-proxy service-ips",
+            "delete chain ip kube-proxy handle 77",
+            "delete set ip kube-proxy handle 78",
+            "add set ip kube-proxy cluster-ips { type ipv4_addr ; }",
+        ]
+    );
+    assert!(
+        !text.contains("delete table") && !text.contains("flush set ip kube-proxy affinity"),
+        "{text}"
+    );
+}

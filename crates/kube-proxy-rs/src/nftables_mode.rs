@@ -12,20 +12,25 @@ use kpr_config::Settings;
 use kpr_conntrack::Reconciler;
 use kpr_iptables::{InterfaceAddresses, LocalAddresses, ProcSysctl, conntrack_tcp_be_liberal};
 use kpr_model::IpFamily;
-use kpr_nftables::{NftCli, NftablesBackend, NftablesOptions, Transport, render_dry_run};
+use kpr_nftables::{NftCli, NftablesBackend, NftablesOptions, check_support, render_dry_run};
 use kpr_state::DesiredState;
 
 use crate::fatal::Fatal;
 use crate::iptables_mode;
 use crate::node::NodeFacts;
 
-/// Upstream's check for nftables mode: the kernel has nf_tables for the family and the tools
-/// can reach it (here: `nft` can list that family's tables).
+/// Upstream's check for nftables mode, made stricter: the kernel validates (without
+/// committing) every object kind and expression this mode writes, for `family`; the first one
+/// missing is named in the log.
 pub fn supports(family: IpFamily) -> bool {
-    match NftCli::new(0).read_back(family) {
-        Ok(_) => true,
-        Err(error) => {
-            tracing::info!(ipFamily = family.label(), %error, "No nftables support for family");
+    let options = NftablesOptions {
+        family,
+        ..NftablesOptions::default()
+    };
+    match check_support(&mut NftCli::new(options.affinity_capacity), &options) {
+        Ok(()) => true,
+        Err(missing) => {
+            tracing::warn!(ipFamily = family.label(), "No nftables support for family: {missing}");
             false
         }
     }
@@ -59,7 +64,9 @@ pub fn backend(options: NftablesOptions, sync_period: Duration) -> Result<Nftabl
     let backend =
         NftablesBackend::new(options, Box::new(transport)).map_err(|e| Fatal::usage(e.to_string()))?;
     let reconciler = Reconciler::netlink(family).with_full_period(sync_period);
-    Ok(backend.with_conntrack(Box::new(reconciler)))
+    Ok(backend
+        .with_conntrack(Box::new(reconciler))
+        .with_reconcile_period(sync_period))
 }
 
 /// What `--dry-run` prints for one family: the `nft -f` script of a full sync, with this

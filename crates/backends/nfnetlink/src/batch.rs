@@ -218,9 +218,13 @@ impl Batch {
             table: table.clone(),
             set: set.name.clone(),
         };
+        // The kernel wants an id unique within the transaction (nft's anonymous sets are
+        // referred to by it); ours are referred to by name.
+        let id = self.messages.len() as u32 + 1;
         self.message(NFT_MSG_NEWSET, NLM_F_CREATE, table, operation, |w| {
             w.string(NFTA_SET_TABLE, &table.name);
             w.string(NFTA_SET_NAME, &set.name);
+            w.u32(NFTA_SET_ID, id);
             w.u32(NFTA_SET_FLAGS, set.flags());
             w.u32(NFTA_SET_KEY_TYPE, set.key_type());
             w.u32(NFTA_SET_KEY_LEN, set.key_len());

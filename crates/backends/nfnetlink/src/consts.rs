@@ -82,6 +82,7 @@ pub(crate) const NFTA_SET_KEY_LEN: u16 = 5;
 pub(crate) const NFTA_SET_DATA_TYPE: u16 = 6;
 pub(crate) const NFTA_SET_DATA_LEN: u16 = 7;
 pub(crate) const NFTA_SET_DESC: u16 = 9;
+pub(crate) const NFTA_SET_ID: u16 = 10;
 pub(crate) const NFTA_SET_TIMEOUT: u16 = 11;
 pub(crate) const NFTA_SET_USERDATA: u16 = 13;
 pub(crate) const NFTA_SET_HANDLE: u16 = 16;

@@ -286,6 +286,8 @@ pub enum Expr {
         dreg: Register,
     },
     /// SNAT/DNAT to the address (and port) in registers; `family` is the address family.
+    /// For a single address (port) leave the `_max` registers `None` and the flags without
+    /// `MAP_IPS`/`PROTO_SPECIFIED`: the kernel implies them, and reads back that way.
     Nat {
         kind: NatKind,
         family: Family,
@@ -761,20 +763,33 @@ fn decode(name: &str, data: &[u8]) -> Result<Expr, Malformed> {
             offset: f.opt_u32(NG_OFFSET)?.unwrap_or(0),
             dreg: f.register(NG_DREG, name)?,
         },
-        "nat" => Expr::Nat {
-            kind: if f.u32(NAT_TYPE, name)? == 1 {
-                NatKind::Dnat
-            } else {
-                NatKind::Snat
-            },
-            family: Family::from_number(f.u32(NAT_FAMILY, name)? as u8)
-                .ok_or_else(|| Malformed("nat family".into()))?,
-            addr_min: f.opt_register(NAT_REG_ADDR_MIN)?,
-            addr_max: f.opt_register(NAT_REG_ADDR_MAX)?,
-            proto_min: f.opt_register(NAT_REG_PROTO_MIN)?,
-            proto_max: f.opt_register(NAT_REG_PROTO_MAX)?,
-            flags: f.opt_u32(NAT_FLAGS)?.unwrap_or(0),
-        },
+        "nat" => {
+            // The kernel fills in what a range implies: max = min, and the MAP_IPS and
+            // PROTO_SPECIFIED flags. Read back without them, so a rule reads as it was built.
+            let addr_min = f.opt_register(NAT_REG_ADDR_MIN)?;
+            let proto_min = f.opt_register(NAT_REG_PROTO_MIN)?;
+            let mut flags = f.opt_u32(NAT_FLAGS)?.unwrap_or(0);
+            if addr_min.is_some() {
+                flags &= !nat_flags::MAP_IPS;
+            }
+            if proto_min.is_some() {
+                flags &= !nat_flags::PROTO_SPECIFIED;
+            }
+            Expr::Nat {
+                kind: if f.u32(NAT_TYPE, name)? == 1 {
+                    NatKind::Dnat
+                } else {
+                    NatKind::Snat
+                },
+                family: Family::from_number(f.u32(NAT_FAMILY, name)? as u8)
+                    .ok_or_else(|| Malformed("nat family".into()))?,
+                addr_min,
+                addr_max: f.opt_register(NAT_REG_ADDR_MAX)?.filter(|max| Some(*max) != addr_min),
+                proto_min,
+                proto_max: f.opt_register(NAT_REG_PROTO_MAX)?.filter(|max| Some(*max) != proto_min),
+                flags,
+            }
+        }
         "masq" => Expr::Masquerade {
             flags: f.opt_u32(MASQ_FLAGS)?.unwrap_or(0),
         },

@@ -1,0 +1,404 @@
+//! The crate against the real kernel, in throw-away network namespaces (never the root
+//! namespace's nf_tables), with `nft` as the oracle: what we send must list as the D3
+//! example of shared/docs/KERNEL-COSTS.md (golden files in tests/golden), changes must
+//! show, dumps must read back what was sent, and refusals must name the failing message.
+//! Needs root and nft; fails (never skips) without them.
+
+mod support;
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use kpr_netns::Netns;
+use kpr_nfnetlink::*;
+use support::*;
+
+const ENOENT: i32 = 2;
+
+fn nft_list(netns: &Netns, family: Family) -> String {
+    normalized(
+        &netns
+            .sh(&format!("nft list table {} kube-proxy", family.keyword()))
+            .expect("nft list"),
+    )
+}
+
+fn golden(family: Family) -> String {
+    let text = match family {
+        Family::Ip6 => include_str!("golden/d3-ip6.nft"),
+        _ => include_str!("golden/d3-ip.nft"),
+    };
+    normalized(text)
+}
+
+/// A namespace holding the D3 example of `family`, loaded through the crate.
+fn loaded(family: Family) -> (Netns, Example) {
+    let netns = Netns::new("nfnl").expect("a throw-away namespace (root and iproute2 needed)");
+    let example = example(family);
+    netns.run(|| Socket::open().unwrap().send(&batch(&example)).unwrap());
+    (netns, example)
+}
+
+fn as_set(elements: Vec<Element>) -> HashSet<Element> {
+    elements.into_iter().collect()
+}
+
+fn the_d3_example_lists_as_the_golden_file(family: Family) {
+    let (netns, _) = loaded(family);
+    assert_eq!(nft_list(&netns, family), golden(family));
+}
+
+#[test]
+fn the_d3_example_lists_as_the_golden_file_ip() {
+    the_d3_example_lists_as_the_golden_file(Family::Ip);
+}
+
+#[test]
+fn the_d3_example_lists_as_the_golden_file_ip6() {
+    the_d3_example_lists_as_the_golden_file(Family::Ip6);
+}
+
+fn dumps_read_back_what_was_sent(family: Family) {
+    let (netns, example) = loaded(family);
+    let table = table(family);
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let tables = socket.tables(Some(family)).unwrap();
+        assert_eq!(
+            tables.iter().map(|t| &t.table).collect::<Vec<_>>(),
+            vec![&table]
+        );
+
+        let chains: Vec<Chain> = socket.chains(&table).unwrap().into_iter().map(|c| c.chain).collect();
+        assert_eq!(as_vec_sorted(chains), as_vec_sorted(chains_of_example()));
+
+        let sets = socket.sets(&table).unwrap();
+        for set in sets_of(family) {
+            let info = sets.iter().find(|s| s.name == set.name).expect(&set.name);
+            assert!(info.matches(&set), "{info:?} does not match {set:?}");
+        }
+        assert_eq!(sets.len(), 4);
+
+        let sent = batch(&example);
+        let _ = sent;
+        let expected_rules = rules(&example);
+        let got = socket.rules(&table, None).unwrap();
+        let got: Vec<(&str, &Vec<Expr>)> = got.iter().map(|r| (r.chain.as_str(), &r.exprs)).collect();
+        let mut expected: Vec<(&str, &Vec<Expr>)> = expected_rules.iter().map(|(c, e)| (*c, e)).collect();
+        // The kernel lists rules chain by chain, in chain creation order.
+        let order: Vec<String> = chains_of_example().into_iter().map(|c| c.name).collect();
+        expected.sort_by_key(|(chain, _)| order.iter().position(|c| c == chain));
+        assert_eq!(got, expected);
+
+        let endpoints = socket.elements(&table, "service-endpoints-tcp").unwrap();
+        let mut want = Vec::new();
+        for (slot, ep) in example.endpoints_a.iter().enumerate() {
+            want.push(endpoint_element(example.vip_a, 80, slot as u32, *ep, 8080));
+        }
+        for (slot, ep) in example.endpoints_b.iter().enumerate() {
+            want.push(endpoint_element(example.vip_b, 53, slot as u32, *ep, 5353));
+        }
+        assert_eq!(as_set(endpoints), as_set(want));
+        let services = socket.elements(&table, "service-ips").unwrap();
+        assert_eq!(
+            as_set(services),
+            as_set(vec![
+                service_element(example.vip_a, 80, 3),
+                service_element(example.vip_b, 53, 2)
+            ])
+        );
+    });
+}
+
+fn chains_of_example() -> Vec<Chain> {
+    chains()
+}
+
+fn sets_of(family: Family) -> Vec<Set> {
+    sets(family)
+}
+
+fn as_vec_sorted(mut chains: Vec<Chain>) -> Vec<Chain> {
+    chains.sort_by(|a, b| a.name.cmp(&b.name));
+    chains
+}
+
+#[test]
+fn dumps_read_back_what_was_sent_ip() {
+    dumps_read_back_what_was_sent(Family::Ip);
+}
+
+#[test]
+fn dumps_read_back_what_was_sent_ip6() {
+    dumps_read_back_what_was_sent(Family::Ip6);
+}
+
+/// One endpoint of service A leaves and a new Service C appears: only element messages,
+/// applied atomically; `nft` and the dumps both show the result.
+fn element_changes_apply_in_one_small_batch(family: Family) {
+    let (netns, example) = loaded(family);
+    let table = table(family);
+    let vip_c: IpAddr = match family {
+        Family::Ip6 => "fd00:96::30".parse().unwrap(),
+        _ => "10.96.0.30".parse().unwrap(),
+    };
+    let [a0, _a1, a2] = example.endpoints_a[..] else { panic!() };
+    let b0 = example.endpoints_b[0];
+
+    let mut change = Batch::new();
+    // A: 3 -> 2 endpoints: the last slot moves into the hole of the leaving endpoint
+    // (slot 1), and A's service-ips element now goes to lb-tcp-2.
+    change.delete_elements(
+        &table,
+        "service-endpoints-tcp",
+        &[
+            endpoint_element(example.vip_a, 80, 1, example.endpoints_a[1], 8080),
+            endpoint_element(example.vip_a, 80, 2, a2, 8080),
+        ],
+    );
+    change.add_elements(
+        &table,
+        "service-endpoints-tcp",
+        &[endpoint_element(example.vip_a, 80, 1, a2, 8080)],
+    );
+    change.delete_elements(&table, "service-ips", &[service_element(example.vip_a, 80, 3)]);
+    change.add_elements(&table, "service-ips", &[service_element(example.vip_a, 80, 2)]);
+    change.delete_elements(&table, "hairpin", &[hairpin_element(example.endpoints_a[1])]);
+    // C: a new Service with two endpoints, pods that also back A and B (other port):
+    // its lb-tcp-2 chain exists already, so it is elements only.
+    change.add_elements(&table, "cluster-ips", &[Element::key(addr(Value::new(), vip_c).build())]);
+    change.add_elements(&table, "service-ips", &[service_element(vip_c, 443, 2)]);
+    change.add_elements(
+        &table,
+        "service-endpoints-tcp",
+        &[
+            endpoint_element(vip_c, 443, 0, b0, 8443),
+            endpoint_element(vip_c, 443, 1, a0, 8443),
+        ],
+    );
+
+    let kinds: Vec<String> = change
+        .operations()
+        .map(|op| match op {
+            Operation::AddElements { set, count, .. } => format!("+{count} {set}"),
+            Operation::DeleteElements { set, count, .. } => format!("-{count} {set}"),
+            other => panic!("an O(change) batch holds element changes only, not {other}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "-2 service-endpoints-tcp",
+            "+1 service-endpoints-tcp",
+            "-1 service-ips",
+            "+1 service-ips",
+            "-1 hairpin",
+            "+1 cluster-ips",
+            "+1 service-ips",
+            "+2 service-endpoints-tcp",
+        ]
+    );
+    assert!(change.size() < 2048, "a small change is a small batch: {} bytes", change.size());
+
+    let listing = netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let before = socket.generation().unwrap();
+        let after = socket.send(&change).unwrap();
+        assert_ne!(before, after, "a commit moves the generation");
+        let endpoints = socket.elements(&table, "service-endpoints-tcp").unwrap();
+        assert_eq!(
+            as_set(endpoints),
+            as_set(vec![
+                endpoint_element(example.vip_a, 80, 0, a0, 8080),
+                endpoint_element(example.vip_a, 80, 1, a2, 8080),
+                endpoint_element(example.vip_b, 53, 0, b0, 5353),
+                endpoint_element(example.vip_b, 53, 1, example.endpoints_b[1], 5353),
+                endpoint_element(vip_c, 443, 0, b0, 8443),
+                endpoint_element(vip_c, 443, 1, a0, 8443),
+            ])
+        );
+        socket.elements(&table, "service-ips").unwrap()
+    });
+    assert_eq!(
+        as_set(listing),
+        as_set(vec![
+            service_element(example.vip_a, 80, 2),
+            service_element(example.vip_b, 53, 2),
+            service_element(vip_c, 443, 2),
+        ])
+    );
+    let text = nft_list(&netns, family);
+    let show = |ip: IpAddr| ip.to_string();
+    assert!(text.contains(&format!("{} . tcp . 80 : goto lb-tcp-2", show(example.vip_a))), "{text}");
+    assert!(text.contains(&format!("{} . tcp . 443 : goto lb-tcp-2", show(vip_c))), "{text}");
+    assert!(!text.contains(&show(example.endpoints_a[1])), "{text}");
+}
+
+#[test]
+fn element_changes_apply_in_one_small_batch_ip() {
+    element_changes_apply_in_one_small_batch(Family::Ip);
+}
+
+#[test]
+fn element_changes_apply_in_one_small_batch_ip6() {
+    element_changes_apply_in_one_small_batch(Family::Ip6);
+}
+
+/// A batch whose element message names a missing set is refused as a whole; the error
+/// names that message; nothing of the batch (not even its table) is applied.
+#[test]
+fn an_element_into_a_missing_set_names_the_failing_message_and_applies_nothing() {
+    let netns = Netns::new("nfnl").unwrap();
+    let table = table(Family::Ip);
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let mut batch = Batch::new();
+        batch.add_table(&table);
+        batch.add_set(&table, &Set::new("present", vec![Field::Ipv4Addr]));
+        batch.add_elements(&table, "missing", &[Element::key(vec![10, 0, 0, 1])]);
+        batch.add_chain(&table, &Chain::regular("after"));
+        let error = socket.send(&batch).unwrap_err();
+        let Error::Rejected(rejected) = &error else {
+            panic!("{error}")
+        };
+        let first = rejected.first().unwrap();
+        assert_eq!(first.index, Some(2));
+        assert_eq!(first.errno, ENOENT);
+        assert_eq!(
+            first.operation,
+            Some(Operation::AddElements {
+                table: table.clone(),
+                set: "missing".into(),
+                count: 1
+            })
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains("message 2 (add 1 element(s) to set ip kube-proxy missing)"),
+            "{text}"
+        );
+        assert_eq!(error.errno(), Some(ENOENT));
+        assert!(socket.tables(None).unwrap().is_empty(), "the batch was atomic");
+
+        // The socket is still usable, and a request for a missing table names it.
+        let error = socket.chains(&Table::new(Family::Ip6, "nowhere")).map(|_| ());
+        assert!(error.is_ok(), "a dump of a missing table is empty, not an error");
+        let mut delete = Batch::new();
+        delete.delete_table(&table);
+        assert_eq!(socket.send(&delete).unwrap_err().errno(), Some(ENOENT));
+    });
+}
+
+/// 120k map elements: split into transactions of at most 1 MiB, each within the socket
+/// buffer; all arrive. The same elements also go in as one atomic transaction (the socket
+/// grows its send buffer for it).
+#[test]
+fn a_large_batch_splits_into_bounded_transactions_and_every_element_arrives() {
+    let netns = Netns::new("nfnl").unwrap();
+    let table = table(Family::Ip);
+    let set = Set::map(
+        "service-endpoints-tcp",
+        vec![Field::Ipv4Addr, Field::InetService, Field::Mark],
+        SetData::Value(vec![Field::Ipv4Addr, Field::InetService]),
+    );
+    let elements: Vec<Element> = (0..120_000u32)
+        .map(|i| {
+            let vip = IpAddr::V4((0x0a60_0000 + i / 10).into());
+            let ep = IpAddr::V4((0x0af4_0000 + i).into());
+            endpoint_element(vip, 80, i % 10, ep, 8080)
+        })
+        .collect();
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let mut batch = Batch::new();
+        batch.add_table(&table);
+        batch.add_set(&table, &set);
+        batch.add_elements(&table, &set.name, &elements);
+        let parts = batch.split(1 << 20);
+        assert!(parts.len() >= 4, "{} parts", parts.len());
+        assert!(parts.iter().all(|p| p.size() <= 1 << 20));
+        socket.send_split(&batch, 1 << 20).unwrap();
+        assert_eq!(socket.elements(&table, &set.name).unwrap().len(), elements.len());
+
+        let mut atomic = Batch::new();
+        atomic.flush_set(&table, &set.name);
+        atomic.add_elements(&table, &set.name, &elements);
+        assert!(atomic.size() > 4 << 20);
+        socket.send(&atomic).unwrap();
+        let back = socket.elements(&table, &set.name).unwrap();
+        assert_eq!(as_set(back), as_set(elements.clone()));
+    });
+}
+
+/// Someone else's rule in our table shows in the dump (as expressions we can tell apart)
+/// and is removed by handle; `nft flush table` empties what we sent, and the generation
+/// tells that someone changed the ruleset.
+#[test]
+fn foreign_changes_show_in_dumps_and_generation_and_are_repaired() {
+    let (netns, example) = loaded(Family::Ip);
+    let table = table(Family::Ip);
+    let ours = netns.run(|| Socket::open().unwrap().generation().unwrap());
+    netns
+        .sh("nft add rule ip kube-proxy services counter accept")
+        .unwrap();
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        assert_ne!(socket.generation().unwrap(), ours, "a foreign commit moves the generation");
+        let rules = socket.rules(&table, Some("services")).unwrap();
+        assert_eq!(rules.len(), 2);
+        let foreign = &rules[1];
+        assert_eq!(
+            foreign.exprs,
+            vec![
+                Expr::Counter { packets: 0, bytes: 0 },
+                Expr::verdict(Verdict::Accept)
+            ]
+        );
+        let mut repair = Batch::new();
+        repair.delete_rule(&table, "services", foreign.handle);
+        socket.send(&repair).unwrap();
+        assert_eq!(socket.rules(&table, Some("services")).unwrap().len(), 1);
+    });
+    assert_eq!(nft_list(&netns, Family::Ip), golden(Family::Ip));
+
+    netns.sh("nft flush table ip kube-proxy").unwrap();
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        assert!(socket.rules(&table, None).unwrap().is_empty());
+        // nft 1.0.6's `flush table` removes rules only; elements stay.
+        assert_eq!(socket.elements(&table, "service-ips").unwrap().len(), 2);
+        // Repair: the whole example again over the flushed table (chains, sets and
+        // elements that exist as sent are no error).
+        socket.send(&batch(&example)).unwrap();
+    });
+    assert_eq!(nft_list(&netns, Family::Ip), golden(Family::Ip));
+}
+
+/// Cleanup: `destroy` removes a table and is no error when it is gone; flushing a set or
+/// a chain empties it without removing it.
+#[test]
+fn flush_and_destroy_clean_up_and_tolerate_what_is_already_gone() {
+    let (netns, _) = loaded(Family::Ip6);
+    let table = table(Family::Ip6);
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let mut flush = Batch::new();
+        flush.flush_set(&table, "service-endpoints-tcp");
+        flush.flush_chain(&table, "services");
+        socket.send(&flush).unwrap();
+        assert!(socket.elements(&table, "service-endpoints-tcp").unwrap().is_empty());
+        assert!(socket.rules(&table, Some("services")).unwrap().is_empty());
+        assert_eq!(socket.elements(&table, "hairpin").unwrap().len(), 5);
+
+        let mut destroy = Batch::new();
+        destroy.destroy_table(&table);
+        socket.send(&destroy).unwrap();
+        assert!(socket.tables(None).unwrap().is_empty());
+        socket.send(&destroy).unwrap();
+        let mut lenient = Batch::new();
+        lenient.add_table(&table);
+        lenient.add_set(&table, &Set::new("s", vec![Field::Ipv6Addr]));
+        lenient.destroy_elements(&table, "s", &[Element::key(vec![0; 16])]);
+        socket.send(&lenient).unwrap();
+    });
+}

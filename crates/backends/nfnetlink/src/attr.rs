@@ -192,7 +192,10 @@ mod tests {
         let items: Vec<_> = Attrs::new(&buf).collect();
         assert_eq!(items.len(), 1);
         assert!(items[0].is_err());
-        let short = Attr { kind: 1, value: &[1, 2] };
+        let short = Attr {
+            kind: 1,
+            value: &[1, 2],
+        };
         assert!(short.u32().is_err());
         assert!(short.u64().is_err());
     }

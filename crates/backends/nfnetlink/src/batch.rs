@@ -21,18 +21,55 @@ pub enum Operation {
     AddTable(Table),
     DeleteTable(Table),
     DestroyTable(Table),
-    AddChain { table: Table, chain: String },
-    DeleteChain { table: Table, chain: String },
-    FlushChain { table: Table, chain: String },
+    AddChain {
+        table: Table,
+        chain: String,
+    },
+    DeleteChain {
+        table: Table,
+        chain: String,
+    },
+    FlushChain {
+        table: Table,
+        chain: String,
+    },
     FlushRules(Table),
-    AddSet { table: Table, set: String },
-    DeleteSet { table: Table, set: String },
-    FlushSet { table: Table, set: String },
-    AddElements { table: Table, set: String, count: usize },
-    DeleteElements { table: Table, set: String, count: usize },
-    DestroyElements { table: Table, set: String, count: usize },
-    AddRule { table: Table, chain: String },
-    DeleteRule { table: Table, chain: String, handle: u64 },
+    AddSet {
+        table: Table,
+        set: String,
+    },
+    DeleteSet {
+        table: Table,
+        set: String,
+    },
+    FlushSet {
+        table: Table,
+        set: String,
+    },
+    AddElements {
+        table: Table,
+        set: String,
+        count: usize,
+    },
+    DeleteElements {
+        table: Table,
+        set: String,
+        count: usize,
+    },
+    DestroyElements {
+        table: Table,
+        set: String,
+        count: usize,
+    },
+    AddRule {
+        table: Table,
+        chain: String,
+    },
+    DeleteRule {
+        table: Table,
+        chain: String,
+        handle: u64,
+    },
 }
 
 impl std::fmt::Display for Operation {
@@ -140,9 +177,13 @@ impl Batch {
 
     /// Deletes `table` and everything in it; an error if it does not exist.
     pub fn delete_table(&mut self, table: &Table) {
-        self.message(NFT_MSG_DELTABLE, 0, table, Operation::DeleteTable(table.clone()), |w| {
-            w.string(NFTA_TABLE_NAME, &table.name)
-        });
+        self.message(
+            NFT_MSG_DELTABLE,
+            0,
+            table,
+            Operation::DeleteTable(table.clone()),
+            |w| w.string(NFTA_TABLE_NAME, &table.name),
+        );
     }
 
     /// Deletes `table` and everything in it if it exists (Linux 6.3+).
@@ -207,9 +248,13 @@ impl Batch {
     /// Deletes every rule of every chain of `table` (sets keep their elements: see
     /// [`Batch::flush_set`]).
     pub fn flush_rules(&mut self, table: &Table) {
-        self.message(NFT_MSG_DELRULE, 0, table, Operation::FlushRules(table.clone()), |w| {
-            w.string(NFTA_RULE_TABLE, &table.name)
-        });
+        self.message(
+            NFT_MSG_DELRULE,
+            0,
+            table,
+            Operation::FlushRules(table.clone()),
+            |w| w.string(NFTA_RULE_TABLE, &table.name),
+        );
     }
 
     /// Creates `set` (no error if it exists with the same definition).
@@ -233,7 +278,10 @@ impl Batch {
                 w.u32(NFTA_SET_DATA_LEN, data_len);
             }
             if let Some(timeout) = set.timeout {
-                w.u64(NFTA_SET_TIMEOUT, u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+                w.u64(
+                    NFTA_SET_TIMEOUT,
+                    u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                );
             }
             if set.flags() & NFT_SET_CONCAT != 0 {
                 // pipapo needs each field's own length.
@@ -241,7 +289,7 @@ impl Batch {
                 let concat = w.begin(NFTA_SET_DESC_CONCAT);
                 for field in &set.key {
                     let elem = w.begin(NFTA_LIST_ELEM);
-                    w.u32(NFTA_SET_FIELD_LEN, field.len());
+                    w.u32(NFTA_SET_FIELD_LEN, field.byte_len());
                     w.end(elem);
                 }
                 w.end(concat);
@@ -281,23 +329,40 @@ impl Batch {
     /// error; one that exists with other data is (`EEXIST`): to change a map element's
     /// data, delete it and add it again in the same batch.
     pub fn add_elements(&mut self, table: &Table, name: &str, elements: &[Element]) {
-        self.elements(NFT_MSG_NEWSETELEM, NLM_F_CREATE, table, name, elements, |t, s, count| {
-            Operation::AddElements { table: t, set: s, count }
-        });
+        self.elements(
+            NFT_MSG_NEWSETELEM,
+            NLM_F_CREATE,
+            table,
+            name,
+            elements,
+            |t, s, count| Operation::AddElements {
+                table: t,
+                set: s,
+                count,
+            },
+        );
     }
 
     /// Deletes `elements` (only their keys count) from set `name`; a missing one is an
     /// error (`ENOENT`) that fails the batch.
     pub fn delete_elements(&mut self, table: &Table, name: &str, elements: &[Element]) {
         self.elements(NFT_MSG_DELSETELEM, 0, table, name, elements, |t, s, count| {
-            Operation::DeleteElements { table: t, set: s, count }
+            Operation::DeleteElements {
+                table: t,
+                set: s,
+                count,
+            }
         });
     }
 
     /// Deletes `elements` from set `name`, ignoring missing ones (Linux 6.3+).
     pub fn destroy_elements(&mut self, table: &Table, name: &str, elements: &[Element]) {
         self.elements(NFT_MSG_DESTROYSETELEM, 0, table, name, elements, |t, s, count| {
-            Operation::DestroyElements { table: t, set: s, count }
+            Operation::DestroyElements {
+                table: t,
+                set: s,
+                count,
+            }
         });
     }
 
@@ -348,16 +413,22 @@ impl Batch {
             table: table.clone(),
             chain: chain.to_owned(),
         };
-        self.message(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, table, operation, |w| {
-            w.string(NFTA_RULE_TABLE, &table.name);
-            w.string(NFTA_RULE_CHAIN, chain);
-            let list = w.begin(NFTA_RULE_EXPRESSIONS);
-            encode_list(w, exprs);
-            w.end(list);
-            if !userdata.is_empty() {
-                w.bytes(NFTA_RULE_USERDATA, userdata);
-            }
-        });
+        self.message(
+            NFT_MSG_NEWRULE,
+            NLM_F_CREATE | NLM_F_APPEND,
+            table,
+            operation,
+            |w| {
+                w.string(NFTA_RULE_TABLE, &table.name);
+                w.string(NFTA_RULE_CHAIN, chain);
+                let list = w.begin(NFTA_RULE_EXPRESSIONS);
+                encode_list(w, exprs);
+                w.end(list);
+                if !userdata.is_empty() {
+                    w.bytes(NFTA_RULE_USERDATA, userdata);
+                }
+            },
+        );
     }
 
     /// Deletes the rule with `handle` (from a dump) from chain `chain`.
@@ -413,7 +484,10 @@ mod tests {
                         .port(80)
                         .host_u32(i % 10)
                         .build(),
-                    Value::new().ipv4(Ipv4Addr::from(0x0af4_0000 + i)).port(8080).build(),
+                    Value::new()
+                        .ipv4(Ipv4Addr::from(0x0af4_0000 + i))
+                        .port(8080)
+                        .build(),
                 )
             })
             .collect()

@@ -260,7 +260,11 @@ pub enum Expr {
         direction: Option<u8>,
     },
     /// Compare `sreg` with `data`; the rule stops here unless it holds.
-    Cmp { op: CmpOp, sreg: Register, data: Vec<u8> },
+    Cmp {
+        op: CmpOp,
+        sreg: Register,
+        data: Vec<u8>,
+    },
     /// `dreg = (sreg & mask) ^ xor` over `mask.len()` bytes.
     Bitwise {
         sreg: Register,
@@ -458,11 +462,7 @@ fn encode(w: &mut Writer<'_>, expr: &Expr) {
             w.u32(META_KEY, key.number());
             w.u32(META_SREG, sreg.number());
         }
-        Expr::Ct {
-            key,
-            dreg,
-            direction,
-        } => {
+        Expr::Ct { key, dreg, direction } => {
             w.u32(CT_KEY, key.number());
             w.u32(CT_DREG, dreg.number());
             if let Some(direction) = direction {
@@ -590,11 +590,7 @@ fn encode(w: &mut Writer<'_>, expr: &Expr) {
                 w.u64(DYNSET_TIMEOUT, duration_ms(*timeout));
             }
         }
-        Expr::Fib {
-            flags,
-            result,
-            dreg,
-        } => {
+        Expr::Fib { flags, result, dreg } => {
             w.u32(FIB_DREG, dreg.number());
             let result = match result {
                 FibResult::Oif => 1,
@@ -784,9 +780,13 @@ fn decode(name: &str, data: &[u8]) -> Result<Expr, Malformed> {
                 family: Family::from_number(f.u32(NAT_FAMILY, name)? as u8)
                     .ok_or_else(|| Malformed("nat family".into()))?,
                 addr_min,
-                addr_max: f.opt_register(NAT_REG_ADDR_MAX)?.filter(|max| Some(*max) != addr_min),
+                addr_max: f
+                    .opt_register(NAT_REG_ADDR_MAX)?
+                    .filter(|max| Some(*max) != addr_min),
                 proto_min,
-                proto_max: f.opt_register(NAT_REG_PROTO_MAX)?.filter(|max| Some(*max) != proto_min),
+                proto_max: f
+                    .opt_register(NAT_REG_PROTO_MAX)?
+                    .filter(|max| Some(*max) != proto_min),
                 flags,
             }
         }

@@ -40,5 +40,8 @@ pub use expr::{
     CmpOp, CtKey, DynsetOp, Expr, FibResult, MetaKey, NatKind, NumgenKind, PayloadBase, Register, RejectKind,
     addr_type, ct_state, ct_status, fib_flags, icmpx, nat_flags,
 };
-pub use objects::{BaseChain, Chain, ChainType, Data, Element, Family, Field, Hook, Policy, Set, SetData, Table, Value, Verdict};
+pub use objects::{
+    BaseChain, Chain, ChainType, Data, Element, Family, Field, Hook, Policy, Set, SetData, Table, Value,
+    Verdict,
+};
 pub use socket::{MAX_TRANSACTION_BYTES, Socket};

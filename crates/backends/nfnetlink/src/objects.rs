@@ -212,7 +212,7 @@ impl Field {
     }
 
     /// The field's own length in bytes (before padding to a register).
-    pub fn len(self) -> u32 {
+    pub fn byte_len(self) -> u32 {
         match self {
             Self::Ipv4Addr | Self::Mark => 4,
             Self::Ipv6Addr | Self::IfName => 16,
@@ -224,7 +224,7 @@ impl Field {
 
     /// The bytes it takes in a key or value: its length rounded up to 4.
     pub fn padded_len(self) -> u32 {
-        self.len().next_multiple_of(4)
+        self.byte_len().next_multiple_of(4)
     }
 }
 

@@ -70,9 +70,7 @@ impl Socket {
     pub fn open() -> Result<Self, Error> {
         let mut socket = NetlinkSocket::new(NETLINK_NETFILTER).map_err(Error::Socket)?;
         socket.bind_auto().map_err(Error::Socket)?;
-        socket
-            .connect(&SocketAddr::new(0, 0))
-            .map_err(Error::Socket)?;
+        socket.connect(&SocketAddr::new(0, 0)).map_err(Error::Socket)?;
         // Errors carry the kernel's explanation, and not a copy of the failed request.
         socket.set_ext_ack(true).map_err(Error::Socket)?;
         socket.set_cap_ack(true).map_err(Error::Socket)?;
@@ -334,10 +332,7 @@ impl Socket {
     /// One datagram, split into its messages.
     fn recv(&mut self) -> Result<Vec<Answer>, Error> {
         let mut space = &mut self.buffer[..];
-        let size = self
-            .socket
-            .recv(&mut space, MSG_TRUNC)
-            .map_err(Error::Io)?;
+        let size = self.socket.recv(&mut space, MSG_TRUNC).map_err(Error::Io)?;
         if size > self.buffer.len() {
             return Err(Malformed(format!(
                 "a {size}-byte datagram did not fit the {}-byte buffer",

@@ -94,15 +94,17 @@ fn decode_verdict(attrs: Attrs<'_>) -> Result<Verdict, Malformed> {
         }
     }
     let missing_chain = || Malformed("a jump or goto without a chain".into());
-    Ok(match code.ok_or_else(|| Malformed("a verdict without a code".into()))? {
-        NF_ACCEPT => Verdict::Accept,
-        NF_DROP => Verdict::Drop,
-        NFT_CONTINUE => Verdict::Continue,
-        NFT_RETURN => Verdict::Return,
-        NFT_JUMP => Verdict::Jump(chain.ok_or_else(missing_chain)?),
-        NFT_GOTO => Verdict::Goto(chain.ok_or_else(missing_chain)?),
-        other => return Err(Malformed(format!("verdict code {other}"))),
-    })
+    Ok(
+        match code.ok_or_else(|| Malformed("a verdict without a code".into()))? {
+            NF_ACCEPT => Verdict::Accept,
+            NF_DROP => Verdict::Drop,
+            NFT_CONTINUE => Verdict::Continue,
+            NFT_RETURN => Verdict::Return,
+            NFT_JUMP => Verdict::Jump(chain.ok_or_else(missing_chain)?),
+            NFT_GOTO => Verdict::Goto(chain.ok_or_else(missing_chain)?),
+            other => return Err(Malformed(format!("verdict code {other}"))),
+        },
+    )
 }
 
 fn duration_ms(duration: Duration) -> u64 {

@@ -4,6 +4,8 @@
 //! show, dumps must read back what was sent, and refusals must name the failing message.
 //! Needs root and nft; fails (never skips) without them.
 
+#![allow(clippy::unwrap_used)] // helpers and closures in tests may panic: that fails the test
+
 mod support;
 
 use std::collections::HashSet;
@@ -64,29 +66,29 @@ fn dumps_read_back_what_was_sent(family: Family) {
     netns.run(|| {
         let mut socket = Socket::open().unwrap();
         let tables = socket.tables(Some(family)).unwrap();
-        assert_eq!(
-            tables.iter().map(|t| &t.table).collect::<Vec<_>>(),
-            vec![&table]
-        );
+        assert_eq!(tables.iter().map(|t| &t.table).collect::<Vec<_>>(), vec![&table]);
 
-        let chains: Vec<Chain> = socket.chains(&table).unwrap().into_iter().map(|c| c.chain).collect();
-        assert_eq!(as_vec_sorted(chains), as_vec_sorted(chains_of_example()));
+        let chains: Vec<Chain> = socket
+            .chains(&table)
+            .unwrap()
+            .into_iter()
+            .map(|c| c.chain)
+            .collect();
+        assert_eq!(as_vec_sorted(chains), as_vec_sorted(chains()));
 
         let sets = socket.sets(&table).unwrap();
-        for set in sets_of(family) {
+        for set in sets(family) {
             let info = sets.iter().find(|s| s.name == set.name).expect(&set.name);
             assert!(info.matches(&set), "{info:?} does not match {set:?}");
         }
         assert_eq!(sets.len(), 4);
 
-        let sent = batch(&example);
-        let _ = sent;
         let expected_rules = rules(&example);
         let got = socket.rules(&table, None).unwrap();
         let got: Vec<(&str, &Vec<Expr>)> = got.iter().map(|r| (r.chain.as_str(), &r.exprs)).collect();
         let mut expected: Vec<(&str, &Vec<Expr>)> = expected_rules.iter().map(|(c, e)| (*c, e)).collect();
         // The kernel lists rules chain by chain, in chain creation order.
-        let order: Vec<String> = chains_of_example().into_iter().map(|c| c.name).collect();
+        let order: Vec<String> = chains().into_iter().map(|c| c.name).collect();
         expected.sort_by_key(|(chain, _)| order.iter().position(|c| c == chain));
         assert_eq!(got, expected);
 
@@ -108,14 +110,6 @@ fn dumps_read_back_what_was_sent(family: Family) {
             ])
         );
     });
-}
-
-fn chains_of_example() -> Vec<Chain> {
-    chains()
-}
-
-fn sets_of(family: Family) -> Vec<Set> {
-    sets(family)
 }
 
 fn as_vec_sorted(mut chains: Vec<Chain>) -> Vec<Chain> {
@@ -142,7 +136,9 @@ fn element_changes_apply_in_one_small_batch(family: Family) {
         Family::Ip6 => "fd00:96::30".parse().unwrap(),
         _ => "10.96.0.30".parse().unwrap(),
     };
-    let [a0, _a1, a2] = example.endpoints_a[..] else { panic!() };
+    let [a0, _a1, a2] = example.endpoints_a[..] else {
+        panic!()
+    };
     let b0 = example.endpoints_b[0];
 
     let mut change = Batch::new();
@@ -166,7 +162,11 @@ fn element_changes_apply_in_one_small_batch(family: Family) {
     change.delete_elements(&table, "hairpin", &[hairpin_element(example.endpoints_a[1])]);
     // C: a new Service with two endpoints, pods that also back A and B (other port):
     // its lb-tcp-2 chain exists already, so it is elements only.
-    change.add_elements(&table, "cluster-ips", &[Element::key(addr(Value::new(), vip_c).build())]);
+    change.add_elements(
+        &table,
+        "cluster-ips",
+        &[Element::key(addr(Value::new(), vip_c).build())],
+    );
     change.add_elements(&table, "service-ips", &[service_element(vip_c, 443, 2)]);
     change.add_elements(
         &table,
@@ -198,7 +198,11 @@ fn element_changes_apply_in_one_small_batch(family: Family) {
             "+2 service-endpoints-tcp",
         ]
     );
-    assert!(change.size() < 2048, "a small change is a small batch: {} bytes", change.size());
+    assert!(
+        change.size() < 2048,
+        "a small change is a small batch: {} bytes",
+        change.size()
+    );
 
     let listing = netns.run(|| {
         let mut socket = Socket::open().unwrap();
@@ -229,8 +233,14 @@ fn element_changes_apply_in_one_small_batch(family: Family) {
     );
     let text = nft_list(&netns, family);
     let show = |ip: IpAddr| ip.to_string();
-    assert!(text.contains(&format!("{} . tcp . 80 : goto lb-tcp-2", show(example.vip_a))), "{text}");
-    assert!(text.contains(&format!("{} . tcp . 443 : goto lb-tcp-2", show(vip_c))), "{text}");
+    assert!(
+        text.contains(&format!("{} . tcp . 80 : goto lb-tcp-2", show(example.vip_a))),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{} . tcp . 443 : goto lb-tcp-2", show(vip_c))),
+        "{text}"
+    );
     assert!(!text.contains(&show(example.endpoints_a[1])), "{text}");
 }
 
@@ -343,7 +353,11 @@ fn foreign_changes_show_in_dumps_and_generation_and_are_repaired() {
         .unwrap();
     netns.run(|| {
         let mut socket = Socket::open().unwrap();
-        assert_ne!(socket.generation().unwrap(), ours, "a foreign commit moves the generation");
+        assert_ne!(
+            socket.generation().unwrap(),
+            ours,
+            "a foreign commit moves the generation"
+        );
         let rules = socket.rules(&table, Some("services")).unwrap();
         assert_eq!(rules.len(), 2);
         let foreign = &rules[1];
@@ -386,7 +400,12 @@ fn flush_and_destroy_clean_up_and_tolerate_what_is_already_gone() {
         flush.flush_set(&table, "service-endpoints-tcp");
         flush.flush_chain(&table, "services");
         socket.send(&flush).unwrap();
-        assert!(socket.elements(&table, "service-endpoints-tcp").unwrap().is_empty());
+        assert!(
+            socket
+                .elements(&table, "service-endpoints-tcp")
+                .unwrap()
+                .is_empty()
+        );
         assert!(socket.rules(&table, Some("services")).unwrap().is_empty());
         assert_eq!(socket.elements(&table, "hairpin").unwrap().len(), 5);
 

@@ -2,6 +2,7 @@
 //! no per-service chain or set) built through the crate's API, for both families.
 
 #![allow(dead_code)]
+#![allow(clippy::unwrap_used)] // test helpers may panic: that fails the test
 
 use std::net::IpAddr;
 
@@ -47,7 +48,11 @@ pub fn table(family: Family) -> Table {
 }
 
 fn addr_field(family: Family) -> Field {
-    if family == Family::Ip6 { Field::Ipv6Addr } else { Field::Ipv4Addr }
+    if family == Family::Ip6 {
+        Field::Ipv6Addr
+    } else {
+        Field::Ipv4Addr
+    }
 }
 
 pub fn addr(value: Value, ip: IpAddr) -> Value {
@@ -285,7 +290,11 @@ pub fn rules(example: &Example) -> Vec<(&'static str, Vec<Expr>)> {
         ),
         (
             "mark-for-masquerade",
-            vec![load_mark.clone(), bitwise(!MASQ_MARK, MASQ_MARK), set_mark.clone()],
+            vec![
+                load_mark.clone(),
+                bitwise(!MASQ_MARK, MASQ_MARK),
+                set_mark.clone(),
+            ],
         ),
         (
             "masquerading",
@@ -300,7 +309,10 @@ pub fn rules(example: &Example) -> Vec<(&'static str, Vec<Expr>)> {
                 Expr::verdict(Verdict::Return),
             ],
         ),
-        ("masquerading", vec![load_mark, bitwise(u32::MAX, MASQ_MARK), set_mark]),
+        (
+            "masquerading",
+            vec![load_mark, bitwise(u32::MAX, MASQ_MARK), set_mark],
+        ),
         ("masquerading", vec![masquerade]),
         ("lb-tcp-2", not_from_pods.clone()),
         ("lb-tcp-2", dnat(2)),
@@ -364,7 +376,9 @@ pub fn normalized(listing: &str) -> String {
     let mut rest = listing;
     while let Some(start) = rest.find("elements = {") {
         let open = start + "elements = {".len();
-        let Some(close) = rest[open..].find('}') else { break };
+        let Some(close) = rest[open..].find('}') else {
+            break;
+        };
         out.push_str(&rest[..open]);
         let mut entries: Vec<String> = rest[open..open + close]
             .split(',')
@@ -378,5 +392,10 @@ pub fn normalized(listing: &str) -> String {
         rest = &rest[open + close + 1..];
     }
     out.push_str(rest);
-    out.lines().map(str::trim_end).collect::<Vec<_>>().join("\n").trim().to_owned()
+    out.lines()
+        .map(str::trim_end)
+        .collect::<Vec<_>>()
+        .join("\n")
+        .trim()
+        .to_owned()
 }

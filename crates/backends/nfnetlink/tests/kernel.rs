@@ -68,20 +68,20 @@ fn dumps_read_back_what_was_sent(family: Family) {
         let tables = socket.tables(Some(family)).unwrap();
         assert_eq!(tables.iter().map(|t| &t.table).collect::<Vec<_>>(), vec![&table]);
 
-        let chains: Vec<Chain> = socket
+        let listed: Vec<Chain> = socket
             .chains(&table)
             .unwrap()
             .into_iter()
             .map(|c| c.chain)
             .collect();
-        assert_eq!(as_vec_sorted(chains), as_vec_sorted(chains()));
+        assert_eq!(as_vec_sorted(listed), as_vec_sorted(chains()));
 
-        let sets = socket.sets(&table).unwrap();
+        let listed = socket.sets(&table).unwrap();
         for set in sets(family) {
-            let info = sets.iter().find(|s| s.name == set.name).expect(&set.name);
+            let info = listed.iter().find(|s| s.name == set.name).expect(&set.name);
             assert!(info.matches(&set), "{info:?} does not match {set:?}");
         }
-        assert_eq!(sets.len(), 4);
+        assert_eq!(listed.len(), 4);
 
         let expected_rules = rules(&example);
         let got = socket.rules(&table, None).unwrap();

@@ -421,3 +421,194 @@ fn flush_and_destroy_clean_up_and_tolerate_what_is_already_gone() {
         socket.send(&lenient).unwrap();
     });
 }
+
+/// The expressions beyond the D3 example (affinity's dynset with a timeout, fib, ct
+/// state, reject, counter, inverted lookup, interval sets with concatenated keys) are
+/// accepted by the kernel and list as nft writes them.
+#[test]
+fn the_other_expressions_are_accepted_and_list_as_nft_writes_them() {
+    let netns = Netns::new("nfnl").unwrap();
+    let table = table(Family::Ip);
+    let r0 = Register::r32(0);
+    let r1 = Register::r32(1);
+    let r2 = Register::r32(2);
+    let saddr = Expr::Payload {
+        base: PayloadBase::Network,
+        offset: 12,
+        len: 4,
+        dreg: r0,
+    };
+    let daddr = |dreg| Expr::Payload {
+        base: PayloadBase::Network,
+        offset: 16,
+        len: 4,
+        dreg,
+    };
+    let mut affinity = Set::new(
+        "affinity",
+        vec![Field::Ipv4Addr, Field::Ipv4Addr, Field::InetService],
+    );
+    affinity.dynamic = true;
+    affinity.timeouts = true;
+    affinity.timeout = Some(std::time::Duration::from_secs(10800));
+    let mut ranges = Set::new("source-ranges", vec![Field::Ipv4Addr, Field::Ipv4Addr]);
+    ranges.interval = true;
+    let key = |a: [u8; 4], b: [u8; 4]| [a, b].concat();
+
+    let mut batch = Batch::new();
+    batch.add_table(&table);
+    batch.add_chain(
+        &table,
+        &Chain::base(
+            "filter-input",
+            BaseChain {
+                chain_type: ChainType::Filter,
+                hook: Hook::Input,
+                priority: -110,
+                policy: Policy::Accept,
+            },
+        ),
+    );
+    batch.add_set(&table, &Set::new("cluster-ips", vec![Field::Ipv4Addr]));
+    batch.add_set(&table, &affinity);
+    batch.add_set(&table, &ranges);
+    batch.add_elements(
+        &table,
+        "source-ranges",
+        &[Element::range(
+            key([10, 96, 0, 10], [192, 168, 0, 0]),
+            key([10, 96, 0, 10], [192, 168, 255, 255]),
+        )],
+    );
+    let rules: Vec<Vec<Expr>> = vec![
+        vec![
+            Expr::Fib {
+                flags: fib_flags::DADDR,
+                result: FibResult::AddrType,
+                dreg: r0,
+            },
+            Expr::Cmp {
+                op: CmpOp::Eq,
+                sreg: r0,
+                data: addr_type::LOCAL.to_ne_bytes().to_vec(),
+            },
+            Expr::Counter { packets: 0, bytes: 0 },
+            Expr::verdict(Verdict::Accept),
+        ],
+        vec![
+            Expr::Ct {
+                key: CtKey::State,
+                dreg: r0,
+                direction: None,
+            },
+            Expr::Bitwise {
+                sreg: r0,
+                dreg: r0,
+                mask: ct_state::NEW.to_ne_bytes().to_vec(),
+                xor: vec![0; 4],
+            },
+            Expr::Cmp {
+                op: CmpOp::Neq,
+                sreg: r0,
+                data: vec![0; 4],
+            },
+            daddr(r0),
+            Expr::Lookup {
+                set: "cluster-ips".into(),
+                sreg: r0,
+                dreg: None,
+                invert: true,
+            },
+            Expr::Reject {
+                kind: RejectKind::TcpRst,
+                code: 0,
+            },
+        ],
+        vec![
+            daddr(r0),
+            Expr::Payload {
+                base: PayloadBase::Network,
+                offset: 12,
+                len: 4,
+                dreg: r1,
+            },
+            Expr::Lookup {
+                set: "source-ranges".into(),
+                sreg: r0,
+                dreg: None,
+                invert: true,
+            },
+            Expr::verdict(Verdict::Drop),
+        ],
+        vec![
+            saddr,
+            daddr(r1),
+            Expr::Payload {
+                base: PayloadBase::Transport,
+                offset: 2,
+                len: 2,
+                dreg: r2,
+            },
+            Expr::Dynset {
+                op: DynsetOp::Update,
+                set: "affinity".into(),
+                sreg_key: r0,
+                sreg_data: None,
+                timeout: Some(std::time::Duration::from_secs(10800)),
+            },
+        ],
+        vec![Expr::Reject {
+            kind: RejectKind::IcmpUnreach,
+            code: 3,
+        }],
+    ];
+    for rule in &rules {
+        batch.add_rule(&table, "filter-input", rule);
+    }
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        socket.send(&batch).unwrap();
+        let back: Vec<Vec<Expr>> = socket
+            .rules(&table, Some("filter-input"))
+            .unwrap()
+            .into_iter()
+            .map(|r| r.exprs)
+            .collect();
+        assert_eq!(back, rules);
+        let listed = socket.sets(&table).unwrap();
+        for set in [&affinity, &ranges] {
+            let info = listed.iter().find(|s| s.name == set.name).unwrap();
+            assert!(info.matches(set), "{info:?} does not match {set:?}");
+        }
+        assert_eq!(
+            listed
+                .iter()
+                .find(|s| s.name == "source-ranges")
+                .unwrap()
+                .field_lengths,
+            [4, 4]
+        );
+        let elements = socket.elements(&table, "source-ranges").unwrap();
+        assert_eq!(elements.len(), 1);
+        assert_eq!(
+            elements[0].key_end,
+            Some(key([10, 96, 0, 10], [192, 168, 255, 255]))
+        );
+    });
+    let text = nft_list(&netns, Family::Ip);
+    for line in [
+        "type filter hook input priority -110; policy accept;",
+        "type ipv4_addr . ipv4_addr . inet_service",
+        "flags dynamic,timeout",
+        "timeout 3h",
+        "flags interval",
+        "elements = { 10.96.0.10 . 192.168.0.0/16 }",
+        "fib daddr type local counter packets 0 bytes 0 accept",
+        "ct state new ip daddr != @cluster-ips reject with tcp reset",
+        "ip daddr . ip saddr != @source-ranges drop",
+        "update @affinity { ip saddr . ip daddr . th dport timeout 3h }",
+        "reject",
+    ] {
+        assert!(text.contains(line), "no `{line}` in\n{text}");
+    }
+}

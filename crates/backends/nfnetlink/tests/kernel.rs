@@ -612,3 +612,76 @@ fn the_other_expressions_are_accepted_and_list_as_nft_writes_them() {
         assert!(text.contains(line), "no `{line}` in\n{text}");
     }
 }
+
+/// Real traffic through the D3 table built with this crate, on a one-node lab: a client
+/// outside the cluster reaches all three pods behind a VIP; after an element-only batch
+/// takes one endpoint out, only the other two answer.
+fn d3_balances_real_traffic_and_follows_element_changes(family: Family) {
+    use kpr_netns::{CLUSTER_CIDR_V6, Lab, pod_ip, pod_ip_v6, spread};
+    let lab = Lab::new(3).expect("a lab (root, iproute2, br_netfilter)");
+    let pod = |i: usize| -> IpAddr {
+        match family {
+            Family::Ip6 => pod_ip_v6(i).into(),
+            _ => pod_ip(i).into(),
+        }
+    };
+    let mut example = example(family);
+    example.endpoints_a = (0..3).map(pod).collect();
+    if family == Family::Ip6 {
+        let (net, prefix) = CLUSTER_CIDR_V6.split_once('/').unwrap();
+        example.pod_cidr = (net.parse().unwrap(), prefix.parse().unwrap());
+    }
+    let _backends: Vec<_> = (0..3)
+        .map(|i| {
+            lab.pod(i)
+                .tcp_backend(std::net::SocketAddr::new(pod(i), 8080), &format!("pod-{i}"))
+                .unwrap()
+        })
+        .collect();
+    let table = table(family);
+    lab.node().run(|| Socket::open().unwrap().send(&batch(&example)).unwrap());
+    let vip = std::net::SocketAddr::new(example.vip_a, 80);
+
+    let replies = spread(lab.client(), vip, 60);
+    assert_eq!(
+        replies.keys().cloned().collect::<Vec<_>>(),
+        ["pod-0", "pod-1", "pod-2"],
+        "{replies:?}"
+    );
+
+    // Pod 1 leaves: pod 2 moves into slot 1, the VIP now goes to lb-tcp-2.
+    let mut change = Batch::new();
+    change.delete_elements(
+        &table,
+        "service-endpoints-tcp",
+        &[
+            endpoint_element(example.vip_a, 80, 1, pod(1), 8080),
+            endpoint_element(example.vip_a, 80, 2, pod(2), 8080),
+        ],
+    );
+    change.add_elements(
+        &table,
+        "service-endpoints-tcp",
+        &[endpoint_element(example.vip_a, 80, 1, pod(2), 8080)],
+    );
+    change.delete_elements(&table, "service-ips", &[service_element(example.vip_a, 80, 3)]);
+    change.add_elements(&table, "service-ips", &[service_element(example.vip_a, 80, 2)]);
+    lab.node().run(|| Socket::open().unwrap().send(&change).unwrap());
+
+    let replies = spread(lab.client(), vip, 40);
+    assert_eq!(
+        replies.keys().cloned().collect::<Vec<_>>(),
+        ["pod-0", "pod-2"],
+        "{replies:?}"
+    );
+}
+
+#[test]
+fn d3_balances_real_traffic_and_follows_element_changes_ip() {
+    d3_balances_real_traffic_and_follows_element_changes(Family::Ip);
+}
+
+#[test]
+fn d3_balances_real_traffic_and_follows_element_changes_ip6() {
+    d3_balances_real_traffic_and_follows_element_changes(Family::Ip6);
+}

@@ -283,16 +283,22 @@ impl Batch {
                     u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
                 );
             }
-            if set.flags() & NFT_SET_CONCAT != 0 {
-                // pipapo needs each field's own length.
+            let concat = set.flags() & NFT_SET_CONCAT != 0;
+            if concat || set.size.is_some() {
                 let desc = w.begin(NFTA_SET_DESC);
-                let concat = w.begin(NFTA_SET_DESC_CONCAT);
-                for field in &set.key {
-                    let elem = w.begin(NFTA_LIST_ELEM);
-                    w.u32(NFTA_SET_FIELD_LEN, field.byte_len());
-                    w.end(elem);
+                if let Some(size) = set.size {
+                    w.u32(NFTA_SET_DESC_SIZE, size);
                 }
-                w.end(concat);
+                if concat {
+                    // pipapo needs each field's own length.
+                    let list = w.begin(NFTA_SET_DESC_CONCAT);
+                    for field in &set.key {
+                        let elem = w.begin(NFTA_LIST_ELEM);
+                        w.u32(NFTA_SET_FIELD_LEN, field.byte_len());
+                        w.end(elem);
+                    }
+                    w.end(list);
+                }
                 w.end(desc);
             }
             if !set.userdata.is_empty() {

@@ -86,6 +86,7 @@ pub(crate) const NFTA_SET_ID: u16 = 10;
 pub(crate) const NFTA_SET_TIMEOUT: u16 = 11;
 pub(crate) const NFTA_SET_USERDATA: u16 = 13;
 pub(crate) const NFTA_SET_HANDLE: u16 = 16;
+pub(crate) const NFTA_SET_DESC_SIZE: u16 = 1;
 pub(crate) const NFTA_SET_DESC_CONCAT: u16 = 2;
 pub(crate) const NFTA_SET_FIELD_LEN: u16 = 1;
 

@@ -40,13 +40,15 @@ pub struct SetInfo {
     pub timeout: Option<Duration>,
     /// Per-field lengths of a concatenated interval key.
     pub field_lengths: Vec<u32>,
+    /// The size limit, when the set has one.
+    pub size: Option<u32>,
     pub userdata: Vec<u8>,
     pub handle: u64,
 }
 
 impl SetInfo {
     /// Whether the kernel's set is the one `set` describes (name, key, data, flags,
-    /// default timeout and user data).
+    /// default timeout, user data, and the size limit when `set` has one).
     pub fn matches(&self, set: &Set) -> bool {
         self.name == set.name
             && self.key_type == set.key_type()
@@ -55,6 +57,7 @@ impl SetInfo {
             && self.flags & !NFT_SET_CONSTANT == set.flags()
             && self.timeout == set.timeout
             && self.userdata == set.userdata
+            && set.size.is_none_or(|size| self.size == Some(size))
     }
 }
 
@@ -155,6 +158,7 @@ pub(crate) fn set(payload: &[u8]) -> Result<SetInfo, Malformed> {
         data: None,
         timeout: None,
         field_lengths: Vec::new(),
+        size: None,
         userdata: Vec::new(),
         handle: 0,
     };
@@ -175,6 +179,9 @@ pub(crate) fn set(payload: &[u8]) -> Result<SetInfo, Malformed> {
             NFTA_SET_DESC => {
                 for desc in attr.nested() {
                     let desc = desc?;
+                    if desc.kind == NFTA_SET_DESC_SIZE {
+                        info.size = Some(desc.u32()?);
+                    }
                     if desc.kind != NFTA_SET_DESC_CONCAT {
                         continue;
                     }

@@ -264,6 +264,9 @@ pub struct Set {
     pub timeout: Option<Duration>,
     /// `flags dynamic`: rules may add or update elements (`dynset`, e.g. affinity).
     pub dynamic: bool,
+    /// `size`: the most elements the set may hold (the kernel gives dynamic sets 65535
+    /// when none is set; updates from the packet path fail silently beyond it).
+    pub size: Option<u32>,
     /// Opaque user data (nft keeps its `typeof` and byte-order hints here).
     pub userdata: Vec<u8>,
 }
@@ -279,6 +282,7 @@ impl Set {
             timeouts: false,
             timeout: None,
             dynamic: false,
+            size: None,
             userdata: Vec::new(),
         }
     }

@@ -29,10 +29,21 @@ const RECV_BUFFER: usize = 64 * 1024;
 /// The largest single transaction this socket sends: the kernel copies it into one
 /// buffer, and holds the nf_tables mutex while it applies it.
 pub const MAX_TRANSACTION_BYTES: usize = 256 * 1024 * 1024;
+/// Receive queue size: ~40k capped error reports.
+const RECEIVE_QUEUE: usize = 4 << 20;
 /// `MSG_TRUNC`: recv reports a datagram's real length.
 const MSG_TRUNC: i32 = 0x20;
 /// A dump restarts when a concurrent change interrupted it; this many times at most.
 const DUMP_ATTEMPTS: u32 = 8;
+
+/// The table [`Socket::validate`] adds and deletes twice to make a batch fail on purpose.
+const VALIDATION_PROBE_TABLE: &str = "kpr-nfnetlink-validation-probe";
+
+/// What the kernel did with a batch.
+enum Outcome {
+    Committed(u32),
+    Refused(Vec<MessageFailure>),
+}
 
 /// A netlink socket speaking nf_tables.
 pub struct Socket {
@@ -80,6 +91,9 @@ impl Socket {
             &nix::sys::time::TimeVal::new(RECV_TIMEOUT.as_secs() as _, 0),
         )
         .map_err(|errno| Error::Socket(errno.into()))?;
+        // Room for the reports on a large refused batch (one small error per message).
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBufForce, &RECEIVE_QUEUE)
+            .map_err(|errno| Error::Socket(errno.into()))?;
         let send_buffer = nix::sys::socket::getsockopt(&socket, nix::sys::socket::sockopt::SndBuf)
             .map_err(|errno| Error::Socket(errno.into()))?;
         Ok(Self {
@@ -101,6 +115,45 @@ impl Socket {
         if batch.is_empty() {
             return self.generation();
         }
+        let failures = self.transact(batch)?;
+        match failures {
+            Outcome::Committed(generation) => Ok(generation),
+            Outcome::Refused(failures) => Err(BatchError { failures }.into()),
+        }
+    }
+
+    /// Has the kernel check `batch` without committing anything: every message is
+    /// processed as for [`Socket::send`] (so missing kernel features, unknown expressions
+    /// and bad references are reported per message), then the transaction is aborted by a
+    /// sentinel that always fails: deleting a probe table twice. For start-up checks.
+    pub fn validate(&mut self, batch: &Batch) -> Result<(), Error> {
+        let mut probe = batch.clone();
+        let table = Table::new(crate::Family::Ip, VALIDATION_PROBE_TABLE);
+        probe.add_table(&table);
+        probe.delete_table(&table);
+        probe.delete_table(&table);
+        match self.transact(&probe)? {
+            Outcome::Committed(_) => Err(Malformed(
+                "the kernel committed a validation batch whose last message must fail".into(),
+            )
+            .into()),
+            Outcome::Refused(failures) => {
+                let real: Vec<_> = failures
+                    .into_iter()
+                    .filter(|f| f.index.is_none_or(|i| i < batch.len()))
+                    .collect();
+                if real.is_empty() {
+                    Ok(())
+                } else {
+                    Err(BatchError { failures: real }.into())
+                }
+            }
+        }
+    }
+
+    /// Sends `batch` between begin and end markers, then a generation request as a
+    /// barrier, and collects the kernel's reports on the batch's messages.
+    fn transact(&mut self, batch: &Batch) -> Result<Outcome, Error> {
         let bytes = 2 * (HEADER_LEN + wire::NFGENMSG_LEN) + batch.size();
         if bytes > MAX_TRANSACTION_BYTES {
             return Err(Error::TooLarge {
@@ -113,11 +166,12 @@ impl Socket {
         let mut datagram = Vec::with_capacity(bytes);
         let begin = self.next_sequence();
         marker(&mut datagram, NFNL_MSG_BATCH_BEGIN, begin);
-        let mut messages = batch.buf.clone();
+        let offset = datagram.len();
+        datagram.extend_from_slice(&batch.buf);
         for message in &batch.messages {
-            wire::set_sequence(&mut messages, message.start, self.next_sequence());
+            let sequence = self.next_sequence();
+            wire::set_sequence(&mut datagram, offset + message.start, sequence);
         }
-        datagram.extend_from_slice(&messages);
         let end = self.next_sequence();
         marker(&mut datagram, NFNL_MSG_BATCH_END, end);
         self.send_all(&datagram)?;
@@ -133,8 +187,8 @@ impl Socket {
                 if answer.sequence == barrier {
                     return match answer.message_type {
                         NLMSG_ERROR => Err(self.refusal("the generation request", &answer)),
-                        _ if failures.is_empty() => generation_of(&answer),
-                        _ => Err(BatchError { failures }.into()),
+                        _ if failures.is_empty() => generation_of(&answer).map(Outcome::Committed),
+                        _ => Ok(Outcome::Refused(failures)),
                     };
                 }
                 let in_batch = answer.sequence.wrapping_sub(begin) <= end.wrapping_sub(begin);
@@ -145,7 +199,8 @@ impl Socket {
                 if errno == 0 {
                     continue;
                 }
-                // Sequence numbers begin+1 .. end-1 are the batch's messages in order.
+                // Sequence numbers begin+1 .. end-1 are the batch's messages in order;
+                // begin itself stands for the batch as a whole (e.g. its commit).
                 let index = answer
                     .sequence
                     .wrapping_sub(begin)
@@ -154,7 +209,9 @@ impl Socket {
                     .filter(|i| *i < batch.len());
                 failures.push(MessageFailure {
                     index,
-                    operation: index.and_then(|i| batch.operations().nth(i).cloned()),
+                    operation: index
+                        .and_then(|i| batch.messages.get(i))
+                        .map(|m| m.operation.clone()),
                     errno,
                     message,
                 });

@@ -451,6 +451,7 @@ fn the_other_expressions_are_accepted_and_list_as_nft_writes_them() {
     affinity.dynamic = true;
     affinity.timeouts = true;
     affinity.timeout = Some(std::time::Duration::from_secs(10800));
+    affinity.size = Some(1 << 20);
     let mut ranges = Set::new("source-ranges", vec![Field::Ipv4Addr, Field::Ipv4Addr]);
     ranges.interval = true;
     let key = |a: [u8; 4], b: [u8; 4]| [a, b].concat();
@@ -599,6 +600,7 @@ fn the_other_expressions_are_accepted_and_list_as_nft_writes_them() {
     for line in [
         "type filter hook input priority -110; policy accept;",
         "type ipv4_addr . ipv4_addr . inet_service",
+        "size 1048576",
         "flags dynamic,timeout",
         "timeout 3h",
         "flags interval",
@@ -639,7 +641,8 @@ fn d3_balances_real_traffic_and_follows_element_changes(family: Family) {
         })
         .collect();
     let table = table(family);
-    lab.node().run(|| Socket::open().unwrap().send(&batch(&example)).unwrap());
+    lab.node()
+        .run(|| Socket::open().unwrap().send(&batch(&example)).unwrap());
     let vip = std::net::SocketAddr::new(example.vip_a, 80);
 
     let replies = spread(lab.client(), vip, 60);
@@ -684,4 +687,48 @@ fn d3_balances_real_traffic_and_follows_element_changes_ip() {
 #[test]
 fn d3_balances_real_traffic_and_follows_element_changes_ip6() {
     d3_balances_real_traffic_and_follows_element_changes(Family::Ip6);
+}
+
+/// `validate` reports what the kernel would refuse, per message, and commits nothing
+/// either way: the start-up check for kernel features.
+#[test]
+fn validate_names_what_the_kernel_lacks_and_commits_nothing() {
+    let netns = Netns::new("nfnl").unwrap();
+    let example = example(Family::Ip);
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let before = socket.generation().unwrap();
+        socket.validate(&batch(&example)).unwrap();
+
+        let table = table(Family::Ip);
+        let mut lacking = Batch::new();
+        lacking.add_table(&table);
+        lacking.add_chain(&table, &Chain::regular("probe"));
+        lacking.add_rule(
+            &table,
+            "probe",
+            &[Expr::Other {
+                name: "no-such-expression".into(),
+                data: vec![],
+            }],
+        );
+        let error = socket.validate(&lacking).unwrap_err();
+        let Error::Rejected(rejected) = &error else {
+            panic!("{error}")
+        };
+        assert_eq!(rejected.failures.len(), 1, "{error}");
+        assert_eq!(rejected.failures[0].index, Some(2), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("add a rule to chain ip kube-proxy probe"),
+            "{error}"
+        );
+
+        assert!(
+            socket.tables(None).unwrap().is_empty(),
+            "validation committed nothing"
+        );
+        assert_eq!(socket.generation().unwrap(), before);
+    });
 }

@@ -3,7 +3,8 @@
 //! kpr-nfnetlink, as one transaction and split, against `nft -f` loading the same
 //! elements; then reading them back, and one-element changes to the full map.
 //!
-//! `cargo bench -p kpr-nfnetlink --bench elements` (root; `ELEMENTS=n` to change the count).
+//! `cargo bench -p kpr-nfnetlink --bench elements` (root; `ELEMENTS=n` to change the count,
+//! `SIZE=n` to give the map a size limit, `NFT=0` to leave out the `nft` comparison).
 
 #![allow(clippy::unwrap_used)] // A benchmark binary: any failure should stop it loudly.
 
@@ -16,12 +17,16 @@ use kpr_nfnetlink::*;
 
 const ENDPOINTS_PER_SERVICE: u32 = 10;
 
+/// The endpoint map; `SIZE=n` gives it a size limit, which the kernel also takes as the
+/// hash table's initial size hint.
 fn map() -> Set {
-    Set::map(
+    let mut set = Set::map(
         "service-endpoints-tcp",
         vec![Field::Ipv4Addr, Field::InetService, Field::Mark],
         SetData::Value(vec![Field::Ipv4Addr, Field::InetService]),
-    )
+    );
+    set.size = std::env::var("SIZE").ok().and_then(|v| v.parse().ok());
+    set
 }
 
 fn vip(i: u32) -> Ipv4Addr {
@@ -61,7 +66,10 @@ fn main() {
         .unwrap_or(500_000);
     let table = Table::new(Family::Ip, "kube-proxy");
     let elements: Vec<Element> = (0..count).map(element).collect();
-    println!("{count} map elements (key ipv4 . port . slot, value ipv4 . port)");
+    println!(
+        "{count} map elements (key ipv4 . port . slot, value ipv4 . port), size limit {:?}",
+        map().size
+    );
 
     let started = Instant::now();
     let mut batch = fresh(&table);
@@ -139,6 +147,9 @@ fn main() {
         );
     }
 
+    if std::env::var("NFT").is_ok_and(|v| v == "0") {
+        return;
+    }
     // The same elements through nft -f.
     let netns = Netns::new("nfbench").expect("a throw-away namespace");
     let path = std::env::temp_dir().join(format!("kpr-nfnetlink-bench-{}.nft", std::process::id()));

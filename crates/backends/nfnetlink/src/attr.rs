@@ -12,10 +12,30 @@ const NLA_TYPE_MASK: u16 = 0x3fff;
 /// An attribute's header: length (u16) and type (u16).
 pub(crate) const NLA_HEADER: usize = 4;
 
+/// The longest name the kernel takes (`NFT_NAME_MAXLEN` less the NUL).
+pub(crate) const NAME_MAX: usize = 255;
+
+/// Why `name` cannot be sent as an nf_tables name, if it cannot: the kernel would read a
+/// name with a NUL in it only up to the NUL (another object), and refuses long ones.
+pub(crate) fn name_problem(name: &str) -> Option<String> {
+    if name.contains('\0') {
+        Some(format!("{name:?} contains a NUL byte"))
+    } else if name.len() > NAME_MAX {
+        Some(format!(
+            "a {}-byte name is longer than {NAME_MAX} bytes",
+            name.len()
+        ))
+    } else {
+        None
+    }
+}
+
 /// Appends attributes to a message buffer.
 #[derive(Debug)]
 pub(crate) struct Writer<'a> {
     buf: &'a mut Vec<u8>,
+    /// The first string that cannot be a name (see [`name_problem`]).
+    invalid: Option<String>,
 }
 
 /// An open nested attribute: where its header starts, closed by [`Writer::end`].
@@ -25,7 +45,12 @@ pub(crate) struct Nest(usize);
 
 impl<'a> Writer<'a> {
     pub(crate) fn new(buf: &'a mut Vec<u8>) -> Self {
-        Self { buf }
+        Self { buf, invalid: None }
+    }
+
+    /// The first string written that cannot be an nf_tables name.
+    pub(crate) fn invalid(&self) -> Option<&str> {
+        self.invalid.as_deref()
     }
 
     pub(crate) fn bytes(&mut self, kind: u16, value: &[u8]) {
@@ -40,6 +65,9 @@ impl<'a> Writer<'a> {
 
     /// A NUL-terminated string, as the kernel's `NLA_STRING`/`NLA_NUL_STRING` policies expect.
     pub(crate) fn string(&mut self, kind: u16, value: &str) {
+        if self.invalid.is_none() {
+            self.invalid = name_problem(value);
+        }
         let length = NLA_HEADER + value.len() + 1;
         self.buf.extend_from_slice(&(length as u16).to_ne_bytes());
         self.buf.extend_from_slice(&kind.to_ne_bytes());

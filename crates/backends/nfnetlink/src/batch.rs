@@ -114,6 +114,9 @@ pub(crate) struct Message {
 pub struct Batch {
     pub(crate) buf: Vec<u8>,
     pub(crate) messages: Vec<Message>,
+    /// The first message with a name the kernel would misread or refuse, and why: such a
+    /// batch is never sent.
+    pub(crate) invalid: Option<(Operation, String)>,
 }
 
 impl Batch {
@@ -156,9 +159,18 @@ impl Batch {
         attrs: impl FnOnce(&mut Writer<'_>),
     ) {
         let at = start(&mut self.buf, nft_type(message), flags, table.family.number(), 0);
-        attrs(&mut Writer::new(&mut self.buf));
+        let mut w = Writer::new(&mut self.buf);
+        attrs(&mut w);
+        let invalid = w.invalid().map(str::to_owned);
         finish(&mut self.buf, at);
+        self.note_invalid(&operation, invalid);
         self.messages.push(Message { start: at, operation });
+    }
+
+    fn note_invalid(&mut self, operation: &Operation, problem: Option<String>) {
+        if self.invalid.is_none() {
+            self.invalid = problem.map(|problem| (operation.clone(), problem));
+        }
     }
 
     /// Creates `table` (no error if it exists).
@@ -398,11 +410,11 @@ impl Batch {
                 }
             }
             w.end(list);
+            let invalid = w.invalid().map(str::to_owned);
             finish(&mut self.buf, at);
-            self.messages.push(Message {
-                start: at,
-                operation: operation(table.clone(), name.to_owned(), count),
-            });
+            let operation = operation(table.clone(), name.to_owned(), count);
+            self.note_invalid(&operation, invalid);
+            self.messages.push(Message { start: at, operation });
             rest = &rest[count..];
         }
     }
@@ -471,6 +483,9 @@ impl Batch {
         if !current.is_empty() {
             batches.push(current);
         }
+        if let Some(first) = batches.first_mut() {
+            first.invalid = self.invalid.clone();
+        }
         batches
     }
 }
@@ -515,6 +530,26 @@ mod tests {
             assert!(size < 64 * 1024, "message {index} is {size} bytes");
         }
         assert_eq!(total, 10_000);
+    }
+
+    #[test]
+    fn a_name_the_kernel_would_misread_marks_the_batch_invalid() {
+        let table = Table::new(Family::Ip, "kube-proxy");
+        let mut batch = Batch::new();
+        batch.add_table(&table);
+        assert!(batch.invalid.is_none());
+        batch.add_chain(&table, &crate::Chain::regular("lb\0evil"));
+        batch.add_elements(&table, &"x".repeat(300), &endpoints(1));
+        let (operation, problem) = batch.invalid.clone().unwrap();
+        assert_eq!(
+            operation,
+            Operation::AddChain {
+                table: table.clone(),
+                chain: "lb\0evil".into()
+            }
+        );
+        assert!(problem.contains("NUL"), "{problem}");
+        assert!(batch.split(1 << 20)[0].invalid.is_some());
     }
 
     #[test]

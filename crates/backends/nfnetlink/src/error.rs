@@ -81,6 +81,10 @@ pub enum Error {
         errno: i32,
         message: Option<String>,
     },
+    #[error("refusing to send a batch: {operation}: {problem}")]
+    InvalidName { operation: Operation, problem: String },
+    #[error("refusing to read {what}: {problem}")]
+    InvalidQuery { what: String, problem: String },
     #[error("a {bytes}-byte transaction is over the {limit}-byte limit; split the batch")]
     TooLarge { bytes: usize, limit: usize },
     #[error("the dump of {what} was interrupted by concurrent changes {attempts} times in a row")]

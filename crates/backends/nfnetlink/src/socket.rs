@@ -154,6 +154,12 @@ impl Socket {
     /// Sends `batch` between begin and end markers, then a generation request as a
     /// barrier, and collects the kernel's reports on the batch's messages.
     fn transact(&mut self, batch: &Batch) -> Result<Outcome, Error> {
+        if let Some((operation, problem)) = &batch.invalid {
+            return Err(Error::InvalidName {
+                operation: operation.clone(),
+                problem: problem.clone(),
+            });
+        }
         let bytes = 2 * (HEADER_LEN + wire::NFGENMSG_LEN) + batch.size();
         if bytes > MAX_TRANSACTION_BYTES {
             return Err(Error::TooLarge {
@@ -177,7 +183,7 @@ impl Socket {
         self.send_all(&datagram)?;
 
         let barrier = self.next_sequence();
-        let mut request = wire::request(NFT_MSG_GETGEN, 0, 0, |_| {});
+        let mut request = generation_request();
         wire::set_sequence(&mut request, 0, barrier);
         self.send_all(&request)?;
 
@@ -248,7 +254,7 @@ impl Socket {
     /// The ruleset generation: it changes with every committed transaction in this
     /// namespace, ours or anyone else's.
     pub fn generation(&mut self) -> Result<u32, Error> {
-        let answers = self.exchange("the generation", wire::request(NFT_MSG_GETGEN, 0, 0, |_| {}))?;
+        let answers = self.exchange("the generation", generation_request())?;
         let answer = answers
             .first()
             .ok_or_else(|| Malformed("no answer to the generation request".into()))?;
@@ -258,18 +264,22 @@ impl Socket {
     /// The tables of `family` (every family when `None`).
     pub fn tables(&mut self, family: Option<crate::Family>) -> Result<Vec<TableInfo>, Error> {
         let number = family.map_or(0, |f| f.number());
-        let request = wire::request(NFT_MSG_GETTABLE, NLM_F_DUMP, number, |_| {});
+        let request = query(
+            "the tables",
+            wire::request(NFT_MSG_GETTABLE, NLM_F_DUMP, number, |_| {}),
+        )?;
         self.dump("the tables", request)?
             .iter()
             .map(|a| dump::table(a.payload()).map_err(Error::from))
             .collect()
     }
 
-    /// The chains of `table`.
+    /// The chains of `table` (none when it does not exist).
     pub fn chains(&mut self, table: &Table) -> Result<Vec<ChainInfo>, Error> {
         let request = wire::request(NFT_MSG_GETCHAIN, NLM_F_DUMP, table.family.number(), |w| {
             w.string(NFTA_CHAIN_TABLE, &table.name)
         });
+        let request = query("a dump request", request)?;
         let chains = self.dump(&format!("the chains of table {table}"), request)?;
         let mut result = Vec::new();
         for answer in &chains {
@@ -281,11 +291,12 @@ impl Socket {
         Ok(result)
     }
 
-    /// The sets and maps of `table`.
+    /// The sets and maps of `table` (`ENOENT` when it does not exist).
     pub fn sets(&mut self, table: &Table) -> Result<Vec<SetInfo>, Error> {
         let request = wire::request(NFT_MSG_GETSET, NLM_F_DUMP, table.family.number(), |w| {
             w.string(NFTA_SET_TABLE, &table.name)
         });
+        let request = query("a dump request", request)?;
         let sets = self.dump(&format!("the sets of table {table}"), request)?;
         let mut result = Vec::new();
         for answer in &sets {
@@ -297,12 +308,14 @@ impl Socket {
         Ok(result)
     }
 
-    /// The elements of set `name` of `table`.
+    /// The elements of set `name` of `table` (`ENOENT` when either does not exist).
+    /// Costs the kernel O(n^2) for big sets: see the crate docs.
     pub fn elements(&mut self, table: &Table, name: &str) -> Result<Vec<Element>, Error> {
         let request = wire::request(NFT_MSG_GETSETELEM, NLM_F_DUMP, table.family.number(), |w| {
             w.string(NFTA_SET_ELEM_LIST_TABLE, &table.name);
             w.string(NFTA_SET_ELEM_LIST_SET, name);
         });
+        let request = query("a dump request", request)?;
         let answers = self.dump(&format!("the elements of set {table} {name}"), request)?;
         let mut elements = Vec::new();
         for answer in &answers {
@@ -311,7 +324,8 @@ impl Socket {
         Ok(elements)
     }
 
-    /// The rules of `table`, in chain order; only those of `chain` when given.
+    /// The rules of `table`, chain by chain; only those of `chain` when given (none when
+    /// the table does not exist).
     pub fn rules(&mut self, table: &Table, chain: Option<&str>) -> Result<Vec<RuleInfo>, Error> {
         let request = wire::request(NFT_MSG_GETRULE, NLM_F_DUMP, table.family.number(), |w| {
             w.string(NFTA_RULE_TABLE, &table.name);
@@ -319,6 +333,7 @@ impl Socket {
                 w.string(NFTA_RULE_CHAIN, chain);
             }
         });
+        let request = query("a dump request", request)?;
         let what = format!("the rules of table {table}");
         let mut result = Vec::new();
         for answer in &self.dump(&what, request)? {
@@ -421,6 +436,19 @@ impl Socket {
             .map_err(|errno| Error::Socket(errno.into()))?;
         Ok(())
     }
+}
+
+/// A generation request: no names, so it always encodes.
+fn generation_request() -> Vec<u8> {
+    wire::request(NFT_MSG_GETGEN, 0, 0, |_| {}).unwrap_or_default()
+}
+
+/// A dump request, or why its names cannot be sent.
+fn query(what: &str, request: Result<Vec<u8>, String>) -> Result<Vec<u8>, Error> {
+    request.map_err(|problem| Error::InvalidQuery {
+        what: what.to_owned(),
+        problem,
+    })
 }
 
 /// A batch begin or end marker: nfgenmsg with the nf_tables subsystem as resource id.

@@ -43,13 +43,23 @@ pub(crate) fn nft_type(message: u16) -> u16 {
     (NFNL_SUBSYS_NFTABLES << 8) | message
 }
 
-/// One whole nf_tables request (for dumps and the generation): header, nfgenmsg, attributes.
-pub(crate) fn request(message: u16, flags: u16, family: u8, attrs: impl FnOnce(&mut Writer<'_>)) -> Vec<u8> {
+/// One whole nf_tables request (for dumps and the generation): header, nfgenmsg,
+/// attributes; or why one of its names cannot be sent.
+pub(crate) fn request(
+    message: u16,
+    flags: u16,
+    family: u8,
+    attrs: impl FnOnce(&mut Writer<'_>),
+) -> Result<Vec<u8>, String> {
     let mut buf = Vec::with_capacity(64);
     let start = start(&mut buf, nft_type(message), flags, family, 0);
-    attrs(&mut Writer::new(&mut buf));
+    let mut w = Writer::new(&mut buf);
+    attrs(&mut w);
+    if let Some(problem) = w.invalid() {
+        return Err(problem.to_owned());
+    }
     finish(&mut buf, start);
-    buf
+    Ok(buf)
 }
 
 /// `NFTA_DATA_*` nested in attribute `kind`.

@@ -732,3 +732,40 @@ fn validate_names_what_the_kernel_lacks_and_commits_nothing() {
         assert_eq!(socket.generation().unwrap(), before);
     });
 }
+
+/// Names the kernel would misread (a NUL inside) or refuse are never sent; reading what
+/// does not exist is empty (chains, rules) or names what is missing (sets, elements).
+#[test]
+fn bad_names_are_refused_before_sending_and_missing_objects_read_as_such() {
+    let netns = Netns::new("nfnl").unwrap();
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let before = socket.generation().unwrap();
+        let mut batch = Batch::new();
+        let table = Table::new(Family::Ip, "kube-proxy\0other");
+        batch.add_table(&table);
+        let error = socket.send(&batch).unwrap_err();
+        assert!(matches!(error, Error::InvalidName { .. }), "{error}");
+        assert!(error.to_string().contains("NUL"), "{error}");
+        assert_eq!(socket.generation().unwrap(), before, "nothing was sent");
+        assert!(matches!(
+            socket.rules(&table, None),
+            Err(Error::InvalidQuery { .. })
+        ));
+
+        let missing = Table::new(Family::Ip, "kube-proxy");
+        assert!(socket.tables(None).unwrap().is_empty());
+        assert!(socket.chains(&missing).unwrap().is_empty());
+        assert!(socket.rules(&missing, None).unwrap().is_empty());
+        // The kernel filters a set dump by table itself, and refuses a missing one.
+        assert_eq!(socket.sets(&missing).unwrap_err().errno(), Some(ENOENT));
+        let error = socket.elements(&missing, "service-ips").unwrap_err();
+        assert_eq!(error.errno(), Some(ENOENT), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("the elements of set ip kube-proxy service-ips"),
+            "{error}"
+        );
+    });
+}

@@ -77,4 +77,4 @@ pub use objects::{
     BaseChain, Chain, ChainType, Data, Element, Family, Field, Hook, Policy, Set, SetData, Table, Value,
     Verdict,
 };
-pub use socket::{MAX_TRANSACTION_BYTES, Socket};
+pub use socket::{MAX_TRANSACTION_BYTES, SPLIT_TRANSACTION_BYTES, Socket};

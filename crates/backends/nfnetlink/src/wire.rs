@@ -79,6 +79,13 @@ pub(crate) fn encode_data(w: &mut Writer<'_>, kind: u16, data: &Data) {
     w.end(nest);
 }
 
+/// `NFTA_DATA_VALUE` nested in attribute `kind` (no copy of `bytes`).
+fn encode_value(w: &mut Writer<'_>, kind: u16, bytes: &[u8]) {
+    let nest = w.begin(kind);
+    w.bytes(NFTA_DATA_VALUE, bytes);
+    w.end(nest);
+}
+
 /// Reads the attributes inside an `NFTA_DATA_*` nest.
 pub(crate) fn decode_data(attrs: Attrs<'_>) -> Result<Data, Malformed> {
     for attr in attrs {
@@ -124,9 +131,9 @@ fn duration_ms(duration: Duration) -> u64 {
 /// One `NFTA_LIST_ELEM` of an element list.
 pub(crate) fn encode_element(w: &mut Writer<'_>, element: &Element) {
     let nest = w.begin(NFTA_LIST_ELEM);
-    encode_data(w, NFTA_SET_ELEM_KEY, &Data::Value(element.key.clone()));
+    encode_value(w, NFTA_SET_ELEM_KEY, &element.key);
     if let Some(key_end) = &element.key_end {
-        encode_data(w, NFTA_SET_ELEM_KEY_END, &Data::Value(key_end.clone()));
+        encode_value(w, NFTA_SET_ELEM_KEY_END, key_end);
     }
     if let Some(data) = &element.data {
         encode_data(w, NFTA_SET_ELEM_DATA, data);

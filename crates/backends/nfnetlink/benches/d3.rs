@@ -37,7 +37,8 @@ fn r(i: u8) -> Register {
 /// TWO_STAGE=1: `service-ips` maps a Service port to its endpoint count M (plain data),
 /// and a small `lb-chains` verdict map (one element per distinct M) picks `lb-tcp-<M>`:
 /// adding or changing a Service then adds no jump/goto element, which would make the
-/// kernel re-validate every element of the verdict map at commit.
+/// kernel re-validate every element of the verdict map at commit. nft 1.0.6 aborts when
+/// listing the resulting `services` rule.
 fn two_stage() -> bool {
     std::env::var("TWO_STAGE").is_ok_and(|v| v == "1")
 }
@@ -48,7 +49,10 @@ fn service_elements(service: u32, endpoints: u32) -> [Vec<Element>; 4] {
     let services = if two_stage() {
         vec![Element::mapping(key, Value::new().host_u32(endpoints).build())]
     } else {
-        vec![Element::verdict(key, Verdict::Goto(format!("lb-tcp-{endpoints}")))]
+        vec![Element::verdict(
+            key,
+            Verdict::Goto(format!("lb-tcp-{endpoints}")),
+        )]
     };
     let mut eps = Vec::new();
     let mut hairpin = Vec::new();
@@ -85,7 +89,10 @@ fn sets(services: u32, hint: bool) -> Vec<Set> {
         ),
         Set::new(SETS[3], vec![Field::Ipv4Addr, Field::Ipv4Addr]),
     ];
-    for (set, n) in all.iter_mut().zip([services, services, services * ENDPOINTS, services * ENDPOINTS]) {
+    for (set, n) in all
+        .iter_mut()
+        .zip([services, services, services * ENDPOINTS, services * ENDPOINTS])
+    {
         set.size = size(n);
     }
     all
@@ -184,7 +191,10 @@ fn rules() -> Vec<(String, Vec<Expr>)> {
                 Expr::verdict(Verdict::Return),
             ],
         ),
-        ("masquerading".into(), vec![mark, bitwise(u32::MAX, MASQ_MARK), set_mark]),
+        (
+            "masquerading".into(),
+            vec![mark, bitwise(u32::MAX, MASQ_MARK), set_mark],
+        ),
         ("masquerading".into(), vec![masq]),
     ];
     for m in 1..=ENDPOINTS {
@@ -246,7 +256,10 @@ fn cold_batch(table: &Table, services: u32, hint: bool) -> Batch {
     batch.add_table(table);
     batch.add_chain(table, &Chain::base("nat-prerouting", nat(Hook::Prerouting, -100)));
     batch.add_chain(table, &Chain::base("nat-output", nat(Hook::Output, -100)));
-    batch.add_chain(table, &Chain::base("nat-postrouting", nat(Hook::Postrouting, 100)));
+    batch.add_chain(
+        table,
+        &Chain::base("nat-postrouting", nat(Hook::Postrouting, 100)),
+    );
     for name in ["services", "mark-for-masquerade", "masquerading"] {
         batch.add_chain(table, &Chain::regular(name));
     }

@@ -618,7 +618,7 @@ fn the_other_expressions_are_accepted_and_list_as_nft_writes_them() {
 /// Real traffic through the D3 table built with this crate, on a one-node lab: a client
 /// outside the cluster reaches all three pods behind a VIP; after an element-only batch
 /// takes one endpoint out, only the other two answer.
-fn d3_balances_real_traffic_and_follows_element_changes(family: Family) {
+fn d3_balances_real_traffic_and_follows_element_changes(family: Family, two_stage: bool) {
     use kpr_netns::{CLUSTER_CIDR_V6, Lab, pod_ip, pod_ip_v6, spread};
     let lab = Lab::new(3).expect("a lab (root, iproute2, br_netfilter)");
     let pod = |i: usize| -> IpAddr {
@@ -628,6 +628,7 @@ fn d3_balances_real_traffic_and_follows_element_changes(family: Family) {
         }
     };
     let mut example = example(family);
+    example.two_stage = two_stage;
     example.endpoints_a = (0..3).map(pod).collect();
     if family == Family::Ip6 {
         let (net, prefix) = CLUSTER_CIDR_V6.split_once('/').unwrap();
@@ -667,8 +668,16 @@ fn d3_balances_real_traffic_and_follows_element_changes(family: Family) {
         "service-endpoints-tcp",
         &[endpoint_element(example.vip_a, 80, 1, pod(2), 8080)],
     );
-    change.delete_elements(&table, "service-ips", &[service_element(example.vip_a, 80, 3)]);
-    change.add_elements(&table, "service-ips", &[service_element(example.vip_a, 80, 2)]);
+    change.delete_elements(
+        &table,
+        "service-ips",
+        &[service_entry(&example, example.vip_a, 80, 3)],
+    );
+    change.add_elements(
+        &table,
+        "service-ips",
+        &[service_entry(&example, example.vip_a, 80, 2)],
+    );
     lab.node().run(|| Socket::open().unwrap().send(&change).unwrap());
 
     let replies = spread(lab.client(), vip, 40);
@@ -681,12 +690,27 @@ fn d3_balances_real_traffic_and_follows_element_changes(family: Family) {
 
 #[test]
 fn d3_balances_real_traffic_and_follows_element_changes_ip() {
-    d3_balances_real_traffic_and_follows_element_changes(Family::Ip);
+    d3_balances_real_traffic_and_follows_element_changes(Family::Ip, false);
 }
 
 #[test]
 fn d3_balances_real_traffic_and_follows_element_changes_ip6() {
-    d3_balances_real_traffic_and_follows_element_changes(Family::Ip6);
+    d3_balances_real_traffic_and_follows_element_changes(Family::Ip6, false);
+}
+
+/// The two-stage variant (a count map, then a small verdict map by count), which the
+/// d3 bench shows keeps a new Service at 50k Services under 0.2 ms: traffic works alike.
+/// (Caveat for whoever adopts it: nft 1.0.6 aborts listing its `services` rule,
+/// "netlink_parse_concat_expr: Assertion `consumed > 0' failed", so `nft list ruleset`
+/// would crash on such a node.)
+#[test]
+fn two_stage_d3_balances_real_traffic_and_follows_element_changes_ip() {
+    d3_balances_real_traffic_and_follows_element_changes(Family::Ip, true);
+}
+
+#[test]
+fn two_stage_d3_balances_real_traffic_and_follows_element_changes_ip6() {
+    d3_balances_real_traffic_and_follows_element_changes(Family::Ip6, true);
 }
 
 /// `validate` reports what the kernel would refuse, per message, and commits nothing

@@ -19,6 +19,9 @@ pub struct Example {
     pub endpoints_a: Vec<IpAddr>,
     pub endpoints_b: Vec<IpAddr>,
     pub pod_cidr: (IpAddr, u8),
+    /// `service-ips` maps to the endpoint count (data), and a small `lb-chains` verdict
+    /// map picks the chain: adding a Service then adds no jump/goto element.
+    pub two_stage: bool,
 }
 
 pub fn example(family: Family) -> Example {
@@ -31,6 +34,7 @@ pub fn example(family: Family) -> Example {
             endpoints_a: vec![ip("fd00:244::11"), ip("fd00:244::12"), ip("fd00:244::13")],
             endpoints_b: vec![ip("fd00:244::21"), ip("fd00:244::22")],
             pod_cidr: (ip("fd00:244::"), 64),
+            two_stage: false,
         },
         _ => Example {
             family,
@@ -39,6 +43,7 @@ pub fn example(family: Family) -> Example {
             endpoints_a: vec![ip("10.244.0.11"), ip("10.244.0.12"), ip("10.244.0.13")],
             endpoints_b: vec![ip("10.244.0.21"), ip("10.244.0.22")],
             pod_cidr: (ip("10.244.0.0"), 16),
+            two_stage: false,
         },
     }
 }
@@ -135,6 +140,41 @@ pub fn chains() -> Vec<Chain> {
     ]
 }
 
+/// The sets of `example`: [`sets`], or its two-stage variant.
+pub fn sets_for(example: &Example) -> Vec<Set> {
+    let mut all = sets(example.family);
+    if example.two_stage {
+        all[1].data = Some(SetData::Value(vec![Field::Mark]));
+        all.push(Set::map("lb-chains", vec![Field::Mark], SetData::Verdict));
+    }
+    all
+}
+
+/// The `service-ips` element of `example`'s design: a verdict, or a count.
+pub fn service_entry(example: &Example, vip: IpAddr, port: u16, count: usize) -> Element {
+    if example.two_stage {
+        Element::mapping(
+            addr(Value::new(), vip).proto(6).port(port).build(),
+            Value::new().host_u32(count as u32).build(),
+        )
+    } else {
+        service_element(vip, port, count)
+    }
+}
+
+/// `lb-chains` elements (two-stage): `count : goto lb-tcp-<count>`.
+pub fn lb_chain_elements(counts: &[u32]) -> Vec<Element> {
+    counts
+        .iter()
+        .map(|m| {
+            Element::verdict(
+                Value::new().host_u32(*m).build(),
+                Verdict::Goto(format!("lb-tcp-{m}")),
+            )
+        })
+        .collect()
+}
+
 /// `service-ips` element: `vip . tcp . port : goto lb-tcp-<count>`.
 pub fn service_element(vip: IpAddr, port: u16, count: usize) -> Element {
     Element::verdict(
@@ -171,6 +211,9 @@ pub fn rules(example: &Example) -> Vec<(&'static str, Vec<Expr>)> {
     let r0 = Register::r32(0);
     let second = Register::r32(after_addr(family));
     let third = Register::r32(after_addr(family) + 1);
+    // Two-stage: the count goes to a register of its own (nft 1.0.6 aborts listing a
+    // rule whose map result overwrites the key's first register).
+    let count = Register::r32(after_addr(family) + 2);
     let len = addr_len(family);
     let load_mark = Expr::Meta {
         key: MetaKey::Mark,
@@ -283,10 +326,22 @@ pub fn rules(example: &Example) -> Vec<(&'static str, Vec<Expr>)> {
                 Expr::Lookup {
                     set: "service-ips".into(),
                     sreg: r0,
-                    dreg: Some(Register::Verdict),
+                    dreg: Some(if example.two_stage {
+                        count
+                    } else {
+                        Register::Verdict
+                    }),
                     invert: false,
                 },
-            ],
+            ]
+            .into_iter()
+            .chain(example.two_stage.then(|| Expr::Lookup {
+                set: "lb-chains".into(),
+                sreg: count,
+                dreg: Some(Register::Verdict),
+                invert: false,
+            }))
+            .collect(),
         ),
         (
             "mark-for-masquerade",
@@ -329,8 +384,11 @@ pub fn batch(example: &Example) -> Batch {
     for chain in chains() {
         batch.add_chain(&table, &chain);
     }
-    for set in sets(example.family) {
+    for set in sets_for(example) {
         batch.add_set(&table, &set);
+    }
+    if example.two_stage {
+        batch.add_elements(&table, "lb-chains", &lb_chain_elements(&[2, 3]));
     }
     batch.add_elements(
         &table,
@@ -344,8 +402,8 @@ pub fn batch(example: &Example) -> Batch {
         &table,
         "service-ips",
         &[
-            service_element(example.vip_a, 80, example.endpoints_a.len()),
-            service_element(example.vip_b, 53, example.endpoints_b.len()),
+            service_entry(example, example.vip_a, 80, example.endpoints_a.len()),
+            service_entry(example, example.vip_b, 53, example.endpoints_b.len()),
         ],
     );
     let mut endpoints = Vec::new();

@@ -7,7 +7,8 @@
 //! `cargo bench -p kpr-nfnetlink --bench d3` (root; `SERVICES=1000,10000` to choose sizes,
 //! `SIZE_HINT=1` to size the maps up front, `TWO_STAGE=1` for a data map of endpoint
 //! counts plus a small verdict map instead of one big verdict map, `ENDPOINTS_ONLY=1` for
-//! endpoint changes that keep the count).
+//! endpoint changes that keep the count, `PER_COUNT_SETS=1` for a set of Service ports
+//! per endpoint count instead of a verdict map).
 
 #![allow(clippy::unwrap_used)] // A benchmark binary: any failure should stop it loudly.
 
@@ -43,10 +44,29 @@ fn two_stage() -> bool {
     std::env::var("TWO_STAGE").is_ok_and(|v| v == "1")
 }
 
+/// PER_COUNT_SETS=1: one plain set of Service ports per endpoint count M
+/// (`service-ips-<M>`), and in `services` one rule per M:
+/// `ip daddr . meta l4proto . th dport @service-ips-<M> goto lb-tcp-<M>`. No verdict
+/// elements at all; a packet's first look-up walks up to one rule per distinct M.
+fn per_count_sets() -> bool {
+    std::env::var("PER_COUNT_SETS").is_ok_and(|v| v == "1")
+}
+
+/// The set holding Service ports with `endpoints` endpoints.
+fn services_set(endpoints: u32) -> String {
+    if per_count_sets() {
+        format!("service-ips-{endpoints}")
+    } else {
+        SETS[1].to_owned()
+    }
+}
+
 fn service_elements(service: u32, endpoints: u32) -> [Vec<Element>; 4] {
     let cluster = vec![Element::key(Value::new().ipv4(vip(service)).build())];
     let key = Value::new().ipv4(vip(service)).proto(6).port(80).build();
-    let services = if two_stage() {
+    let services = if per_count_sets() {
+        vec![Element::key(key)]
+    } else if two_stage() {
         vec![Element::mapping(key, Value::new().host_u32(endpoints).build())]
     } else {
         vec![Element::verdict(
@@ -94,6 +114,14 @@ fn sets(services: u32, hint: bool) -> Vec<Set> {
         .zip([services, services, services * ENDPOINTS, services * ENDPOINTS])
     {
         set.size = size(n);
+    }
+    if per_count_sets() {
+        let mut template = all.remove(1);
+        template.data = None;
+        for m in 1..=ENDPOINTS {
+            template.name = services_set(m);
+            all.push(template.clone());
+        }
     }
     all
 }
@@ -154,31 +182,6 @@ fn rules() -> Vec<(String, Vec<Expr>)> {
             ],
         ),
         (
-            "services".into(),
-            vec![
-                payload(net, 16, 4, r(0)),
-                Expr::Meta {
-                    key: MetaKey::L4Proto,
-                    dreg: r(1),
-                },
-                payload(PayloadBase::Transport, 2, 2, r(2)),
-                Expr::Lookup {
-                    set: "service-ips".into(),
-                    sreg: r(0),
-                    dreg: Some(if two_stage() { r(0) } else { Register::Verdict }),
-                    invert: false,
-                },
-            ]
-            .into_iter()
-            .chain(two_stage().then(|| Expr::Lookup {
-                set: "lb-chains".into(),
-                sreg: r(0),
-                dreg: Some(Register::Verdict),
-                invert: false,
-            }))
-            .collect(),
-        ),
-        (
             "mark-for-masquerade".into(),
             vec![mark.clone(), bitwise(!MASQ_MARK, MASQ_MARK), set_mark.clone()],
         ),
@@ -197,6 +200,44 @@ fn rules() -> Vec<(String, Vec<Expr>)> {
         ),
         ("masquerading".into(), vec![masq]),
     ];
+    let service_key = vec![
+        payload(net, 16, 4, r(0)),
+        Expr::Meta {
+            key: MetaKey::L4Proto,
+            dreg: r(1),
+        },
+        payload(PayloadBase::Transport, 2, 2, r(2)),
+    ];
+    if per_count_sets() {
+        for m in 1..=ENDPOINTS {
+            let mut exprs = service_key.clone();
+            exprs.push(Expr::Lookup {
+                set: services_set(m),
+                sreg: r(0),
+                dreg: None,
+                invert: false,
+            });
+            exprs.push(Expr::verdict(Verdict::Goto(format!("lb-tcp-{m}"))));
+            rules.push(("services".into(), exprs));
+        }
+    } else {
+        let mut exprs = service_key;
+        exprs.push(Expr::Lookup {
+            set: "service-ips".into(),
+            sreg: r(0),
+            dreg: Some(if two_stage() { r(0) } else { Register::Verdict }),
+            invert: false,
+        });
+        if two_stage() {
+            exprs.push(Expr::Lookup {
+                set: "lb-chains".into(),
+                sreg: r(0),
+                dreg: Some(Register::Verdict),
+                invert: false,
+            });
+        }
+        rules.push(("services".into(), exprs));
+    }
     for m in 1..=ENDPOINTS {
         let chain = format!("lb-tcp-{m}");
         rules.push((
@@ -287,8 +328,13 @@ fn cold_batch(table: &Table, services: u32, hint: bool) -> Batch {
             all.extend(some);
         }
     }
-    for (name, elements) in SETS.iter().zip(&per_set) {
-        batch.add_elements(table, name, elements);
+    for (index, (name, elements)) in SETS.iter().zip(&per_set).enumerate() {
+        let name = if index == 1 {
+            services_set(ENDPOINTS)
+        } else {
+            (*name).to_owned()
+        };
+        batch.add_elements(table, &name, elements);
     }
     for (chain, exprs) in rules() {
         batch.add_rule(table, &chain, &exprs);
@@ -327,8 +373,9 @@ fn main() {
     let endpoints_only = std::env::var("ENDPOINTS_ONLY").is_ok_and(|v| v == "1");
     let table = Table::new(Family::Ip, "kube-proxy");
     println!(
-        "D3, {ENDPOINTS} endpoints per Service, map size hints: {hint}, two-stage service map: {}",
-        two_stage()
+        "D3, {ENDPOINTS} endpoints per Service, map size hints: {hint}, two-stage service map: {}, per-count sets: {}",
+        two_stage(),
+        per_count_sets()
     );
     for services in sizes {
         let started = Instant::now();
@@ -362,8 +409,8 @@ fn main() {
                 moved.key = eps[3].key.clone();
                 change.add_elements(&table, SETS[2], &[moved]);
                 if !endpoints_only {
-                    change.delete_elements(&table, SETS[1], &svc);
-                    change.add_elements(&table, SETS[1], &new_svc);
+                    change.delete_elements(&table, &services_set(ENDPOINTS), &svc);
+                    change.add_elements(&table, &services_set(ENDPOINTS - 1), &new_svc);
                 }
                 change.delete_elements(&table, SETS[3], &[hairpin[3].clone()]);
                 let started = Instant::now();
@@ -376,8 +423,8 @@ fn main() {
                 undo.delete_elements(&table, SETS[2], &[moved_back]);
                 undo.add_elements(&table, SETS[2], &[eps[3].clone(), eps[9].clone()]);
                 if !endpoints_only {
-                    undo.delete_elements(&table, SETS[1], &new_svc);
-                    undo.add_elements(&table, SETS[1], &svc);
+                    undo.delete_elements(&table, &services_set(ENDPOINTS - 1), &new_svc);
+                    undo.add_elements(&table, &services_set(ENDPOINTS), &svc);
                 }
                 undo.add_elements(&table, SETS[3], &[hairpin[3].clone()]);
                 let _ = new_eps;
@@ -388,8 +435,10 @@ fn main() {
             let mut new_times = Vec::new();
             for round in 0..100u32 {
                 let mut add = Batch::new();
-                for (name, elements) in SETS.iter().zip(service_elements(services + round, ENDPOINTS)) {
-                    add.add_elements(&table, name, &elements);
+                let elements = service_elements(services + round, ENDPOINTS);
+                for (index, (name, elements)) in SETS.iter().zip(elements).enumerate() {
+                    let name = if index == 1 { services_set(ENDPOINTS) } else { (*name).to_owned() };
+                    add.add_elements(&table, &name, &elements);
                 }
                 let started = Instant::now();
                 socket.send(&add).unwrap();

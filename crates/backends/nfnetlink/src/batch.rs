@@ -463,26 +463,46 @@ impl Batch {
         });
     }
 
+    /// The batch's messages cut into consecutive runs of at most `max_bytes` each (a
+    /// single message larger than that gets a run of its own).
+    pub(crate) fn ranges(&self, max_bytes: usize) -> Vec<std::ops::Range<usize>> {
+        let mut ranges = Vec::new();
+        let mut start = 0;
+        for index in 0..self.messages.len() {
+            let run_start = self.messages[start].start;
+            if index > start && self.message_end(index) - run_start > max_bytes {
+                ranges.push(start..index);
+                start = index;
+            }
+        }
+        if start < self.messages.len() {
+            ranges.push(start..self.messages.len());
+        }
+        ranges
+    }
+
     /// Splits the batch at message boundaries into batches of at most `max_bytes` each
     /// (a single message larger than that gets a batch of its own).
     pub fn split(&self, max_bytes: usize) -> Vec<Batch> {
-        let mut batches = Vec::new();
-        let mut current = Batch::new();
-        for index in 0..self.messages.len() {
-            let start = self.messages[index].start;
-            let end = self.message_end(index);
-            if !current.is_empty() && current.buf.len() + (end - start) > max_bytes {
-                batches.push(std::mem::take(&mut current));
-            }
-            current.messages.push(Message {
-                start: current.buf.len(),
-                operation: self.messages[index].operation.clone(),
-            });
-            current.buf.extend_from_slice(&self.buf[start..end]);
-        }
-        if !current.is_empty() {
-            batches.push(current);
-        }
+        let mut batches: Vec<Batch> = self
+            .ranges(max_bytes)
+            .into_iter()
+            .map(|range| {
+                let first = self.messages[range.start].start;
+                let last = self.message_end(range.end - 1);
+                Batch {
+                    buf: self.buf[first..last].to_vec(),
+                    messages: self.messages[range]
+                        .iter()
+                        .map(|m| Message {
+                            start: m.start - first,
+                            operation: m.operation.clone(),
+                        })
+                        .collect(),
+                    invalid: None,
+                }
+            })
+            .collect();
         if let Some(first) = batches.first_mut() {
             first.invalid = self.invalid.clone();
         }

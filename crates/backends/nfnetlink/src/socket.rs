@@ -158,13 +158,22 @@ impl Socket {
     /// Sends `batch` between begin and end markers, then a generation request as a
     /// barrier, and collects the kernel's reports on the batch's messages.
     fn transact(&mut self, batch: &Batch) -> Result<Outcome, Error> {
+        self.transact_range(batch, 0..batch.len())
+    }
+
+    /// Like [`Socket::transact`] for messages `range` of `batch` only (failures keep their
+    /// index in the whole batch).
+    fn transact_range(&mut self, batch: &Batch, range: std::ops::Range<usize>) -> Result<Outcome, Error> {
         if let Some((operation, problem)) = &batch.invalid {
             return Err(Error::InvalidName {
                 operation: operation.clone(),
                 problem: problem.clone(),
             });
         }
-        let bytes = 2 * (HEADER_LEN + wire::NFGENMSG_LEN) + batch.size();
+        let first = batch.messages.get(range.start).map_or(0, |m| m.start);
+        let last = range.end.checked_sub(1).map_or(first, |i| batch.message_end(i));
+        let body = batch.buf.get(first..last).unwrap_or_default();
+        let bytes = 2 * (HEADER_LEN + wire::NFGENMSG_LEN) + body.len();
         if bytes > MAX_TRANSACTION_BYTES {
             return Err(Error::TooLarge {
                 bytes,
@@ -177,10 +186,10 @@ impl Socket {
         let begin = self.next_sequence();
         marker(&mut datagram, NFNL_MSG_BATCH_BEGIN, begin);
         let offset = datagram.len();
-        datagram.extend_from_slice(&batch.buf);
-        for message in &batch.messages {
+        datagram.extend_from_slice(body);
+        for message in batch.messages.get(range.clone()).unwrap_or_default() {
             let sequence = self.next_sequence();
-            wire::set_sequence(&mut datagram, offset + message.start, sequence);
+            wire::set_sequence(&mut datagram, offset + message.start - first, sequence);
         }
         let end = self.next_sequence();
         marker(&mut datagram, NFNL_MSG_BATCH_END, end);
@@ -215,8 +224,8 @@ impl Socket {
                     .sequence
                     .wrapping_sub(begin)
                     .checked_sub(1)
-                    .map(|i| i as usize)
-                    .filter(|i| *i < batch.len());
+                    .map(|i| range.start + i as usize)
+                    .filter(|i| range.contains(i));
                 failures.push(MessageFailure {
                     index,
                     operation: index
@@ -233,11 +242,18 @@ impl Socket {
     /// each transaction holds the kernel's nf_tables mutex only so long). Not atomic: when
     /// one fails, the ones before it stay committed and the error says how many.
     pub fn send_split(&mut self, batch: &Batch, max_bytes: usize) -> Result<u32, Error> {
-        let parts = batch.split(max_bytes);
-        let total = parts.len();
+        // Transactions are cut from the batch's buffer in place: no copy of the batch.
+        let ranges = batch.ranges(max_bytes);
+        let total = ranges.len();
         let mut generation = None;
-        for (committed, part) in parts.iter().enumerate() {
-            match self.send(part) {
+        for (committed, range) in ranges.into_iter().enumerate() {
+            let outcome = self
+                .transact_range(batch, range)
+                .and_then(|outcome| match outcome {
+                    Outcome::Committed(g) => Ok(g),
+                    Outcome::Refused(failures) => Err(BatchError { failures }.into()),
+                });
+            match outcome {
                 Ok(g) => generation = Some(g),
                 Err(error) if committed == 0 => return Err(error),
                 Err(error) => {

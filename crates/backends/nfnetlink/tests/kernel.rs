@@ -793,3 +793,38 @@ fn bad_names_are_refused_before_sending_and_missing_objects_read_as_such() {
         );
     });
 }
+
+/// A split load that fails part-way says how many transactions were committed, and the
+/// failing message by its index in the whole batch.
+#[test]
+fn a_split_load_that_fails_part_way_names_the_message_and_what_was_committed() {
+    let netns = Netns::new("nfnl").unwrap();
+    let table = table(Family::Ip);
+    let elements: Vec<Element> = (0..20_000u32)
+        .map(|i| Element::key(std::net::Ipv4Addr::from(0x0a00_0000 + i).octets().to_vec()))
+        .collect();
+    let mut batch = Batch::new();
+    batch.add_table(&table);
+    batch.add_set(&table, &Set::new("ips", vec![Field::Ipv4Addr]));
+    batch.add_elements(&table, "ips", &elements);
+    batch.add_elements(&table, "missing", &elements[..1]);
+    let last = batch.len() - 1;
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let error = socket.send_split(&batch, 64 * 1024).unwrap_err();
+        let Error::PartlyCommitted {
+            committed,
+            total,
+            error: inner,
+        } = &error
+        else {
+            panic!("{error}")
+        };
+        assert_eq!(committed + 1, *total, "{error}");
+        let Error::Rejected(rejected) = inner.as_ref() else {
+            panic!("{error}")
+        };
+        assert_eq!(rejected.first().unwrap().index, Some(last), "{error}");
+        assert_eq!(socket.elements(&table, "ips").unwrap().len(), elements.len());
+    });
+}

@@ -2,7 +2,7 @@
 //!
 //! A batch goes out as one datagram, `BATCH_BEGIN`, its messages, `BATCH_END`, which the
 //! kernel applies all-or-nothing while `sendmsg` runs. Messages carry no `NLM_F_ACK`, so a
-//! 500k-element load does not earn 500 acknowledgements; the kernel still reports each
+//! 500k-element load does not earn hundreds of acknowledgements; the kernel still reports each
 //! failing message, by its sequence number, with its errno and extended-ack text. To know
 //! that every report is in, the batch is followed by a generation request: its answer
 //! comes after everything the batch caused. The generation it returns changes with every

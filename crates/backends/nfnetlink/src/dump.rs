@@ -70,6 +70,18 @@ pub struct RuleInfo {
     pub userdata: Vec<u8>,
 }
 
+impl std::fmt::Display for RuleInfo {
+    /// `chain [handle n]: expr; expr; ...`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} [handle {}]:", self.chain, self.handle)?;
+        for (index, expr) in self.exprs.iter().enumerate() {
+            let sep = if index == 0 { " " } else { "; " };
+            write!(f, "{sep}{expr}")?;
+        }
+        Ok(())
+    }
+}
+
 fn missing(what: &str) -> Malformed {
     Malformed(format!("a dump answer without {what}"))
 }

@@ -83,6 +83,6 @@ pub use expr::{
 };
 pub use objects::{
     BaseChain, Chain, ChainType, Data, Element, Family, Field, Hook, Policy, Set, SetData, Table, Value,
-    Verdict,
+    Verdict, render,
 };
 pub use socket::{MAX_TRANSACTION_BYTES, SPLIT_TRANSACTION_BYTES, Socket};

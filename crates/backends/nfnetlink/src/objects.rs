@@ -228,6 +228,55 @@ impl Field {
     }
 }
 
+impl Field {
+    /// This field's bytes as nft writes them (`10.96.0.10`, `tcp`, `80`, `0x00004000`);
+    /// bytes of the wrong length as hex.
+    pub fn render(self, bytes: &[u8]) -> String {
+        let own = bytes.get(..self.byte_len() as usize).unwrap_or(bytes);
+        match (self, own) {
+            (Self::Ipv4Addr, &[a, b, c, d]) => Ipv4Addr::new(a, b, c, d).to_string(),
+            (Self::Ipv6Addr, bytes) if bytes.len() == 16 => {
+                let mut octets = [0u8; 16];
+                octets.copy_from_slice(bytes);
+                Ipv6Addr::from(octets).to_string()
+            }
+            (Self::InetProto, &[6]) => "tcp".into(),
+            (Self::InetProto, &[17]) => "udp".into(),
+            (Self::InetProto, &[132]) => "sctp".into(),
+            (Self::InetProto, &[n]) => n.to_string(),
+            (Self::InetService, &[hi, lo]) => u16::from_be_bytes([hi, lo]).to_string(),
+            (Self::Mark, &[a, b, c, d]) => format!("0x{:08x}", u32::from_ne_bytes([a, b, c, d])),
+            (Self::IfName, bytes) => {
+                String::from_utf8_lossy(bytes.split(|b| *b == 0).next().unwrap_or_default()).into_owned()
+            }
+            (_, bytes) => hex(bytes),
+        }
+    }
+}
+
+/// `0x` and the bytes in order.
+fn hex(bytes: &[u8]) -> String {
+    let digits: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("0x{digits}")
+}
+
+/// A key or value of `fields` as nft writes it (`10.96.0.10 . tcp . 80`): each field from
+/// its padded slot; bytes that do not fit `fields` as hex.
+pub fn render(fields: &[Field], bytes: &[u8]) -> String {
+    let expected: usize = fields.iter().map(|f| f.padded_len() as usize).sum();
+    if fields.is_empty() || bytes.len() != expected {
+        return hex(bytes);
+    }
+    let mut parts = Vec::with_capacity(fields.len());
+    let mut rest = bytes;
+    for field in fields {
+        let (slot, tail) = rest.split_at(field.padded_len() as usize);
+        parts.push(field.render(slot));
+        rest = tail;
+    }
+    parts.join(" . ")
+}
+
 /// nft's number for a concatenation of types: 6 bits per field, the first field highest.
 fn concat_type(fields: &[Field]) -> u32 {
     fields
@@ -345,6 +394,19 @@ pub enum Verdict {
     Return,
     Jump(String),
     Goto(String),
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Accept => f.write_str("accept"),
+            Self::Drop => f.write_str("drop"),
+            Self::Continue => f.write_str("continue"),
+            Self::Return => f.write_str("return"),
+            Self::Jump(chain) => write!(f, "jump {chain}"),
+            Self::Goto(chain) => write!(f, "goto {chain}"),
+        }
+    }
 }
 
 impl Verdict {
@@ -510,6 +572,28 @@ mod tests {
             .port(80)
             .build();
         assert_eq!(key, [10, 96, 0, 10, 6, 0, 0, 0, 0, 80, 0, 0]);
+    }
+
+    #[test]
+    fn keys_and_values_render_as_nft_writes_them() {
+        let key = Value::new()
+            .ipv4(Ipv4Addr::new(10, 96, 0, 10))
+            .proto(6)
+            .port(80)
+            .build();
+        let fields = [Field::Ipv4Addr, Field::InetProto, Field::InetService];
+        assert_eq!(render(&fields, &key), "10.96.0.10 . tcp . 80");
+        let slot = Value::new()
+            .ipv6("fd00::1".parse().unwrap())
+            .port(53)
+            .host_u32(2)
+            .build();
+        assert_eq!(
+            render(&[Field::Ipv6Addr, Field::InetService, Field::Mark], &slot),
+            "fd00::1 . 53 . 0x00000002"
+        );
+        assert_eq!(render(&fields, &[1, 2]), "0x0102", "a length mismatch is hex");
+        assert_eq!(Verdict::Goto("lb-tcp-2".into()).to_string(), "goto lb-tcp-2");
     }
 
     #[test]

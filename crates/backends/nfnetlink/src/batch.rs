@@ -65,6 +65,11 @@ pub enum Operation {
         table: Table,
         chain: String,
     },
+    ReplaceRule {
+        table: Table,
+        chain: String,
+        handle: u64,
+    },
     DeleteRule {
         table: Table,
         chain: String,
@@ -95,6 +100,9 @@ impl std::fmt::Display for Operation {
                 write!(f, "destroy {count} element(s) of set {table} {set}")
             }
             Self::AddRule { table, chain } => write!(f, "add a rule to chain {table} {chain}"),
+            Self::ReplaceRule { table, chain, handle } => {
+                write!(f, "replace rule handle {handle} of chain {table} {chain}")
+            }
             Self::DeleteRule { table, chain, handle } => {
                 write!(f, "delete rule handle {handle} of chain {table} {chain}")
             }
@@ -447,6 +455,39 @@ impl Batch {
                 }
             },
         );
+    }
+
+    /// Puts a rule made of `exprs` first in chain `chain`.
+    pub fn insert_rule(&mut self, table: &Table, chain: &str, exprs: &[Expr]) {
+        let operation = Operation::AddRule {
+            table: table.clone(),
+            chain: chain.to_owned(),
+        };
+        self.message(NFT_MSG_NEWRULE, NLM_F_CREATE, table, operation, |w| {
+            w.string(NFTA_RULE_TABLE, &table.name);
+            w.string(NFTA_RULE_CHAIN, chain);
+            let list = w.begin(NFTA_RULE_EXPRESSIONS);
+            encode_list(w, exprs);
+            w.end(list);
+        });
+    }
+
+    /// Replaces the rule with `handle` (from a dump) in chain `chain` by one made of
+    /// `exprs`, in place: for repairing a rule someone edited.
+    pub fn replace_rule(&mut self, table: &Table, chain: &str, handle: u64, exprs: &[Expr]) {
+        let operation = Operation::ReplaceRule {
+            table: table.clone(),
+            chain: chain.to_owned(),
+            handle,
+        };
+        self.message(NFT_MSG_NEWRULE, NLM_F_REPLACE, table, operation, |w| {
+            w.string(NFTA_RULE_TABLE, &table.name);
+            w.string(NFTA_RULE_CHAIN, chain);
+            w.u64(NFTA_RULE_HANDLE, handle);
+            let list = w.begin(NFTA_RULE_EXPRESSIONS);
+            encode_list(w, exprs);
+            w.end(list);
+        });
     }
 
     /// Deletes the rule with `handle` (from a dump) from chain `chain`.

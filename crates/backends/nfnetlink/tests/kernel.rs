@@ -839,3 +839,39 @@ fn a_split_load_that_fails_part_way_names_the_message_and_what_was_committed() {
         assert_eq!(socket.elements(&table, "ips").unwrap().len(), committed_elements);
     });
 }
+
+/// A rule someone edited is repaired in place by handle; a rule can go first in a chain.
+#[test]
+fn rules_are_replaced_in_place_and_inserted_first() {
+    let (netns, example) = loaded(Family::Ip);
+    let table = table(Family::Ip);
+    let expected = rules(&example);
+    let masquerading: Vec<&Vec<Expr>> = expected
+        .iter()
+        .filter(|(chain, _)| *chain == "masquerading")
+        .map(|(_, exprs)| exprs)
+        .collect();
+    // Someone turns the last masquerade into a plain one (no fully-random).
+    netns
+        .sh("h=$(nft -a list chain ip kube-proxy masquerading | awk '/masquerade fully-random/ {print $NF}'); \
+             nft replace rule ip kube-proxy masquerading handle $h masquerade")
+        .unwrap();
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let now = socket.rules(&table, Some("masquerading")).unwrap();
+        assert_eq!(now[2].exprs, vec![Expr::Masquerade { flags: 0 }], "{}", now[2]);
+        let mut repair = Batch::new();
+        repair.replace_rule(&table, "masquerading", now[2].handle, masquerading[2]);
+        repair.insert_rule(&table, "masquerading", &[Expr::Counter { packets: 0, bytes: 0 }]);
+        socket.send(&repair).unwrap();
+        let after: Vec<Vec<Expr>> = socket
+            .rules(&table, Some("masquerading"))
+            .unwrap()
+            .into_iter()
+            .map(|r| r.exprs)
+            .collect();
+        assert_eq!(after.len(), 4);
+        assert_eq!(after[0], vec![Expr::Counter { packets: 0, bytes: 0 }]);
+        assert_eq!(after[1..].iter().collect::<Vec<_>>(), masquerading);
+    });
+}

@@ -75,7 +75,9 @@ pub fn supported_families(mode: ProxyMode) -> Support {
 /// What `mode` needs from the host, for error messages.
 fn requirement(mode: ProxyMode) -> &'static str {
     match mode {
-        ProxyMode::Nftables => "nf_tables with every feature nftables mode uses (the log names the missing one)",
+        ProxyMode::Nftables => {
+            "nf_tables with every feature nftables mode uses (the log names the missing one)"
+        }
         _ => "its iptables can list the nat table",
     }
 }

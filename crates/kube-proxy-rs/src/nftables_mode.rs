@@ -30,7 +30,10 @@ pub fn supports(family: IpFamily) -> bool {
     match check_support(&mut NftCli::new(options.affinity_capacity), &options) {
         Ok(()) => true,
         Err(missing) => {
-            tracing::warn!(ipFamily = family.label(), "No nftables support for family: {missing}");
+            tracing::warn!(
+                ipFamily = family.label(),
+                "No nftables support for family: {missing}"
+            );
             false
         }
     }

@@ -101,6 +101,31 @@ impl SyntheticCluster {
         self.set_endpoints(0, &addresses)
     }
 
+    /// Endpoint change number `generation` (from 1): the first endpoint of service
+    /// `generation % services` moves to an address no other endpoint uses, so every change
+    /// is a real one.
+    pub fn replace_endpoint(&mut self, generation: usize) -> Result<(), Rejection> {
+        let per_service = self.shape.endpoints;
+        let index = generation % self.shape.services.max(1);
+        let mut addresses: Vec<Ipv4Addr> = (0..per_service)
+            .map(|e| pod_ip(index * per_service + e))
+            .collect();
+        if let Some(first) = addresses.first_mut() {
+            *first = pod_ip(self.shape.services * per_service + generation);
+        }
+        self.set_endpoints(index, &addresses)
+    }
+
+    /// A new Service (number `n` from 0) with its endpoints, past the shape's services.
+    pub fn add_service(&mut self, n: usize) -> Result<(), Rejection> {
+        let index = self.shape.services + n;
+        self.services.update(service_id(index), Some(&service(index)))?;
+        // Past the addresses replace_endpoint uses (at most one per service).
+        let first = (self.shape.services + n + 1) * self.shape.endpoints + 2 * self.shape.services;
+        let addresses: Vec<Ipv4Addr> = (0..self.shape.endpoints).map(|e| pod_ip(first + e)).collect();
+        self.set_endpoints(index, &addresses)
+    }
+
     fn set_endpoints(&mut self, index: usize, addresses: &[Ipv4Addr]) -> Result<(), Rejection> {
         let slice = endpoint_slice(index, addresses, self.shape.endpoints);
         let id = NamespacedName::new(NAMESPACE, &format!("svc-{index}-1"));

@@ -16,6 +16,7 @@ mod format;
 mod load;
 mod machine;
 mod memory;
+mod nftables;
 mod options;
 mod payloads;
 mod render;
@@ -60,9 +61,27 @@ struct Args {
     /// Only measure rendering; no namespaces, no kernel.
     #[arg(long)]
     render_only: bool,
+    /// Proxy modes to measure.
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "iptables,nftables")]
+    modes: Vec<BenchMode>,
+    /// Cluster sizes to measure in nftables mode (services), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,50000")]
+    nft_services: Vec<usize>,
+    /// How nftables mode reaches the kernel.
+    #[arg(long, value_enum, default_value = "nft")]
+    nft_transport: nftables::NftTransport,
+    /// Single changes of each kind (endpoint change, new Service) timed in nftables mode.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
+    changes: u16,
     /// Write the whole report (BENCHMARKS.md) to this file.
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum BenchMode {
+    Iptables,
+    Nftables,
 }
 
 fn main() -> ExitCode {
@@ -88,17 +107,39 @@ fn run(args: &Args) -> Result<(), String> {
     };
     let machine = machine::Machine::detect();
     let mut rows = Vec::new();
-    for &services in &args.services {
-        let shape = Shape {
-            services,
-            endpoints: args.endpoints.into(),
-        };
-        rows.push(measure_shape(shape, args, &settings)?);
+    if args.modes.contains(&BenchMode::Iptables) {
+        for &services in &args.services {
+            let shape = Shape {
+                services,
+                endpoints: args.endpoints.into(),
+            };
+            rows.push(measure_shape(shape, args, &settings)?);
+        }
+    }
+    let mut nft_rows = Vec::new();
+    if args.modes.contains(&BenchMode::Nftables) && !args.render_only {
+        for &services in &args.nft_services {
+            let plan = nftables::NftPlan {
+                shape: Shape {
+                    services,
+                    endpoints: args.endpoints.into(),
+                },
+                transport: args.nft_transport,
+                changes: args.changes.into(),
+            };
+            eprintln!(
+                "[{services} services, nftables] cold sync and {} changes",
+                plan.changes
+            );
+            let row = nftables::measure(&plan)?;
+            eprintln!("[{services} services, nftables] {row:?}");
+            nft_rows.push(row);
+        }
     }
     settings.load_after = machine::load_average();
-    println!("{}", report::results(&rows));
+    println!("{}", report::results(&rows, &nft_rows));
     if let Some(path) = &args.out {
-        let text = report::document(&machine, &settings, &rows);
+        let text = report::document(&machine, &settings, &rows, &nft_rows);
         std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }

@@ -134,6 +134,35 @@ impl SyntheticCluster {
     }
 }
 
+/// The same cluster as [`SyntheticCluster::new`] builds, as one manifest file (a JSON
+/// `kind: List`, as `kubectl get -o json` writes it) with this node's Node: what the real
+/// binary reads in the end-to-end measurement.
+pub fn manifest_json(shape: Shape) -> Result<String, serde_json::Error> {
+    let mut items = Vec::with_capacity(2 * shape.services + 1);
+    items.push(with_kind(serde_json::to_value(this_node())?, "v1", "Node"));
+    for index in 0..shape.services {
+        items.push(with_kind(serde_json::to_value(service(index))?, "v1", "Service"));
+        let addresses: Vec<Ipv4Addr> = (0..shape.endpoints)
+            .map(|e| pod_ip(index * shape.endpoints + e))
+            .collect();
+        let slice = endpoint_slice(index, &addresses, shape.endpoints);
+        items.push(with_kind(
+            serde_json::to_value(slice)?,
+            "discovery.k8s.io/v1",
+            "EndpointSlice",
+        ));
+    }
+    serde_json::to_string(&serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}))
+}
+
+fn with_kind(mut object: serde_json::Value, api_version: &str, kind: &str) -> serde_json::Value {
+    if let Some(map) = object.as_object_mut() {
+        map.insert("apiVersion".to_string(), api_version.into());
+        map.insert("kind".to_string(), kind.into());
+    }
+    object
+}
+
 fn service_id(index: usize) -> NamespacedName {
     NamespacedName::new(NAMESPACE, &format!("svc-{index}"))
 }

@@ -11,6 +11,7 @@
 
 mod cluster;
 mod commentary;
+mod e2e;
 mod flushed;
 mod format;
 mod load;
@@ -73,6 +74,15 @@ struct Args {
     /// Single changes of each kind (endpoint change, new Service) timed in nftables mode.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
     changes: u16,
+    /// Cluster sizes (services) for the end-to-end run of the real binary, per mode.
+    #[arg(long, value_delimiter = ',', default_value = "10000,50000")]
+    e2e_services: Vec<usize>,
+    /// The kube-proxy-rs binary for the end-to-end run (default: next to kpr-bench).
+    #[arg(long, value_name = "FILE")]
+    proxy: Option<PathBuf>,
+    /// Seconds the end-to-end run waits for the first sync.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    e2e_timeout: u64,
     /// Write the whole report (BENCHMARKS.md) to this file.
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
@@ -82,6 +92,15 @@ struct Args {
 enum BenchMode {
     Iptables,
     Nftables,
+}
+
+impl BenchMode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -136,14 +155,54 @@ fn run(args: &Args) -> Result<(), String> {
             nft_rows.push(row);
         }
     }
+    let e2e_rows = if args.render_only {
+        Vec::new()
+    } else {
+        end_to_end(args)?
+    };
     settings.load_after = machine::load_average();
-    println!("{}", report::results(&rows, &nft_rows));
+    println!("{}", report::results(&rows, &nft_rows, &e2e_rows));
     if let Some(path) = &args.out {
-        let text = report::document(&machine, &settings, &rows, &nft_rows);
+        let text = report::document(&machine, &settings, &rows, &nft_rows, &e2e_rows);
         std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// The real binary on the synthetic cluster, per size and mode.
+fn end_to_end(args: &Args) -> Result<Vec<e2e::E2eRow>, String> {
+    let proxy = match &args.proxy {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("cannot find kpr-bench's own path: {e}"))?
+            .with_file_name("kube-proxy-rs"),
+    };
+    if !proxy.exists() {
+        return Err(format!(
+            "{} not found: build it (cargo build --release -p kube-proxy-rs) or pass --proxy",
+            proxy.display()
+        ));
+    }
+    let mut rows = Vec::new();
+    for &services in &args.e2e_services {
+        for mode in &args.modes {
+            let plan = e2e::E2ePlan {
+                proxy: &proxy,
+                shape: Shape {
+                    services,
+                    endpoints: args.endpoints.into(),
+                },
+                mode: mode.name(),
+                timeout: Duration::from_secs(args.e2e_timeout),
+            };
+            eprintln!("[{services} services, {}] the real binary, end to end", plan.mode);
+            let row = e2e::measure(&plan)?;
+            eprintln!("[{services} services, {}] {row:?}", plan.mode);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
 }
 
 fn measure_shape(shape: Shape, args: &Args, settings: &Settings) -> Result<Row, String> {

@@ -59,7 +59,10 @@ fn wait_outcome(cluster: &Cluster, from: &Netns, to: &str, outcome: &str) {
             Ok(())
         } else {
             let rules = cluster.node().sh("nft list ruleset").unwrap_or_default();
-            Err(format!("{to}: {got:?}, want {want:?}\n{rules}\n{}", cluster.proxy_logs()))
+            Err(format!(
+                "{to}: {got:?}, want {want:?}\n{rules}\n{}",
+                cluster.proxy_logs()
+            ))
         }
     });
 }
@@ -182,7 +185,10 @@ impl ApiCluster {
 
     fn lists_of_service_cidrs(&self) -> usize {
         let requests = self.api.requests();
-        requests.iter().filter(|r| r.is_list_of(SERVICE_CIDRS_PATH)).count()
+        requests
+            .iter()
+            .filter(|r| r.is_list_of(SERVICE_CIDRS_PATH))
+            .count()
     }
 }
 
@@ -199,7 +205,10 @@ fn api_service_cidrs_drop_unallocated_cluster_ips_and_follow_changes() {
     wait_outcome(cluster, pod, WEB_VIP, "pod0");
     wait_outcome(cluster, pod, FREE_A, DROPPED);
     wait_outcome(cluster, pod, WEB_WRONG_PORT, REFUSED);
-    assert!(c.lists_of_service_cidrs() > 0, "nftables mode watches servicecidrs");
+    assert!(
+        c.lists_of_service_cidrs() > 0,
+        "nftables mode watches servicecidrs"
+    );
 
     c.service("late", "10.96.7.7", &[1]);
     wait_outcome(cluster, pod, FREE_A, "pod1");

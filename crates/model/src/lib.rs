@@ -29,7 +29,7 @@ pub use ident::{IpFamily, NamespacedName, ObjectKind, Protocol, ServicePortName}
 pub use ignored::{Converted, IgnoredValue};
 pub use node::{NodeView, TO_BE_DELETED_TAINT, ZONE_LABEL, convert_node, node_view};
 pub use rejection::{RejectReason, Rejection};
-pub use service_cidr::{ServiceCidrView, convert_service_cidr};
 pub use service::{
     DEFAULT_AFFINITY_TIMEOUT_SECONDS, ServicePort, ServiceType, ServiceView, SkipReason, service_view,
 };
+pub use service_cidr::{ServiceCidrView, convert_service_cidr};

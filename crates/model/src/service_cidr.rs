@@ -58,7 +58,9 @@ pub fn convert_service_cidr(object: &ServiceCIDR) -> Result<Converted<ServiceCid
     for (i, entry) in listed.iter().enumerate() {
         match usable_cidr(entry) {
             Ok(net) => cidrs.push(net),
-            Err((reason, why)) => ignored.push(rejecter.ignore(CIDRS, format!("spec.cidrs[{i}]"), reason, why)),
+            Err((reason, why)) => {
+                ignored.push(rejecter.ignore(CIDRS, format!("spec.cidrs[{i}]"), reason, why))
+            }
         }
     }
     Ok(Converted {
@@ -68,8 +70,12 @@ pub fn convert_service_cidr(object: &ServiceCIDR) -> Result<Converted<ServiceCid
 }
 
 fn usable_cidr(entry: &str) -> Result<IpNet, (RejectReason, String)> {
-    let net = parse_cidr_sloppy(entry)
-        .ok_or_else(|| (RejectReason::InvalidCidr, format!("{} is not a CIDR", shown(entry))))?;
+    let net = parse_cidr_sloppy(entry).ok_or_else(|| {
+        (
+            RejectReason::InvalidCidr,
+            format!("{} is not a CIDR", shown(entry)),
+        )
+    })?;
     if net.prefix_len() == 0 {
         return Err((
             RejectReason::InvalidCidr,
@@ -122,7 +128,12 @@ mod tests {
                 ("spec.cidrs[3]", RejectReason::InvalidCidr),
             ]
         );
-        assert!(converted.ignored.iter().all(|w| w.list == CIDRS && w.kind == ObjectKind::ServiceCidr));
+        assert!(
+            converted
+                .ignored
+                .iter()
+                .all(|w| w.list == CIDRS && w.kind == ObjectKind::ServiceCidr)
+        );
         assert!(!converted.ignored[0].to_string().contains('\n'));
         assert_eq!(converted.view.cidrs, ["10.100.0.0/16".parse::<IpNet>().unwrap()]);
     }

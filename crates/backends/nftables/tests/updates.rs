@@ -381,8 +381,14 @@ fn service_cidrs_of_the_desired_state_are_element_changes() {
         text.contains("add element ip kube-proxy service-cidrs { 10.100.0.0/16 }"),
         "{text}"
     );
-    assert!(!text.contains("fd00:96::"), "the other family's CIDR stays out:\n{text}");
-    assert!(!text.contains("10.96.0.0/16"), "the options' CIDR was there already:\n{text}");
+    assert!(
+        !text.contains("fd00:96::"),
+        "the other family's CIDR stays out:\n{text}"
+    );
+    assert!(
+        !text.contains("10.96.0.0/16"),
+        "the options' CIDR was there already:\n{text}"
+    );
     h.world.slice("web", http_slice_port(), vec![ep("10.244.1.7")]);
     let text = with(&mut h, &[]);
     assert!(

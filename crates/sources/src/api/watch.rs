@@ -260,12 +260,17 @@ mod tests {
         let seen: Vec<String> = out
             .iter()
             .map(|e| match e {
-                Event::ServiceCidr { name, object } => format!("{}{name}", if object.is_some() { "+" } else { "-" }),
+                Event::ServiceCidr { name, object } => {
+                    format!("{}{name}", if object.is_some() { "+" } else { "-" })
+                }
                 Event::Synced { source } => format!("synced {source}"),
                 other => format!("{other:?}"),
             })
             .collect();
-        assert_eq!(seen, ["+kubernetes", "+extra", "synced api", "+kubernetes", "-extra"]);
+        assert_eq!(
+            seen,
+            ["+kubernetes", "+extra", "synced api", "+kubernetes", "-extra"]
+        );
         assert_eq!(Kind::ServiceCidr.plural(), "servicecidrs");
     }
 

@@ -406,14 +406,18 @@ fn dual_stack_intake(health_timeout: Duration) -> (Intake, Arc<Shared>, Registry
     let health = Arc::new(ProxyHealth::new(health_timeout));
     let families = [kpr_model::IpFamily::V4, kpr_model::IpFamily::V6];
     let shared = Arc::new(Shared::new(&settings, &families, metrics, health));
-    let triggers = families.iter().map(|_| SyncRunner::new(settings.runner).1).collect();
+    let triggers = families
+        .iter()
+        .map(|_| SyncRunner::new(settings.runner).1)
+        .collect();
     let (ready, _) = watch::channel(false);
     let intake = Intake::new(shared.clone(), BTreeSet::new(), triggers, ready);
     (intake, shared, registry)
 }
 
 fn service_cidr(name: &str, cidrs: serde_json::Value) -> Event {
-    let object = serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}})).unwrap();
+    let object =
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}})).unwrap();
     Event::ServiceCidr {
         name: name.to_string(),
         object: Some(Arc::new(object)),
@@ -432,7 +436,10 @@ fn cidrs_of(shared: &Shared, index: usize) -> Vec<String> {
 #[test]
 fn service_cidrs_reach_each_family_as_a_union_until_deleted() {
     let (mut intake, shared, _registry) = dual_stack_intake(Duration::from_secs(60));
-    intake.apply(service_cidr("kubernetes", json!(["10.96.0.0/16", "fd00:96::/112"])));
+    intake.apply(service_cidr(
+        "kubernetes",
+        json!(["10.96.0.0/16", "fd00:96::/112"]),
+    ));
     intake.apply(service_cidr("extra", json!(["10.100.0.0/16"])));
     assert_eq!(cidrs_of(&shared, 0), ["10.96.0.0/16", "10.100.0.0/16"]);
     assert_eq!(cidrs_of(&shared, 1), ["fd00:96::/112"]);
@@ -468,7 +475,10 @@ fn a_service_cidr_change_queues_a_sync_of_the_families_it_changes_only() {
         "the IPv6 union did not change:\n{text}"
     );
     std::thread::sleep(timeout * 5);
-    assert!(!shared.health.healthz().healthy, "the queued change was never synced");
+    assert!(
+        !shared.health.healthz().healthy,
+        "the queued change was never synced"
+    );
 }
 
 #[test]
@@ -486,7 +496,10 @@ fn an_unchanged_union_queues_nothing() {
 #[test]
 fn a_bad_service_cidr_entry_is_counted_and_a_rejected_object_counts_as_absent() {
     let (mut intake, shared, registry) = dual_stack_intake(Duration::from_secs(60));
-    intake.apply(service_cidr("kubernetes", json!(["10.96.0.0/16", "nope", "0.0.0.0/0"])));
+    intake.apply(service_cidr(
+        "kubernetes",
+        json!(["10.96.0.0/16", "nope", "0.0.0.0/0"]),
+    ));
     assert_eq!(cidrs_of(&shared, 0), ["10.96.0.0/16"]);
     let text = metrics_text(&registry);
     assert!(
@@ -500,5 +513,8 @@ fn a_bad_service_cidr_entry_is_counted_and_a_rejected_object_counts_as_absent() 
     intake.apply(service_cidr("Bad_Name", json!(["10.200.0.0/16"])));
     assert_eq!(cidrs_of(&shared, 0), ["10.96.0.0/16"]);
     let text = metrics_text(&registry);
-    assert!(text.contains("kubeproxy_rejected_objects_total{kind=\"ServiceCIDR\""), "{text}");
+    assert!(
+        text.contains("kubeproxy_rejected_objects_total{kind=\"ServiceCIDR\""),
+        "{text}"
+    );
 }

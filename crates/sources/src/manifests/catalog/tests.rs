@@ -61,7 +61,10 @@ fn describe(event: &Event) -> String {
         Event::EndpointSlice { id, object: None } => format!("-EndpointSlice {id}"),
         Event::Node { object: Some(n) } => format!("+Node {}", n.metadata.name.as_deref().unwrap_or("")),
         Event::Node { object: None } => "-Node".to_owned(),
-        Event::ServiceCidr { name, object: Some(c) } => {
+        Event::ServiceCidr {
+            name,
+            object: Some(c),
+        } => {
             let cidrs = c.spec.as_ref().and_then(|s| s.cidrs.clone()).unwrap_or_default();
             format!("+ServiceCIDR {name} {}", cidrs.join(","))
         }
@@ -594,16 +597,25 @@ fn a_file_over_the_cap_keeps_its_last_good_contents() {
 }
 
 fn service_cidr(name: &str, cidrs: &str) -> String {
-    format!("---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: {name}}}\nspec: {{cidrs: [{cidrs}]}}\n")
+    format!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: {name}}}\nspec: {{cidrs: [{cidrs}]}}\n"
+    )
 }
 
 #[test]
 fn service_cidrs_are_added_edited_kept_when_refused_and_deleted() {
     let mut catalog = ManifestCatalog::new(None);
-    let first = format!("{}{}", service("web", "10.96.0.10"), service_cidr("kubernetes", "10.96.0.0/16"));
+    let first = format!(
+        "{}{}",
+        service("web", "10.96.0.10"),
+        service_cidr("kubernetes", "10.96.0.0/16")
+    );
     assert_eq!(
         summary(&catalog.apply(snapshot(&[("/m/a.yaml", &first)]))),
-        ["+Service default/web 10.96.0.10", "+ServiceCIDR kubernetes 10.96.0.0/16"]
+        [
+            "+Service default/web 10.96.0.10",
+            "+ServiceCIDR kubernetes 10.96.0.0/16"
+        ]
     );
     let dual = format!(
         "{}{}",

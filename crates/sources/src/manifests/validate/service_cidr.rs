@@ -12,8 +12,8 @@ use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kpr_model::{RejectReason, Rejection, syntax};
 
-use super::Check;
 use super::super::object::printable;
+use super::Check;
 
 /// The API server's limit: one CIDR per family.
 const MAX_CIDRS: usize = 2;
@@ -26,14 +26,19 @@ pub(super) fn check(check: &Check<'_>, object: &ServiceCIDR) -> Result<(), Rejec
         .and_then(|spec| spec.cidrs.as_deref())
         .unwrap_or_default();
     if cidrs.is_empty() {
-        return Err(check.fail("spec.cidrs", RejectReason::MissingField, "at least one CIDR required"));
+        return Err(check.fail(
+            "spec.cidrs",
+            RejectReason::MissingField,
+            "at least one CIDR required",
+        ));
     }
     check.at_most("spec.cidrs", cidrs.len(), MAX_CIDRS, "CIDRs")?;
     let mut parsed = Vec::with_capacity(cidrs.len());
     for (i, value) in cidrs.iter().enumerate() {
         parsed.push(canonical_cidr(check, &format!("spec.cidrs[{i}]"), value)?);
     }
-    let same_family = matches!(parsed[..], [first, second] if first.addr().is_ipv4() == second.addr().is_ipv4());
+    let same_family =
+        matches!(parsed[..], [first, second] if first.addr().is_ipv4() == second.addr().is_ipv4());
     if same_family {
         return Err(check.fail(
             "spec.cidrs",
@@ -47,10 +52,15 @@ pub(super) fn check(check: &Check<'_>, object: &ServiceCIDR) -> Result<(), Rejec
 fn canonical_cidr(check: &Check<'_>, field: &str, value: &str) -> Result<IpNet, Rejection> {
     let shown = printable(value);
     let invalid = |why: String| check.fail(field, RejectReason::InvalidCidr, why);
-    let net = strict_cidr(value)
-        .ok_or_else(|| invalid(format!("{shown:?} is not a valid CIDR, e.g. 10.96.0.0/16 or fd00:96::/112")))?;
+    let net = strict_cidr(value).ok_or_else(|| {
+        invalid(format!(
+            "{shown:?} is not a valid CIDR, e.g. 10.96.0.0/16 or fd00:96::/112"
+        ))
+    })?;
     if matches!(net.addr(), IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some()) {
-        return Err(invalid(format!("{shown:?} is an IPv4-mapped IPv6 network; write it as IPv4")));
+        return Err(invalid(format!(
+            "{shown:?} is an IPv4-mapped IPv6 network; write it as IPv4"
+        )));
     }
     if net != net.trunc() {
         return Err(invalid(format!(

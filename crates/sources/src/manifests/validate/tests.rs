@@ -899,8 +899,16 @@ fn service_cidrs_follow_the_api_servers_rules() {
         service_cidr_rules,
     );
     let cases = [
-        (json!({"metadata": {"name": "Kubernetes"}}), "metadata.name", InvalidValue),
-        (json!({"metadata": {"name": "a\nb"}}), "metadata.name", InvalidValue),
+        (
+            json!({"metadata": {"name": "Kubernetes"}}),
+            "metadata.name",
+            InvalidValue,
+        ),
+        (
+            json!({"metadata": {"name": "a\nb"}}),
+            "metadata.name",
+            InvalidValue,
+        ),
         (json!({"spec": {"cidrs": []}}), "spec.cidrs", MissingField),
         (json!({"spec": null}), "spec.cidrs", MissingField),
         (
@@ -908,25 +916,76 @@ fn service_cidrs_follow_the_api_servers_rules() {
             "spec.cidrs",
             TooLarge,
         ),
-        (json!({"spec": {"cidrs": ["10.96.0.0/16", "10.97.0.0/16"]}}), "spec.cidrs", InvalidCidr),
-        (json!({"spec": {"cidrs": ["fd00::/112", "fd01::/112"]}}), "spec.cidrs", InvalidCidr),
-        (json!({"spec": {"cidrs": ["10.96.0.0"]}}), "spec.cidrs[0]", InvalidCidr),
-        (json!({"spec": {"cidrs": ["nope", "fd00::/112"]}}), "spec.cidrs[0]", InvalidCidr),
-        (json!({"spec": {"cidrs": ["10.96.0.0/33"]}}), "spec.cidrs[0]", InvalidCidr),
-        (json!({"spec": {"cidrs": ["010.96.0.0/16"]}}), "spec.cidrs[0]", InvalidCidr),
-        (json!({"spec": {"cidrs": ["10.96.0.0/016"]}}), "spec.cidrs[0]", InvalidCidr),
-        (json!({"spec": {"cidrs": ["10.96.0.0/+16"]}}), "spec.cidrs[0]", InvalidCidr),
-        (json!({"spec": {"cidrs": ["10.96.0.1/16"]}}), "spec.cidrs[0]", InvalidCidr),
-        (json!({"spec": {"cidrs": ["10.96.0.0/16", "::ffff:10.0.0.0/104"]}}), "spec.cidrs[1]", InvalidCidr),
-        (json!({"spec": {"cidrs": ["0.0.0.0/0"]}}), "spec.cidrs[0]", InvalidCidr),
-        (json!({"spec": {"cidrs": ["10.96.0.0/16", "::/0"]}}), "spec.cidrs[1]", InvalidCidr),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/16", "10.97.0.0/16"]}}),
+            "spec.cidrs",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["fd00::/112", "fd01::/112"]}}),
+            "spec.cidrs",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["nope", "fd00::/112"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/33"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["010.96.0.0/16"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/016"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/+16"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.1/16"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/16", "::ffff:10.0.0.0/104"]}}),
+            "spec.cidrs[1]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["0.0.0.0/0"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/16", "::/0"]}}),
+            "spec.cidrs[1]",
+            InvalidCidr,
+        ),
     ];
     assert_refused(&cases, base_service_cidr, service_cidr_rules);
 }
 
 #[test]
 fn a_refused_service_cidr_names_the_object_and_shows_the_value_escaped() {
-    let value = patched(base_service_cidr(), &json!({"spec": {"cidrs": ["10.96.0.0/16\n-A X"]}}));
+    let value = patched(
+        base_service_cidr(),
+        &json!({"spec": {"cidrs": ["10.96.0.0/16\n-A X"]}}),
+    );
     let rejection = service_cidr_rules(&value).unwrap_err();
     assert_eq!(rejection.kind, ObjectKind::ServiceCidr);
     assert_eq!(rejection.object, "kubernetes");

@@ -30,7 +30,8 @@ pub(crate) fn sync_once(
         let mut t = proxier.trackers();
         let force_full = std::mem::take(&mut t.force_full);
         let trigger_times = t.endpoints.take_trigger_times();
-        let pending = PendingSync::new(t.services.take(), t.endpoints.take(), t.node.clone());
+        let pending = PendingSync::new(t.services.take(), t.endpoints.take(), t.node.clone())
+            .with_service_cidrs(t.service_cidrs.clone());
         (pending, force_full, trigger_times)
     };
     let family = Recorder { shared, proxier };

@@ -143,14 +143,17 @@ pub struct Context<'a> {
     pub local_addresses: &'a [IpAddr],
     /// Upstream's node IP: decides whether source ranges admit the node itself.
     pub node_ip: IpAddr,
+    /// The desired state's Service CIDRs (from ServiceCIDR objects), beside the options'.
+    pub state_service_cidrs: &'a [IpNet],
 }
 
 impl<'a> Context<'a> {
-    pub fn new(opts: &'a NftablesOptions, state: &DesiredState, local_addresses: &'a [IpAddr]) -> Self {
+    pub fn new(opts: &'a NftablesOptions, state: &'a DesiredState, local_addresses: &'a [IpAddr]) -> Self {
         Self {
             opts,
             local_addresses,
             node_ip: opts.primary_node_ip(&state.node.addresses),
+            state_service_cidrs: &state.service_cidrs,
         }
     }
 }
@@ -444,8 +447,13 @@ pub fn shared_rules(chain: SharedChain, opts: &NftablesOptions) -> Vec<Rule> {
 
 pub fn node_bundle(ctx: &Context<'_>) -> Bundle {
     let opts = ctx.opts;
-    let mut elements: Vec<Element> = opts
-        .service_cidrs()
+    let state_cidrs = ctx
+        .state_service_cidrs
+        .iter()
+        .filter(|net| opts.family.matches(&net.addr()))
+        .map(IpNet::trunc);
+    let cidrs: Vec<IpNet> = opts.service_cidrs().chain(state_cidrs).collect();
+    let mut elements: Vec<Element> = outermost(&cidrs)
         .map(|net| Element::new(SetName::ServiceCidrs, ElemKey::Net(net)))
         .collect();
     if let NodePortTargets::Ips(ips) = opts.nodeport_addresses.targets(opts.family, ctx.local_addresses) {
@@ -462,6 +470,22 @@ pub fn node_bundle(ctx: &Context<'_>) -> Bundle {
         entries: elements,
         ..Bundle::default()
     }
+}
+
+/// The networks of `nets` that no other one contains. ServiceCIDRs may overlap (the API
+/// server allows it, e.g. while a range is being widened), and an interval set refuses an
+/// element that overlaps another ("conflicting intervals"), which would fail every sync.
+/// Two prefixes either nest or are disjoint, so dropping the contained ones is exact.
+fn outermost(nets: &[IpNet]) -> impl Iterator<Item = IpNet> + '_ {
+    nets.iter()
+        .enumerate()
+        .filter(|&(i, net)| {
+            !nets
+                .iter()
+                .enumerate()
+                .any(|(j, other)| other.contains(net) && (other != net || j < i))
+        })
+        .map(|(_, net)| *net)
 }
 
 /// Whether the node's addresses matter to generation (to re-read them before a sync).

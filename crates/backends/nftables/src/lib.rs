@@ -33,7 +33,8 @@
 //!   `externalTrafficPolicy: Local` Services for pod and host traffic;
 //! - `no-endpoint-services` / `no-endpoint-nodeports` (`: goto reject-chain` or `: drop`),
 //!   `cluster-ips` (wrong ports rejected), `service-cidrs` (unallocated cluster IPs
-//!   dropped), `nodeport-ips` (with `--nodeport-addresses`), `firewall-ips` +
+//!   dropped; the CIDRs of the ServiceCIDR objects in the desired state plus any fixed in the
+//!   options, outermost networks only since an interval set refuses overlaps), `nodeport-ips` (with `--nodeport-addresses`), `firewall-ips` +
 //!   `firewall-allow` (`addr . proto . port . source-range`, an interval set: the
 //!   loadBalancerSourceRanges), `hairpin` (`ep . ep`: a pod reaching itself is
 //!   masqueraded);

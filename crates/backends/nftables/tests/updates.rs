@@ -362,6 +362,65 @@ fn service_cidr_changes_are_element_changes() {
     assert!(!text.contains("10.96.0.0/16"), "{text}");
 }
 
+/// ServiceCIDR objects reach the backend through the desired state: their CIDRs (of the
+/// family) are node elements beside the options' fixed ones, added and removed by element.
+#[test]
+fn service_cidrs_of_the_desired_state_are_element_changes() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5")]));
+    let with = |h: &mut Harness, cidrs: &[&str]| {
+        let cidrs = cidrs.iter().map(|c| c.parse().unwrap()).collect();
+        let pending = h.world.pending().with_service_cidrs(Arc::new(cidrs));
+        assert!(!h.backend.sync(&pending.request(false)).unwrap().full);
+        let batches = std::mem::take(&mut *h.batches.lock().unwrap());
+        assert_eq!(batches.len(), 1, "one atomic batch per partial sync");
+        kpr_nftables::batch_text(&batches[0], 1)
+    };
+    h.world.slice("web", http_slice_port(), vec![ep("10.244.1.6")]);
+    let text = with(&mut h, &["10.96.0.0/16", "10.100.0.0/16", "fd00:96::/112"]);
+    assert!(
+        text.contains("add element ip kube-proxy service-cidrs { 10.100.0.0/16 }"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("fd00:96::"),
+        "the other family's CIDR stays out:\n{text}"
+    );
+    assert!(
+        !text.contains("10.96.0.0/16"),
+        "the options' CIDR was there already:\n{text}"
+    );
+    h.world.slice("web", http_slice_port(), vec![ep("10.244.1.7")]);
+    let text = with(&mut h, &[]);
+    assert!(
+        text.contains("delete element ip kube-proxy service-cidrs { 10.100.0.0/16 }"),
+        "{text}"
+    );
+    assert!(!text.contains("10.96.0.0/16"), "the options' CIDR stays:\n{text}");
+}
+
+/// Overlapping ServiceCIDRs (allowed by the API server) must not reach the interval set,
+/// which refuses overlapping elements: only the outermost network is written.
+#[test]
+fn overlapping_service_cidrs_keep_the_outermost_network_only() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5")]));
+    h.world.slice("web", http_slice_port(), vec![ep("10.244.1.6")]);
+    let cidrs = ["10.96.0.0/12", "10.96.0.0/16", "10.100.0.0/24", "10.96.0.0/12"];
+    let cidrs = cidrs.iter().map(|c| c.parse().unwrap()).collect();
+    let pending = h.world.pending().with_service_cidrs(Arc::new(cidrs));
+    h.backend.sync(&pending.request(false)).unwrap();
+    let batches = std::mem::take(&mut *h.batches.lock().unwrap());
+    let text: String = batches.iter().map(|b| kpr_nftables::batch_text(b, 1)).collect();
+    assert!(
+        text.contains("delete element ip kube-proxy service-cidrs { 10.96.0.0/16 }"),
+        "{text}"
+    );
+    assert!(
+        text.contains("add element ip kube-proxy service-cidrs { 10.96.0.0/12 }"),
+        "{text}"
+    );
+    assert!(!text.contains("10.100.0.0/24"), "{text}");
+}
+
 #[test]
 fn no_local_endpoint_counts_follow_partial_syncs() {
     let local = |eps| {

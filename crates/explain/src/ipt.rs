@@ -57,8 +57,14 @@ impl Rule {
             && self.plain("--dport").and_then(|p| p.parse::<u16>().ok()) == Some(query.port)
     }
 
+    /// The rule as `iptables-save` prints it (arguments with blanks quoted).
     fn text(&self) -> String {
-        format!("-A {} {}", self.chain, self.args.join(" "))
+        let args: Vec<String> = self
+            .args
+            .iter()
+            .map(|a| if a.contains(' ') { format!("\"{a}\"") } else { a.clone() })
+            .collect();
+        format!("-A {} {}", self.chain, args.join(" "))
     }
 }
 
@@ -114,7 +120,7 @@ pub fn explain(nat: &str, filter: &str, local_addresses: &[IpAddr], query: &Quer
             let (service, kind) = split_comment(rule.comment());
             let mut finding = new_finding(kind.unwrap_or("Service address"), service);
             finding.objects.push(rule.text());
-            walk(&nat, target, "all traffic", &mut finding, 0);
+            walk(&nat, target, "all traffic", &mut finding, query.ip, 0);
             findings.push(finding);
         }
     }
@@ -134,7 +140,7 @@ pub fn explain(nat: &str, filter: &str, local_addresses: &[IpAddr], query: &Quer
                 let (service, _) = split_comment(rule.comment());
                 let mut finding = new_finding(&destination, service);
                 finding.objects.push(rule.text());
-                walk(&nat, target, "all traffic", &mut finding, 0);
+                walk(&nat, target, "all traffic", &mut finding, query.ip, 0);
                 findings.push(finding);
             }
         }
@@ -149,6 +155,8 @@ pub fn explain(nat: &str, filter: &str, local_addresses: &[IpAddr], query: &Quer
     }
     for finding in &mut findings {
         mark_local(finding);
+        dedup(&mut finding.decisions);
+        dedup(&mut finding.objects);
     }
     findings
 }
@@ -238,22 +246,22 @@ fn traffic_of(rule: &Rule) -> Option<String> {
     (rule.plain("--src-type") == Some("LOCAL")).then(|| "traffic from this node".to_string())
 }
 
-fn walk(nat: &Table, chain: &str, traffic: &str, finding: &mut Finding, depth: usize) {
+fn walk(nat: &Table, chain: &str, traffic: &str, finding: &mut Finding, ip: IpAddr, depth: usize) {
     if depth > 4 {
         return;
     }
     if chain.starts_with("KUBE-SVC-") || chain.starts_with("KUBE-SVL-") {
-        endpoints(nat, chain, traffic, finding);
+        endpoints(nat, chain, traffic, finding, ip);
     } else if chain.starts_with("KUBE-EXT-") {
-        external(nat, chain, finding, depth);
+        external(nat, chain, finding, ip, depth);
     } else if chain.starts_with("KUBE-FW-") {
-        firewall(nat, chain, finding, depth);
+        firewall(nat, chain, finding, ip, depth);
     } else {
         finding.decisions.push(format!("goes to {chain}"));
     }
 }
 
-fn external(nat: &Table, chain: &str, finding: &mut Finding, depth: usize) {
+fn external(nat: &Table, chain: &str, finding: &mut Finding, ip: IpAddr, depth: usize) {
     let mut local_policy = false;
     let mut reaches_local = false;
     for rule in nat.chain(chain) {
@@ -268,7 +276,7 @@ fn external(nat: &Table, chain: &str, finding: &mut Finding, depth: usize) {
                 local_policy |= who.is_some();
                 reaches_local |= target.starts_with("KUBE-SVL-");
                 let who = who.unwrap_or_else(|| "other traffic".into());
-                walk(nat, target, &who, finding, depth + 1);
+                walk(nat, target, &who, finding, ip, depth + 1);
             }
             _ => {}
         }
@@ -287,7 +295,7 @@ fn external(nat: &Table, chain: &str, finding: &mut Finding, depth: usize) {
     }
 }
 
-fn firewall(nat: &Table, chain: &str, finding: &mut Finding, depth: usize) {
+fn firewall(nat: &Table, chain: &str, finding: &mut Finding, ip: IpAddr, depth: usize) {
     let mut ranges = Vec::new();
     let mut next = None;
     for rule in nat.chain(chain) {
@@ -302,12 +310,12 @@ fn firewall(nat: &Table, chain: &str, finding: &mut Finding, depth: usize) {
         ranges.join(", ")
     ));
     if let Some(next) = next {
-        walk(nat, &next, "accepted sources", finding, depth + 1);
+        walk(nat, &next, "accepted sources", finding, ip, depth + 1);
     }
 }
 
 /// A KUBE-SVC-/KUBE-SVL- chain: its endpoints with the shares the statistic rules give.
-fn endpoints(nat: &Table, chain: &str, traffic: &str, finding: &mut Finding) {
+fn endpoints(nat: &Table, chain: &str, traffic: &str, finding: &mut Finding, ip: IpAddr) {
     let local = chain.starts_with("KUBE-SVL-");
     let mut remaining = 1.0_f64;
     let mut group = EndpointGroup {
@@ -322,6 +330,10 @@ fn endpoints(nat: &Table, chain: &str, traffic: &str, finding: &mut Finding) {
         finding.objects.push(rule.text());
         let Some(target) = rule.target() else { continue };
         if target == "KUBE-MARK-MASQ" {
+            // The cluster-IP rule sits in the shared chain; it matters only for the cluster IP.
+            if rule.dest_is(ip) == Some(false) {
+                continue;
+            }
             let who = traffic_of(rule).unwrap_or_else(|| "all traffic".into());
             finding.decisions.push(format!("{who} to the cluster IP is masqueraded ({chain})"));
             continue;
@@ -375,4 +387,10 @@ fn mark_local(finding: &mut Finding) {
             ep.local |= local.contains(&ep.addr);
         }
     }
+}
+
+/// A chain reached twice (pod traffic and node traffic to one KUBE-SVC-) is told once.
+fn dedup(lines: &mut Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    lines.retain(|line| seen.insert(line.clone()));
 }

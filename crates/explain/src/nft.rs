@@ -204,6 +204,7 @@ fn follow(table: &NftTable, chain: &str, group: GroupKey, finding: &mut Finding)
             }
         }
         SharedChain::Masquerade { choice } => {
+            finding.objects.push(format!("chain {shared}: jump mark-for-masquerade, goto {}", choice.chain()));
             finding.decisions.push(format!(
                 "externalTrafficPolicy Cluster: every connection is masqueraded (chain {shared}: jump mark-for-masquerade)"
             ));
@@ -214,6 +215,11 @@ fn follow(table: &NftTable, chain: &str, group: GroupKey, finding: &mut Finding)
             });
         }
         SharedChain::LocalPolicy { local, shortcut } => {
+            finding.objects.push(format!(
+                "chain {shared}: pods and this node -> {}, other traffic -> {}",
+                shortcut.map_or("none".into(), |c| c.chain().to_string()),
+                local.map_or("none (falls through)".into(), |c| c.chain().to_string())
+            ));
             let local_eps = local.map(|c| choose(table, c, group, true, finding));
             finding.decisions.push(format!(
                 "externalTrafficPolicy Local: client source addresses are kept; traffic from pods and from this node (masqueraded) may use every endpoint (chain {shared})"

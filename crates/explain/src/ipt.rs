@@ -62,7 +62,13 @@ impl Rule {
         let args: Vec<String> = self
             .args
             .iter()
-            .map(|a| if a.contains(' ') { format!("\"{a}\"") } else { a.clone() })
+            .map(|a| {
+                if a.contains(' ') {
+                    format!("\"{a}\"")
+                } else {
+                    a.clone()
+                }
+            })
             .collect();
         format!("-A {} {}", self.chain, args.join(" "))
     }
@@ -104,7 +110,8 @@ impl Table {
 
 /// Whether this output holds kube-proxy rules (the mode's marker chain).
 pub fn has_kube_services(nat: &str) -> bool {
-    nat.lines().any(|l| l.starts_with(":KUBE-SERVICES ") || l == ":KUBE-SERVICES")
+    nat.lines()
+        .any(|l| l.starts_with(":KUBE-SERVICES ") || l == ":KUBE-SERVICES")
 }
 
 /// What the iptables rules do with a new connection to `query`. `nat` and `filter`:
@@ -126,12 +133,21 @@ pub fn explain(nat: &str, filter: &str, local_addresses: &[IpAddr], query: &Quer
     }
     for rule in filter_verdicts(&filter) {
         if rule.dest_is(query.ip) == Some(true) && rule.proto_port_is(query) {
-            attach_verdict(&mut findings, rule, "Service address (cluster IP, external IP or load-balancer IP)");
+            attach_verdict(
+                &mut findings,
+                rule,
+                "Service address (cluster IP, external IP or load-balancer IP)",
+            );
         }
     }
     // NodePorts, on the addresses that accept them.
     if accepts_node_ports(&nat, local_addresses, query.ip) {
-        let destination = format!("NodePort {}/{} on node address {}", query.port, query.protocol.lower(), query.ip);
+        let destination = format!(
+            "NodePort {}/{} on node address {}",
+            query.port,
+            query.protocol.lower(),
+            query.ip
+        );
         let before = findings.len();
         for rule in nat.chain("KUBE-NODEPORTS") {
             if rule.proto_port_is(query)
@@ -145,7 +161,8 @@ pub fn explain(nat: &str, filter: &str, local_addresses: &[IpAddr], query: &Quer
             }
         }
         for rule in filter_verdicts(&filter) {
-            let local_dest = rule.plain("--dst-type") == Some("LOCAL") || rule.dest_is(query.ip) == Some(true);
+            let local_dest =
+                rule.plain("--dst-type") == Some("LOCAL") || rule.dest_is(query.ip) == Some(true);
             if rule.dest_is(query.ip) != Some(true) && local_dest && rule.proto_port_is(query) {
                 let mut nodeports: Vec<Finding> = findings.drain(before..).collect();
                 attach_verdict(&mut nodeports, rule, &destination);
@@ -195,7 +212,11 @@ fn filter_verdicts(filter: &Table) -> impl Iterator<Item = &Rule> {
 fn attach_verdict(findings: &mut Vec<Finding>, rule: &Rule, destination: &str) {
     let (service, why) = split_comment(rule.comment());
     let why = why.unwrap_or("a filter rule").to_string();
-    let reason = format!("{why} (filter {}: -j {})", rule.chain, rule.target().unwrap_or_default());
+    let reason = format!(
+        "{why} (filter {}: -j {})",
+        rule.chain,
+        rule.target().unwrap_or_default()
+    );
     let outcome = if rule.target() == Some("REJECT") {
         Outcome::Rejected(reason)
     } else if rule.chain == "KUBE-PROXY-FIREWALL" {
@@ -210,7 +231,9 @@ fn attach_verdict(findings: &mut Vec<Finding>, rule: &Rule, destination: &str) {
             findings.len() - 1
         }
     };
-    let Some(finding) = findings.get_mut(index) else { return };
+    let Some(finding) = findings.get_mut(index) else {
+        return;
+    };
     finding.objects.push(format!("filter: {}", rule.text()));
     // The firewall only drops sources outside the ranges: a decision, not the outcome.
     if rule.chain == "KUBE-PROXY-FIREWALL" && !finding.groups.is_empty() {
@@ -230,7 +253,9 @@ fn accepts_node_ports(nat: &Table, local_addresses: &[IpAddr], ip: IpAddr) -> bo
         .filter(|r| r.target() == Some("KUBE-NODEPORTS"))
         .any(|r| match r.dest_is(ip) {
             Some(matches) => matches,
-            None => r.plain("--dst-type") == Some("LOCAL") && !ip.is_loopback() && local_addresses.contains(&ip),
+            None => {
+                r.plain("--dst-type") == Some("LOCAL") && !ip.is_loopback() && local_addresses.contains(&ip)
+            }
         })
 }
 
@@ -335,7 +360,9 @@ fn endpoints(nat: &Table, chain: &str, traffic: &str, finding: &mut Finding, ip:
                 continue;
             }
             let who = traffic_of(rule).unwrap_or_else(|| "all traffic".into());
-            finding.decisions.push(format!("{who} to the cluster IP is masqueraded ({chain})"));
+            finding
+                .decisions
+                .push(format!("{who} to the cluster IP is masqueraded ({chain})"));
             continue;
         }
         if !target.starts_with("KUBE-SEP-") {
@@ -343,7 +370,8 @@ fn endpoints(nat: &Table, chain: &str, traffic: &str, finding: &mut Finding, ip:
         }
         if rule.has("--rcheck") {
             let seconds = rule.plain("--seconds").unwrap_or("?");
-            let decision = format!("sessionAffinity ClientIP, timeout {seconds} s (-m recent, per endpoint chain)");
+            let decision =
+                format!("sessionAffinity ClientIP, timeout {seconds} s (-m recent, per endpoint chain)");
             if !finding.decisions.contains(&decision) {
                 finding.decisions.push(decision);
             }
@@ -358,12 +386,16 @@ fn endpoints(nat: &Table, chain: &str, traffic: &str, finding: &mut Finding, ip:
         for sep in nat.chain(target) {
             finding.objects.push(sep.text());
             if sep.target() == Some("KUBE-MARK-MASQ") {
-                let decision = "hairpin: an endpoint reaching itself is masqueraded (KUBE-SEP- chains)".to_string();
+                let decision =
+                    "hairpin: an endpoint reaching itself is masqueraded (KUBE-SEP- chains)".to_string();
                 if !finding.decisions.contains(&decision) {
                     finding.decisions.push(decision);
                 }
             }
-            if let Some(addr) = sep.plain("--to-destination").and_then(|d| d.parse::<SocketAddr>().ok()) {
+            if let Some(addr) = sep
+                .plain("--to-destination")
+                .and_then(|d| d.parse::<SocketAddr>().ok())
+            {
                 group.endpoints.push(Endpoint {
                     addr,
                     weight: Weight::Share(share),

@@ -36,9 +36,9 @@
 //! - The pod-network condition of cluster-IP masquerading is described, not read back.
 
 pub mod ipt;
+mod live;
 pub mod nft;
 pub mod nft_table;
-mod live;
 mod query;
 mod report;
 

@@ -56,9 +56,12 @@ fn read_nftables(family: IpFamily) -> Result<Option<NftTable>, String> {
         IpFamily::V6 => Family::Ip6,
     };
     let table = Table::new(nl_family, TABLE);
-    let fail = |what: &str, e: kpr_nfnetlink::Error| format!("reading {what} of table {table} over netlink: {e}");
+    let fail =
+        |what: &str, e: kpr_nfnetlink::Error| format!("reading {what} of table {table} over netlink: {e}");
     let mut socket = Socket::open().map_err(|e| fail("the tables", e))?;
-    let tables = socket.tables(Some(nl_family)).map_err(|e| fail("the tables", e))?;
+    let tables = socket
+        .tables(Some(nl_family))
+        .map_err(|e| fail("the tables", e))?;
     if !tables.iter().any(|t| t.table == table) {
         return Ok(None);
     }

@@ -94,10 +94,7 @@ fn node_port_rule(table: &NftTable) -> String {
         "chain services: fib daddr type local ... meta l4proto . th dport vmap @service-nodeports (any local address but loopback)".into()
     } else {
         let ips: Vec<String> = table.nodeport_ips.iter().map(ToString::to_string).collect();
-        format!(
-            "set nodeport-ips: {} (--nodeport-addresses)",
-            ips.join(", ")
-        )
+        format!("set nodeport-ips: {} (--nodeport-addresses)", ips.join(", "))
     }
 }
 
@@ -153,7 +150,7 @@ fn unreachable_outcome(verdict: &Verdict, dest: &Destination, has_entry: bool) -
     let reject_chain = ChainId::Fixed(FixedChain::RejectChain).to_string();
     match verdict {
         Verdict::Goto(chain) if *chain == reject_chain => Outcome::Rejected(format!(
-            "the Service has no usable endpoints (map {}: goto {reject_chain}, checked in the filter hooks before DNAT)",
+            "the Service has no endpoints that can serve (map {}: goto {reject_chain}, checked in the filter hooks before DNAT)",
             dest.unreachable
         )),
         Verdict::Drop if dest.cluster_ip => Outcome::Dropped(format!(
@@ -189,9 +186,9 @@ fn follow(table: &NftTable, chain: &str, group: GroupKey, finding: &mut Finding)
         return;
     };
     if !table.chains.contains(chain) {
-        finding
-            .decisions
-            .push(format!("chain {chain} is missing from the table (the next reconcile repairs it)"));
+        finding.decisions.push(format!(
+            "chain {chain} is missing from the table (the next reconcile repairs it)"
+        ));
     }
     match shared {
         SharedChain::Pick { .. } | SharedChain::Sticky { .. } | SharedChain::Slot { .. } => {
@@ -204,7 +201,10 @@ fn follow(table: &NftTable, chain: &str, group: GroupKey, finding: &mut Finding)
             }
         }
         SharedChain::Masquerade { choice } => {
-            finding.objects.push(format!("chain {shared}: jump mark-for-masquerade, goto {}", choice.chain()));
+            finding.objects.push(format!(
+                "chain {shared}: jump mark-for-masquerade, goto {}",
+                choice.chain()
+            ));
             finding.decisions.push(format!(
                 "externalTrafficPolicy Cluster: every connection is masqueraded (chain {shared}: jump mark-for-masquerade)"
             ));
@@ -266,7 +266,13 @@ fn choice_of(chain: SharedChain) -> Option<Choice> {
 }
 
 /// The endpoints of `choice` for `group`, slot by slot, and the objects involved.
-fn choose(table: &NftTable, choice: Choice, group: GroupKey, local: bool, finding: &mut Finding) -> Vec<Endpoint> {
+fn choose(
+    table: &NftTable,
+    choice: Choice,
+    group: GroupKey,
+    local: bool,
+    finding: &mut Finding,
+) -> Vec<Endpoint> {
     let chain = choice.chain();
     let map = SetName::Endpoints(choice.map);
     finding.objects.push(format!(
@@ -383,7 +389,9 @@ fn unallocated(table: &NftTable, query: &Query) -> Option<Finding> {
     if table.cluster_ips.contains(&ip) {
         return Some(finding(
             "cluster IP, but no Service port uses this port and protocol",
-            Outcome::Rejected("wrong port of a cluster IP (chain cluster-ips-check: ip daddr @cluster-ips reject)".into()),
+            Outcome::Rejected(
+                "wrong port of a cluster IP (chain cluster-ips-check: ip daddr @cluster-ips reject)".into(),
+            ),
             format!("set cluster-ips: {ip}"),
         ));
     }
@@ -394,7 +402,9 @@ fn unallocated(table: &NftTable, query: &Query) -> Option<Finding> {
         .find(|(a, b)| a.is_ipv4() == ip.is_ipv4() && addr_number(*a) <= n && n <= addr_number(*b))?;
     Some(finding(
         "address in a Service CIDR that no Service holds",
-        Outcome::Dropped("unallocated cluster IP (chain cluster-ips-check: ip daddr @service-cidrs drop)".into()),
+        Outcome::Dropped(
+            "unallocated cluster IP (chain cluster-ips-check: ip daddr @service-cidrs drop)".into(),
+        ),
         format!("set service-cidrs: {}", range_text(range.0, range.1)),
     ))
 }

@@ -82,9 +82,11 @@ pub fn all_set_names() -> Vec<SetName> {
 }
 
 fn endpoint_maps() -> impl Iterator<Item = EndpointMap> {
-    KeySpace::ALL
-        .into_iter()
-        .flat_map(|space| PROTOCOLS.into_iter().map(move |proto| EndpointMap { space, proto }))
+    KeySpace::ALL.into_iter().flat_map(|space| {
+        PROTOCOLS
+            .into_iter()
+            .map(move |proto| EndpointMap { space, proto })
+    })
 }
 
 pub fn parse_set_name(name: &str) -> Option<SetName> {
@@ -198,7 +200,11 @@ impl NftTable {
             (SetName::NoEndpointNodePorts, ElemKey::ProtoPort(p, n), _) => {
                 self.no_endpoint_nodeports.insert((*p, *n), entry);
             }
-            (SetName::Endpoints(map), ElemKey::AddrPortSlot(a, port, slot), Some(ElemValue::Endpoint(ep))) => {
+            (
+                SetName::Endpoints(map),
+                ElemKey::AddrPortSlot(a, port, slot),
+                Some(ElemValue::Endpoint(ep)),
+            ) => {
                 self.endpoints.insert((*map, (Some(*a), *port), *slot), *ep);
             }
             (SetName::Endpoints(map), ElemKey::PortSlot(port, slot), Some(ElemValue::Endpoint(ep))) => {
@@ -215,7 +221,10 @@ impl NftTable {
                 self.firewall_ips.insert((*a, *p, *n));
             }
             (SetName::FirewallAllow, ElemKey::AddrProtoPortNet(a, p, n, net), _) => {
-                self.firewall_allow.entry((*a, *p, *n)).or_default().push(range_of(*net));
+                self.firewall_allow
+                    .entry((*a, *p, *n))
+                    .or_default()
+                    .push(range_of(*net));
             }
             (SetName::Hairpin, ElemKey::AddrPair(a, _), _) => {
                 self.hairpin.insert(*a);
@@ -494,7 +503,12 @@ mod tests {
         for fixed in FixedChain::ALL {
             assert_eq!(parse_chain_name(fixed.as_str()), Some(ChainId::Fixed(fixed)));
         }
-        for foreign in ["pick-service-endpoints-tcp-03", "pick-foo-1", "KUBE-SERVICES", "pick-service-endpoints-tcp-1-t5"] {
+        for foreign in [
+            "pick-service-endpoints-tcp-03",
+            "pick-foo-1",
+            "KUBE-SERVICES",
+            "pick-service-endpoints-tcp-1-t5",
+        ] {
             assert_eq!(parse_chain_name(foreign), None, "{foreign}");
         }
     }

@@ -77,9 +77,15 @@ mod tests {
     #[test]
     fn addresses_ports_and_protocols_parse() {
         let q = Query::parse("10.96.0.10:80").unwrap();
-        assert_eq!((q.ip.to_string(), q.port, q.protocol), ("10.96.0.10".into(), 80, Protocol::Tcp));
+        assert_eq!(
+            (q.ip.to_string(), q.port, q.protocol),
+            ("10.96.0.10".into(), 80, Protocol::Tcp)
+        );
         let q = Query::parse("[fd00::10]:53/UDP").unwrap();
-        assert_eq!((q.ip.to_string(), q.port, q.protocol), ("fd00::10".into(), 53, Protocol::Udp));
+        assert_eq!(
+            (q.ip.to_string(), q.port, q.protocol),
+            ("fd00::10".into(), 53, Protocol::Udp)
+        );
         assert_eq!(q.to_string(), "[fd00::10]:53/udp");
         assert_eq!(Query::parse("1.2.3.4:9/sctp").unwrap().protocol, Protocol::Sctp);
     }
@@ -88,8 +94,14 @@ mod tests {
     fn bad_queries_say_what_is_wrong() {
         assert!(matches!(Query::parse("10.96.0.10"), Err(QueryError::Address(_))));
         assert!(matches!(Query::parse("fd00::1:80"), Err(QueryError::Address(_))));
-        assert!(matches!(Query::parse("10.0.0.1:80/icmp"), Err(QueryError::Protocol(_))));
+        assert!(matches!(
+            Query::parse("10.0.0.1:80/icmp"),
+            Err(QueryError::Protocol(_))
+        ));
         assert!(matches!(Query::parse("10.0.0.1:0"), Err(QueryError::PortZero(_))));
-        assert!(matches!(Query::parse("10.0.0.1:70000"), Err(QueryError::Address(_))));
+        assert!(matches!(
+            Query::parse("10.0.0.1:70000"),
+            Err(QueryError::Address(_))
+        ));
     }
 }

@@ -102,7 +102,10 @@ fn mode_title(mode: Mode, family: IpFamily) -> String {
 fn weight_text(weight: Weight) -> String {
     match weight {
         Weight::Slot { slot, count } => {
-            format!("slot {slot} of {count} ({:.1} %)", 100.0 / f64::from(count.max(1)))
+            format!(
+                "slot {slot} of {count} ({:.1} %)",
+                100.0 / f64::from(count.max(1))
+            )
         }
         Weight::Share(share) => format!("{:.1} %", share * 100.0),
     }
@@ -135,7 +138,10 @@ pub fn render(explanation: &Explanation) -> String {
     for section in &explanation.sections {
         let _ = writeln!(out, "{}:", mode_title(section.mode, section.family));
         if section.findings.is_empty() {
-            let _ = writeln!(out, "  {query}: nothing matches (no Service port, NodePort or cluster IP uses it)");
+            let _ = writeln!(
+                out,
+                "  {query}: nothing matches (no Service port, NodePort or cluster IP uses it)"
+            );
         }
         for finding in &section.findings {
             render_finding(&mut out, query, finding);
@@ -145,7 +151,10 @@ pub fn render(explanation: &Explanation) -> String {
 }
 
 fn render_finding(out: &mut String, query: &Query, finding: &Finding) {
-    let service = finding.service.as_deref().unwrap_or("(Service name not recorded in the kernel)");
+    let service = finding
+        .service
+        .as_deref()
+        .unwrap_or("(Service name not recorded in the kernel)");
     let _ = writeln!(out, "  {query}: {} of {service}", finding.destination);
     match &finding.outcome {
         Outcome::Forwarded => {}
@@ -165,7 +174,12 @@ fn render_finding(out: &mut String, query: &Query, finding: &Finding) {
         );
         for ep in &group.endpoints {
             let local = if ep.local { "  local" } else { "" };
-            let _ = writeln!(out, "      {:<24} {}{local}", ep.addr.to_string(), weight_text(ep.weight));
+            let _ = writeln!(
+                out,
+                "      {:<24} {}{local}",
+                ep.addr.to_string(),
+                weight_text(ep.weight)
+            );
         }
     }
     if !finding.decisions.is_empty() {

@@ -43,9 +43,19 @@ fn nodeport(extra: Value, node_port: u16) -> Value {
 fn cluster() -> DesiredState {
     let mut world = World::new();
     world
-        .service("web", json!({"type": "ClusterIP", "clusterIP": "10.96.0.10", "ports": http()}))
-        .slice("web", slice_port(), vec![ep("10.244.1.5 local"), ep("10.244.2.6"), ep("10.244.3.7")]);
-    world.service("empty", json!({"type": "ClusterIP", "clusterIP": "10.96.0.20", "ports": http()}));
+        .service(
+            "web",
+            json!({"type": "ClusterIP", "clusterIP": "10.96.0.10", "ports": http()}),
+        )
+        .slice(
+            "web",
+            slice_port(),
+            vec![ep("10.244.1.5 local"), ep("10.244.2.6"), ep("10.244.3.7")],
+        );
+    world.service(
+        "empty",
+        json!({"type": "ClusterIP", "clusterIP": "10.96.0.20", "ports": http()}),
+    );
     world
         .service(
             "away",
@@ -56,8 +66,18 @@ fn cluster() -> DesiredState {
         )
         .slice("away", slice_port(), vec![ep("10.244.2.6"), ep("10.244.3.7")]);
     world
-        .service("here", nodeport(json!({"clusterIP": "10.96.0.40", "externalTrafficPolicy": "Local"}), 30040))
-        .slice("here", slice_port(), vec![ep("10.244.1.5 local"), ep("10.244.2.6")]);
+        .service(
+            "here",
+            nodeport(
+                json!({"clusterIP": "10.96.0.40", "externalTrafficPolicy": "Local"}),
+                30040,
+            ),
+        )
+        .slice(
+            "here",
+            slice_port(),
+            vec![ep("10.244.1.5 local"), ep("10.244.2.6")],
+        );
     world
         .service(
             "lb",
@@ -185,7 +205,11 @@ fn check_semantics(explanations: &[Explanation]) {
     let web = &by("10.96.0.10:80").sections[0].findings[0];
     assert_eq!(web.service.as_deref(), Some("default/web:http"));
     assert_eq!(web.outcome, Outcome::Forwarded);
-    let eps: Vec<String> = web.groups[0].endpoints.iter().map(|e| e.addr.to_string()).collect();
+    let eps: Vec<String> = web.groups[0]
+        .endpoints
+        .iter()
+        .map(|e| e.addr.to_string())
+        .collect();
     assert_eq!(eps, ["10.244.1.5:8080", "10.244.2.6:8080", "10.244.3.7:8080"]);
     let total: f64 = web.groups[0]
         .endpoints
@@ -198,7 +222,10 @@ fn check_semantics(explanations: &[Explanation]) {
     assert!((total - 1.0).abs() < 1e-6, "shares add up to {total}");
     assert!(matches!(outcome(by("10.96.0.20:80")), Some(Outcome::Rejected(_))));
     assert!(matches!(outcome(by("203.0.113.9:80")), Some(Outcome::Dropped(_))));
-    assert!(matches!(outcome(by("192.168.0.10:30030")), Some(Outcome::Dropped(_))));
+    assert!(matches!(
+        outcome(by("192.168.0.10:30030")),
+        Some(Outcome::Dropped(_))
+    ));
     let here = &by("192.168.0.10:30040").sections[0].findings[0];
     assert_eq!(here.outcome, Outcome::Forwarded);
     let local: Vec<String> = here
@@ -206,22 +233,40 @@ fn check_semantics(explanations: &[Explanation]) {
         .iter()
         .flat_map(|g| g.endpoints.iter().filter(|e| e.local).map(|e| e.addr.to_string()))
         .collect();
-    assert!(local.iter().all(|a| a == "10.244.1.5:8080") && !local.is_empty(), "{local:?}");
+    assert!(
+        local.iter().all(|a| a == "10.244.1.5:8080") && !local.is_empty(),
+        "{local:?}"
+    );
     let lb = &by("5.6.7.8:80").sections[0].findings[0];
     assert!(lb.decisions.iter().any(|d| d.contains("192.0.2.0/24")), "{lb:?}");
     let sticky = &by("10.96.0.60:80").sections[0].findings[0];
-    assert!(sticky.decisions.iter().any(|d| d.contains("ClientIP, timeout 60 s")), "{sticky:?}");
+    assert!(
+        sticky
+            .decisions
+            .iter()
+            .any(|d| d.contains("ClientIP, timeout 60 s")),
+        "{sticky:?}"
+    );
     assert!(!by("192.0.2.99:80").found());
-    assert!(!by("10.96.0.10:80/udp").found() || outcome(by("10.96.0.10:80/udp")) != Some(&Outcome::Forwarded));
+    assert!(
+        !by("10.96.0.10:80/udp").found() || outcome(by("10.96.0.10:80/udp")) != Some(&Outcome::Forwarded)
+    );
 }
 
 #[test]
 fn nftables_explanations() {
     let explanations = nft_explanations(&cluster());
     check_semantics(&explanations);
-    let by = |q: &str| explanations.iter().find(|e| e.query == Query::parse(q).unwrap()).unwrap();
+    let by = |q: &str| {
+        explanations
+            .iter()
+            .find(|e| e.query == Query::parse(q).unwrap())
+            .unwrap()
+    };
     // nftables mode also knows the Service CIDRs and every cluster IP.
-    assert!(matches!(outcome(by("10.96.0.10:81")), Some(Outcome::Rejected(r)) if r.contains("cluster-ips-check")));
+    assert!(
+        matches!(outcome(by("10.96.0.10:81")), Some(Outcome::Rejected(r)) if r.contains("cluster-ips-check"))
+    );
     assert!(matches!(outcome(by("10.96.7.7:80")), Some(Outcome::Dropped(r)) if r.contains("service-cidrs")));
     check_golden("nftables", &all_text(&explanations));
 }

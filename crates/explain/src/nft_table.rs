@@ -16,7 +16,7 @@ use kpr_nfnetlink::{Data, Verdict as NlVerdict};
 use kpr_nftables::names::{
     ChainId, Choice, EndpointMap, FixedChain, KeySpace, PROTOCOLS, SetName, SharedChain,
 };
-use kpr_nftables::{ElemKey, ElemValue, Element, Owner, Ruleset};
+use kpr_nftables::{ElemKey, ElemValue, Element, Ruleset};
 
 /// Where a map element sends a packet.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,21 +157,18 @@ fn range_of(net: IpNet) -> (IpAddr, IpAddr) {
 }
 
 impl NftTable {
-    /// The table a full sync of `ruleset` writes (golden tests): Service names from the
-    /// owners, as the element comments record them in the kernel.
+    /// The table a full sync of `ruleset` writes (golden tests); Service names from the
+    /// entry elements' comments, as in the kernel.
     pub fn from_ruleset(ruleset: &Ruleset) -> Self {
         let mut table = Self::default();
         for (fixed, _) in &ruleset.fixed {
             table.chains.insert(fixed.as_str().to_string());
         }
-        for (owner, bundle) in &ruleset.bundles {
+        for bundle in ruleset.bundles.values() {
             table.chains.extend(bundle.chains.iter().map(ToString::to_string));
-            let service = match owner {
-                Owner::Node => None,
-                Owner::Port(name) => Some(name.to_string()),
-            };
             for element in bundle.all_elements() {
-                table.add_model_element(&element, service.clone());
+                let service = element.comment.as_ref().map(|c| c.as_str().to_string());
+                table.add_model_element(&element, service);
             }
         }
         table
@@ -350,9 +347,26 @@ impl NftTable {
     }
 }
 
-/// The Service port an element's comment names (`comment "ns/svc:port"`): nft stores it
-/// as element user data, which kpr-nfnetlink's dumps do not decode yet.
+/// The Service port an element's comment names (`comment "ns/svc:port"`), kept as element
+/// user data. kpr-nfnetlink's element dumps on this branch do not carry the user data yet
+/// (its netlink-transport branch adds `Element::userdata`); with it, this is
+/// `comment_of_userdata(&element.userdata)`.
 fn element_comment(_element: &kpr_nfnetlink::Element) -> Option<String> {
+    None
+}
+
+/// The comment in nft's user data TLVs (type 0: the comment, its length, the text and a
+/// NUL); `None` without one, or when it is not text.
+pub fn comment_of_userdata(userdata: &[u8]) -> Option<String> {
+    let mut rest = userdata;
+    while let [kind, len, tail @ ..] = rest {
+        let (value, next) = tail.split_at_checked(usize::from(*len))?;
+        if *kind == 0 {
+            let text = value.strip_suffix(&[0]).unwrap_or(value);
+            return std::str::from_utf8(text).ok().map(str::to_string);
+        }
+        rest = next;
+    }
     None
 }
 
@@ -511,6 +525,21 @@ mod tests {
         ] {
             assert_eq!(parse_chain_name(foreign), None, "{foreign}");
         }
+    }
+
+    #[test]
+    fn comments_are_read_from_nfts_user_data() {
+        let mut tlv = vec![0, 17];
+        tlv.extend_from_slice(b"default/web:http\0");
+        assert_eq!(comment_of_userdata(&tlv).as_deref(), Some("default/web:http"));
+        let mut other_first = vec![1, 2, 9, 9];
+        other_first.extend_from_slice(&tlv);
+        assert_eq!(
+            comment_of_userdata(&other_first).as_deref(),
+            Some("default/web:http")
+        );
+        assert_eq!(comment_of_userdata(&[0, 40, b'x']), None, "truncated");
+        assert_eq!(comment_of_userdata(&[]), None);
     }
 
     #[test]

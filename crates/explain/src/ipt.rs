@@ -182,6 +182,7 @@ fn new_finding(destination: &str, service: Option<&str>) -> Finding {
     Finding {
         destination: destination.to_string(),
         service: service.map(str::to_string),
+        table_wide: false,
         outcome: Outcome::Forwarded,
         groups: Vec::new(),
         decisions: Vec::new(),
@@ -298,9 +299,17 @@ fn external(nat: &Table, chain: &str, finding: &mut Finding, ip: IpAddr, depth: 
             }
             Some(target) if target.starts_with("KUBE-SVC-") || target.starts_with("KUBE-SVL-") => {
                 let who = traffic_of(rule);
-                local_policy |= who.is_some();
+                let conditional = who.is_some();
                 reaches_local |= target.starts_with("KUBE-SVL-");
-                let who = who.unwrap_or_else(|| "other traffic".into());
+                let who = who.unwrap_or_else(|| {
+                    if local_policy {
+                        "other traffic"
+                    } else {
+                        "all traffic"
+                    }
+                    .to_string()
+                });
+                local_policy |= conditional;
                 walk(nat, target, &who, finding, ip, depth + 1);
             }
             _ => {}

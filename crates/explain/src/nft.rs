@@ -108,6 +108,7 @@ fn destination_finding(
     let mut finding = Finding {
         destination,
         service: entry.or(unreachable).and_then(|e| e.service.clone()),
+        table_wide: false,
         outcome: Outcome::Forwarded,
         groups: Vec::new(),
         decisions: Vec::new(),
@@ -381,6 +382,7 @@ fn unallocated(table: &NftTable, query: &Query) -> Option<Finding> {
     let finding = |destination: &str, outcome, object: String| Finding {
         destination: destination.to_string(),
         service: None,
+        table_wide: true,
         outcome,
         groups: Vec::new(),
         decisions: Vec::new(),

@@ -57,6 +57,9 @@ pub struct Finding {
     pub destination: String,
     /// `namespace/name:port`, when the kernel objects record it.
     pub service: Option<String>,
+    /// A check of the whole table (wrong port of a cluster IP, unallocated address of a
+    /// Service CIDR), not one Service's objects.
+    pub table_wide: bool,
     pub outcome: Outcome,
     pub groups: Vec<EndpointGroup>,
     /// Policy decisions: masquerading, affinity, source ranges, Local policies.
@@ -151,11 +154,23 @@ pub fn render(explanation: &Explanation) -> String {
 }
 
 fn render_finding(out: &mut String, query: &Query, finding: &Finding) {
-    let service = finding
-        .service
-        .as_deref()
-        .unwrap_or("(Service name not recorded in the kernel)");
-    let _ = writeln!(out, "  {query}: {} of {service}", finding.destination);
+    match &finding.service {
+        Some(service) => {
+            let _ = writeln!(out, "  {query}: {} of {service}", finding.destination);
+        }
+        // A Service's own objects whose name the kernel objects read do not give.
+        None if !finding.table_wide => {
+            let _ = writeln!(
+                out,
+                "  {query}: {} of a Service (its name is not recorded in the kernel objects read)",
+                finding.destination
+            );
+        }
+        // Table-wide checks (wrong port of a cluster IP, unallocated address): no Service.
+        None => {
+            let _ = writeln!(out, "  {query}: {}", finding.destination);
+        }
+    }
     match &finding.outcome {
         Outcome::Forwarded => {}
         Outcome::Rejected(why) => {

@@ -289,3 +289,85 @@ fn nothing_matching_is_said_plainly() {
     assert!(!explanation.found());
     assert!(render(&explanation).contains("no kube-proxy rules"));
 }
+
+#[test]
+fn both_modes_are_explained_and_said_so() {
+    let state = cluster();
+    let (nft, ipt) = (nft_explanations(&state), ipt_explanations(&state));
+    let both = Explanation {
+        query: nft[0].query,
+        sections: vec![nft[0].sections[0].clone(), ipt[0].sections[0].clone()],
+        problems: vec!["reading the iptables filter table: example".into()],
+    };
+    let text = render(&both);
+    assert!(text.starts_with("warning: reading the iptables filter table: example\nnote: objects of both proxy modes exist here"), "{text}");
+    assert!(
+        text.contains(
+            "nftables mode (table ip kube-proxy):\n  10.96.0.10:80/tcp: cluster IP of default/web:http"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "iptables mode (iptables nat/filter):\n  10.96.0.10:80/tcp: cluster IP of default/web:http"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn ipv6_destinations_are_explained_from_the_ip6_table() {
+    let mut world = World::with_family(IpFamily::V6);
+    world
+        .service(
+            "web",
+            json!({"type": "NodePort", "clusterIP": "fd00:96::10", "ipFamilies": ["IPv6"],
+                   "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}),
+        )
+        .slice("web", slice_port(), vec![ep("fd00:10:244:1::5")]);
+    let opts = NftablesOptions {
+        family: IpFamily::V6,
+        local_detector: LocalDetector::ClusterCidr(vec!["fd00:10:244::/56".parse().unwrap()]),
+        service_cidrs: vec!["fd00:96::/112".parse().unwrap()],
+        ..NftablesOptions::default()
+    };
+    let node: Vec<IpAddr> = vec!["fd00:77::1".parse().unwrap()];
+    let table = NftTable::from_ruleset(&kpr_nftables::build(&world.state(), &opts, &node));
+    for (address, destination) in [
+        ("[fd00:96::10]:80", "cluster IP"),
+        (
+            "[fd00:77::1]:30080/tcp",
+            "NodePort 30080/tcp on node address fd00:77::1",
+        ),
+    ] {
+        let query = Query::parse(address).unwrap();
+        let findings = nft::explain(&table, &node, &query);
+        assert_eq!(findings.len(), 1, "{address}: {findings:?}");
+        assert_eq!(findings[0].destination, destination);
+        assert_eq!(findings[0].service.as_deref(), Some("default/web:http"));
+        let eps: Vec<String> = findings[0].groups[0]
+            .endpoints
+            .iter()
+            .map(|e| e.addr.to_string())
+            .collect();
+        assert_eq!(eps, ["[fd00:10:244:1::5]:8080"]);
+        let text = render(&Explanation {
+            query,
+            sections: vec![Section {
+                mode: Mode::Nftables,
+                family: IpFamily::V6,
+                findings,
+            }],
+            problems: Vec::new(),
+        });
+        assert!(
+            text.starts_with("nftables mode (table ip6 kube-proxy):"),
+            "{text}"
+        );
+    }
+    let unallocated = Query::parse("[fd00:96::77]:80").unwrap();
+    assert!(matches!(
+        &nft::explain(&table, &node, &unallocated)[0].outcome,
+        Outcome::Dropped(why) if why.contains("service-cidrs")
+    ));
+}

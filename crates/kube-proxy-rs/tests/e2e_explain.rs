@@ -28,6 +28,11 @@ fn explain(cluster: &Cluster, address: &str) -> Run {
         .args(["explain", address])
         .output()
         .expect("run kube-proxy-rs explain");
+    // Shown with the test's output, so a failure (or `--no-capture`) shows what was read.
+    eprintln!(
+        "$ kube-proxy-rs explain {address}\n{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
     Run {
         code: output.status.code().unwrap_or(-1),
         out: format!(

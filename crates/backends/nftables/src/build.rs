@@ -15,7 +15,9 @@ use kpr_iptables::{LocalDetector, NodePortAddresses, NodePortTargets};
 use kpr_model::{Endpoint, IpFamily, Protocol, ServicePortName};
 use kpr_state::{DesiredState, PortPlan, Unreachable};
 
-use crate::model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt};
+use kpr_naming::text::Comment;
+
+use crate::model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt, element_comment};
 use crate::names::{ChainId, Choice, EndpointMap, FixedChain, KeySpace, PROTOCOLS, SetName, SharedChain};
 use crate::options::NftablesOptions;
 use crate::slots;
@@ -509,6 +511,8 @@ struct PortBuilder<'h> {
     affinity: Option<u32>,
     history: Option<&'h Bundle>,
     taken: &'h dyn Fn(&Dest) -> bool,
+    /// `ns/svc:port`, on every entry element.
+    comment: Option<Comment>,
     out: Bundle,
     chains: BTreeSet<SharedChain>,
 }
@@ -518,8 +522,10 @@ impl PortBuilder<'_> {
         self.out.entries.push(Element::new(set, key));
     }
 
+    /// An entry element (an entry or its `no-endpoint-*` twin), named after the port.
     fn entry(&mut self, set: SetName, key: ElemKey, value: ElemValue) {
-        self.out.entries.push(Element::map(set, key, value));
+        let element = Element::map(set, key, value).with_comment(self.comment.clone());
+        self.out.entries.push(element);
     }
 
     /// Takes `dest` for this port, unless another port (or this one already) holds it.
@@ -611,6 +617,7 @@ pub fn port_bundle(
         affinity: port.session_affinity_seconds,
         history,
         taken,
+        comment: element_comment(&port.name.to_string()),
         out: Bundle::default(),
         chains: BTreeSet::new(),
     };

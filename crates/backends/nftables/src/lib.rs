@@ -117,6 +117,7 @@ mod batch;
 mod build;
 mod model;
 pub mod names;
+mod netlink;
 mod options;
 mod render;
 mod slots;
@@ -132,6 +133,7 @@ pub use build::{
     fixed_chains, node_bundle, port_bundle, shared_rules,
 };
 pub use model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt};
+pub use netlink::{GenerationLog, NetlinkTransport, lower as lower_batch, rule_exprs};
 pub use options::{DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, NftablesOptions, OptionsError};
 pub use render::{TABLE, render_text, rule_text};
 pub use slots::assign as assign_slots;

@@ -345,8 +345,16 @@ impl NftablesBackend {
             }
         }
         let bundles: HashMap<Owner, Bundle> = ruleset.bundles.into_iter().collect();
-        // The baseline comes from the next reconcile's listing; a listing right here would
-        // cost every full sync a read.
+        // The baseline is what we just wrote, when listing is cheap (netlink: rules and set
+        // names, no elements); else it comes from the next reconcile's listing, as an nft
+        // listing here would cost every full sync a process and a parse.
+        let baseline = if self.transport.cheap_read_back() {
+            self.transport
+                .read_back(self.opts.family)
+                .map_err(SyncError::ReadBack)?
+        } else {
+            None
+        };
         self.applied = Some(Applied {
             ledger,
             bundles,
@@ -354,7 +362,7 @@ impl NftablesBackend {
             full_at: Instant::now(),
             checked_at: Instant::now(),
             needs_full: false,
-            baseline: None,
+            baseline,
         });
         Ok(self.report(true))
     }

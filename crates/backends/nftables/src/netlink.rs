@@ -12,8 +12,8 @@
 //! Every [`Op`] becomes the messages `nft` itself would send for its text form
 //! ([`crate::render`]): the same set key types, the same expression sequences (a protocol
 //! dependency before `tcp dport`, a constant slot as `numgen random mod 1 offset k`), so
-//! `nft list` shows the same table whichever transport wrote it, except that endpoint
-//! maps carry no `typeof` user data (nft lists their slot as a hex `mark`). The random
+//! `nft list` shows the same table whichever transport wrote it (endpoint maps and
+//! affinity sets carry nft's `typeof` user data, so slots list as numbers). The random
 //! pick of a sticky chain (`numgen ... vmap { ... }`) is a constant anonymous map bound to
 //! its rule, as nft makes it. A CIDR in an interval set is a start element and an
 //! interval-end element; a source range in `firewall-allow` is a `key . key_end` range.
@@ -174,11 +174,21 @@ impl Transport for NetlinkTransport {
             listing.chains.entry(chain.chain.name.clone()).or_default();
             listing.chain_handles.insert(chain.chain.name, chain.handle);
         }
-        for rule in self.socket.rules(&table, None).map_err(TransportError::Netlink)? {
+        let rules = match self.socket.rules(&table, None) {
+            Ok(rules) => rules,
+            Err(e) if missing(&e) => return Ok(None),
+            Err(e) => return Err(TransportError::Netlink(e)),
+        };
+        let sets = match self.socket.sets(&table) {
+            Ok(sets) => sets,
+            Err(e) if missing(&e) => return Ok(None),
+            Err(e) => return Err(TransportError::Netlink(e)),
+        };
+        for rule in rules {
             let text: Vec<String> = rule.exprs.iter().map(ToString::to_string).collect();
             listing.chains.entry(rule.chain).or_default().push(text.join("; "));
         }
-        for set in self.socket.sets(&table).map_err(TransportError::Netlink)? {
+        for set in sets {
             if set.flags & ANONYMOUS_SET != 0 {
                 continue;
             }
@@ -186,6 +196,11 @@ impl Transport for NetlinkTransport {
             listing.set_handles.insert(set.name, set.handle);
         }
         Ok(Some(listing))
+    }
+
+    fn cheap_read_back(&self) -> bool {
+        // Rules and set names only, one dump each: well under a millisecond at any size.
+        true
     }
 
     fn foreign_changes(&mut self) -> Result<Option<bool>, TransportError> {
@@ -279,21 +294,112 @@ fn set_of(family: IpFamily, set: SetName, affinity_capacity: u32) -> Set {
         SetName::Hairpin => Set::new(name, vec![a, a]),
         SetName::Endpoints(map) => {
             let mut key = endpoint_key_fields(family, map);
-            key.push(Field::Mark);
-            Set::map(name, key, SetData::Value(vec![a, port]))
+            key.push(SLOT);
+            Set {
+                userdata: typeof_udata(family, None, map, true),
+                ..Set::map(name, key, SetData::Value(vec![a, port]))
+            }
         }
         SetName::Affinity(map) => {
             let mut key = vec![a];
             key.extend(endpoint_key_fields(family, map));
-            key.push(Field::Mark);
+            key.push(SLOT);
             Set {
                 dynamic: true,
                 timeouts: true,
                 size: Some(affinity_capacity),
+                userdata: typeof_udata(family, Some(()), map, false),
                 ..Set::new(name, key)
             }
         }
     }
+}
+
+/// An endpoint slot: nft's `numgen` type (an integer of 4 bytes, host order).
+const SLOT: Field = Field::Integer { bytes: 4 };
+
+// nft's `typeof` user data (libnftnl udata TLVs: type byte, length byte, value; numbers
+// host-order u32), so `nft list` prints endpoint maps and affinity sets as nft wrote them:
+// slots as numbers, keys as `ip daddr . tcp dport . numgen random mod 1`. The numbers are
+// nft's expression kinds (payload 7, concat 13, numgen 23) and its header and field ids.
+
+fn tlv(out: &mut Vec<u8>, kind: u8, value: &[u8]) {
+    out.push(kind);
+    out.push(value.len() as u8);
+    out.extend_from_slice(value);
+}
+
+fn tlv_u32(out: &mut Vec<u8>, kind: u8, value: u32) {
+    tlv(out, kind, &value.to_ne_bytes());
+}
+
+/// `<header> <field>` (e.g. `ip daddr`: header 12, field 12).
+fn typeof_payload(header: u32, field: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    tlv_u32(&mut out, 0, 7);
+    let mut desc = Vec::new();
+    tlv_u32(&mut desc, 0, header);
+    tlv_u32(&mut desc, 1, field);
+    tlv(&mut out, 1, &desc);
+    out
+}
+
+/// `numgen random mod 1`.
+fn typeof_numgen() -> Vec<u8> {
+    let mut out = Vec::new();
+    tlv_u32(&mut out, 0, 23);
+    let mut args = Vec::new();
+    tlv_u32(&mut args, 0, 1);
+    tlv_u32(&mut args, 1, 1);
+    tlv_u32(&mut args, 2, 0);
+    tlv(&mut out, 1, &args);
+    out
+}
+
+fn typeof_concat(parts: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    tlv_u32(&mut out, 0, 13);
+    let mut list = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        tlv(&mut list, i as u8, part);
+    }
+    tlv(&mut out, 1, &list);
+    out
+}
+
+/// The user data of an endpoint map (`[daddr .] <proto> dport . numgen : daddr . <proto>
+/// dport`) or, with `source`, an affinity set (`saddr . [daddr .] <proto> dport . numgen`).
+fn typeof_udata(family: IpFamily, source: Option<()>, map: EndpointMap, is_map: bool) -> Vec<u8> {
+    let (header, saddr, daddr) = match family {
+        IpFamily::V4 => (12, 11, 12),
+        IpFamily::V6 => (13, 8, 9),
+    };
+    let transport = match map.proto {
+        Protocol::Tcp => 8,
+        Protocol::Udp => 6,
+        Protocol::Sctp => 10,
+    };
+    let dport = typeof_payload(transport, 2);
+    let mut key = Vec::new();
+    if source.is_some() {
+        key.push(typeof_payload(header, saddr));
+    }
+    if map.space.keyed_by_address() {
+        key.push(typeof_payload(header, daddr));
+    }
+    key.push(dport.clone());
+    key.push(typeof_numgen());
+    let mut out = Vec::new();
+    tlv_u32(&mut out, 0, 0);
+    if is_map {
+        tlv_u32(&mut out, 1, 0);
+    }
+    tlv(&mut out, 3, &typeof_concat(&key));
+    if is_map {
+        tlv(&mut out, 4, &typeof_concat(&[typeof_payload(header, daddr), dport]));
+        tlv_u32(&mut out, 6, 0);
+    }
+    out
 }
 
 fn endpoint_key_fields(family: IpFamily, map: EndpointMap) -> Vec<Field> {

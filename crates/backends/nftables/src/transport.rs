@@ -64,6 +64,12 @@ pub trait Transport: Send {
     fn foreign_changes(&mut self) -> Result<Option<bool>, TransportError> {
         Ok(None)
     }
+
+    /// Whether [`Transport::read_back`] is cheap enough to run after every full sync (then
+    /// the listing that rules are compared with is taken right after we wrote them).
+    fn cheap_read_back(&self) -> bool {
+        false
+    }
 }
 
 /// `nft` as a child process, optionally behind a prefix such as `ip netns exec NAME`.

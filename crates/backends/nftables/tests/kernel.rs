@@ -8,17 +8,18 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[macro_use]
 mod common;
 
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use common::{clusterip, golden_dir, http_port, http_slice_port, options, web};
+use common::{Via, clusterip, golden_dir, http_port, http_slice_port, options, transport, web};
 use kpr_iptables::LocalDetector;
 use kpr_model::IpFamily;
 use kpr_netns::{CLUSTER_CIDR, Lab, NODE_IP, Netns, pod_ip, spread};
-use kpr_nftables::{FullSyncReason, NftCli, NftablesBackend, NftablesOptions, Transport, cleanup};
+use kpr_nftables::{FullSyncReason, NftCli, NftablesBackend, NftablesOptions, cleanup};
 use kpr_state::{Backend, SyncReport};
 use kpr_world::{World, ep};
 use serde_json::json;
@@ -45,8 +46,9 @@ fn sync(backend: &mut NftablesBackend, world: &mut World) -> SyncReport {
     backend.sync(&world.pending().request(false)).unwrap()
 }
 
-fn new_backend(netns: &Netns, opts: NftablesOptions) -> NftablesBackend {
-    NftablesBackend::new(opts, Box::new(cli(netns))).unwrap()
+fn new_backend(netns: &Netns, opts: NftablesOptions, via: Via) -> NftablesBackend {
+    let transport = transport(netns, via, opts.affinity_capacity);
+    NftablesBackend::new(opts, transport).unwrap()
 }
 
 #[test]
@@ -66,11 +68,10 @@ fn every_golden_file_loads_into_the_kernel() {
     }
 }
 
-#[test]
-fn first_sync_then_element_changes_and_a_quiet_reconcile() {
+fn first_sync_then_element_changes_and_a_quiet_reconcile(via: Via) {
     let netns = Netns::new("nftsync").unwrap();
     let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
-    let mut backend = new_backend(&netns, options());
+    let mut backend = new_backend(&netns, options(), via);
     assert!(sync(&mut backend, &mut world).full);
     let listed = nft(&netns, &["list", "table", "ip", "kube-proxy"]);
     assert!(
@@ -105,11 +106,10 @@ fn first_sync_then_element_changes_and_a_quiet_reconcile() {
     assert_eq!(report.tables[0].written, 0);
 }
 
-#[test]
-fn a_flushed_table_is_rebuilt_by_the_next_reconcile() {
+fn a_flushed_table_is_rebuilt_by_the_next_reconcile(via: Via) {
     let netns = Netns::new("nftflush").unwrap();
     let mut world = web(vec![ep("10.244.1.5")]);
-    let mut backend = new_backend(&netns, options());
+    let mut backend = new_backend(&netns, options(), via);
     sync(&mut backend, &mut world);
     let before = nft(&netns, &["list", "table", "ip", "kube-proxy"]);
     nft(&netns, &["flush", "table", "ip", "kube-proxy"]);
@@ -118,8 +118,7 @@ fn a_flushed_table_is_rebuilt_by_the_next_reconcile() {
     assert_eq!(nft(&netns, &["list", "table", "ip", "kube-proxy"]), before);
 }
 
-#[test]
-fn foreign_rules_and_chains_in_our_table_are_removed_other_tables_untouched() {
+fn foreign_rules_and_chains_in_our_table_are_removed_other_tables_untouched(via: Via) {
     let netns = Netns::new("nftforeign").unwrap();
     nft(&netns, &["add", "table", "ip", "user"]);
     nft(
@@ -142,7 +141,7 @@ fn foreign_rules_and_chains_in_our_table_are_removed_other_tables_untouched() {
     let user_before = nft(&netns, &["list", "table", "ip", "user"]);
 
     let mut world = web(vec![ep("10.244.1.5")]);
-    let mut backend = new_backend(&netns, options());
+    let mut backend = new_backend(&netns, options(), via);
     sync(&mut backend, &mut world);
     // A first reconcile records the baseline listing.
     assert!(!sync(&mut backend, &mut world).full);
@@ -195,8 +194,7 @@ fn foreign_rules_and_chains_in_our_table_are_removed_other_tables_untouched() {
     assert_eq!(nft(&netns, &["list", "table", "ip", "user"]), user_before);
 }
 
-#[test]
-fn a_restarted_proxy_adopts_the_existing_table_and_cleanup_removes_only_ours() {
+fn a_restarted_proxy_adopts_the_existing_table_and_cleanup_removes_only_ours(via: Via) {
     let netns = Netns::new("nftadopt").unwrap();
     // What upstream's nftables mode (or an older proxy) left: same table, other contents.
     nft(&netns, &["add", "table", "ip", "kube-proxy"]);
@@ -212,29 +210,28 @@ fn a_restarted_proxy_adopts_the_existing_table_and_cleanup_removes_only_ours() {
     );
     nft(&netns, &["add", "table", "ip6", "user6"]);
     let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
-    let mut first = new_backend(&netns, options());
+    let mut first = new_backend(&netns, options(), via);
     sync(&mut first, &mut world);
     let written = nft(&netns, &["list", "table", "ip", "kube-proxy"]);
     assert!(!written.contains("ULMVA6XW"));
     drop(first);
 
-    let mut second = new_backend(&netns, options());
+    let mut second = new_backend(&netns, options(), via);
     let mut again = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
     assert!(sync(&mut second, &mut again).full);
     assert_eq!(nft(&netns, &["list", "table", "ip", "kube-proxy"]), written);
 
-    let mut transport = cli(&netns);
-    assert!(cleanup(&mut transport, IpFamily::V4).unwrap());
+    let mut transport = transport(&netns, via, 1);
+    assert!(cleanup(&mut *transport, IpFamily::V4).unwrap());
     assert!(
-        !cleanup(&mut transport, IpFamily::V4).unwrap(),
+        !cleanup(&mut *transport, IpFamily::V4).unwrap(),
         "nothing left to remove"
     );
     assert!(transport.read_back(IpFamily::V4).unwrap().is_none());
     assert!(nft(&netns, &["list", "tables"]).contains("table ip6 user6"));
 }
 
-#[test]
-fn ipv6_table_loads_and_updates() {
+fn ipv6_table_loads_and_updates(via: Via) {
     let netns = Netns::new("nft6").unwrap();
     let mut world = World::with_family(IpFamily::V6);
     world
@@ -246,7 +243,7 @@ fn ipv6_table_loads_and_updates() {
         local_detector: LocalDetector::ClusterCidr(vec!["fd00:10:244::/56".parse().unwrap()]),
         ..options()
     };
-    let mut backend = new_backend(&netns, opts);
+    let mut backend = new_backend(&netns, opts, via);
     assert!(sync(&mut backend, &mut world).full);
     world.slice(
         "web",
@@ -268,8 +265,7 @@ fn answered(counts: &std::collections::BTreeMap<String, usize>) -> Vec<&str> {
     counts.keys().map(String::as_str).collect()
 }
 
-#[test]
-fn traffic_follows_cluster_ip_and_node_port_through_an_endpoint_change() {
+fn traffic_follows_cluster_ip_and_node_port_through_an_endpoint_change(via: Via) {
     let lab = Lab::new(3).unwrap();
     let _servers: Vec<_> = (0..3)
         .map(|i| {
@@ -290,7 +286,7 @@ fn traffic_follows_cluster_ip_and_node_port_through_an_endpoint_change() {
                                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}))
         .slice("web", http_slice_port(), vec![endpoint(0), endpoint(1)])
         .service("empty", clusterip("10.96.0.30", http_port()));
-    let mut backend = new_backend(lab.node(), opts);
+    let mut backend = new_backend(lab.node(), opts, via);
     assert!(sync(&mut backend, &mut world).full);
 
     let vip = sock([10, 96, 0, 10], 80);
@@ -323,12 +319,11 @@ fn traffic_follows_cluster_ip_and_node_port_through_an_endpoint_change() {
     assert_eq!(answered(&spread(lab.pod(0), vip, 20)), ["pod2"]);
 }
 
-#[test]
-fn this_kernel_supports_every_feature_and_the_check_commits_nothing() {
+fn this_kernel_supports_every_feature_and_the_check_commits_nothing(via: Via) {
     let netns = Netns::new("nftcheck").unwrap();
     for family in [IpFamily::V4, IpFamily::V6] {
         let opts = NftablesOptions { family, ..options() };
-        kpr_nftables::check_support(&mut cli(&netns), &opts).unwrap();
+        kpr_nftables::check_support(&mut *transport(&netns, via, 1), &opts).unwrap();
     }
     assert_eq!(
         nft(&netns, &["list", "tables"]),
@@ -337,11 +332,10 @@ fn this_kernel_supports_every_feature_and_the_check_commits_nothing() {
     );
 }
 
-#[test]
-fn under_steady_churn_the_table_is_still_checked_every_reconcile_period() {
+fn under_steady_churn_the_table_is_still_checked_every_reconcile_period(via: Via) {
     let netns = Netns::new("nftchurn").unwrap();
     let mut world = web(vec![ep("10.244.1.5")]);
-    let mut backend = new_backend(&netns, options()).with_reconcile_period(std::time::Duration::ZERO);
+    let mut backend = new_backend(&netns, options(), via).with_reconcile_period(std::time::Duration::ZERO);
     sync(&mut backend, &mut world);
     nft(&netns, &["flush", "table", "ip", "kube-proxy"]);
     // A sync with a change: the check is due anyway.
@@ -354,3 +348,14 @@ fn under_steady_churn_the_table_is_still_checked_every_reconcile_period() {
     );
     assert!(listed.contains("10.244.1.6 . 8080"), "{listed}");
 }
+
+through_both_transports!(
+    first_sync_then_element_changes_and_a_quiet_reconcile,
+    a_flushed_table_is_rebuilt_by_the_next_reconcile,
+    foreign_rules_and_chains_in_our_table_are_removed_other_tables_untouched,
+    a_restarted_proxy_adopts_the_existing_table_and_cleanup_removes_only_ours,
+    ipv6_table_loads_and_updates,
+    traffic_follows_cluster_ip_and_node_port_through_an_endpoint_change,
+    this_kernel_supports_every_feature_and_the_check_commits_nothing,
+    under_steady_churn_the_table_is_still_checked_every_reconcile_period,
+);

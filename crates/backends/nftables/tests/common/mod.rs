@@ -81,3 +81,39 @@ pub fn nodeport_web(extra: Value) -> Value {
     }
     spec
 }
+
+/// Which transport a kernel test drives: `nft -f` (the oracle) or netlink (what the proxy
+/// runs). Kernel and traffic tests run through both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    Nft,
+    Netlink,
+}
+
+/// A transport into `netns` (the netlink socket is opened inside it and stays there).
+pub fn transport(netns: &kpr_netns::Netns, via: Via, affinity_capacity: u32) -> Box<dyn kpr_nftables::Transport> {
+    match via {
+        Via::Nft => Box::new(
+            kpr_nftables::NftCli::new(affinity_capacity).with_prefix(&["ip", "netns", "exec", netns.name()]),
+        ),
+        Via::Netlink => Box::new(netns.run(|| kpr_nftables::NetlinkTransport::open(affinity_capacity).unwrap())),
+    }
+}
+
+/// Makes each named `fn(Via)` two tests, `<name>::nft` and `<name>::netlink`.
+macro_rules! through_both_transports {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn nft() {
+                    super::$name(super::common::Via::Nft)
+                }
+                #[test]
+                fn netlink() {
+                    super::$name(super::common::Via::Netlink)
+                }
+            }
+        )*
+    };
+}

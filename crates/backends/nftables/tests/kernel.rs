@@ -359,3 +359,110 @@ through_both_transports!(
     this_kernel_supports_every_feature_and_the_check_commits_nothing,
     under_steady_churn_the_table_is_still_checked_every_reconcile_period,
 );
+
+// === netlink only: what goes over the wire, and foreign commits seen by generation ===
+
+/// Records every batch it passes on, lowered to netlink, so tests can read what was sent.
+struct Recording {
+    inner: kpr_nftables::NetlinkTransport,
+    sent: std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>,
+}
+
+impl kpr_nftables::Transport for Recording {
+    fn apply(&mut self, batch: &kpr_nftables::Batch) -> Result<(), kpr_nftables::TransportError> {
+        let ops = self.inner.lower(batch).operations().map(|o| o.to_string()).collect();
+        self.sent.lock().unwrap().push(ops);
+        self.inner.apply(batch)
+    }
+    fn read_back(&mut self, family: IpFamily) -> Result<Option<kpr_nftables::Listing>, kpr_nftables::TransportError> {
+        self.inner.read_back(family)
+    }
+    fn check(&mut self, batch: &kpr_nftables::Batch) -> Result<(), kpr_nftables::TransportError> {
+        self.inner.check(batch)
+    }
+    fn foreign_changes(&mut self) -> Result<Option<bool>, kpr_nftables::TransportError> {
+        self.inner.foreign_changes()
+    }
+    fn cheap_read_back(&self) -> bool {
+        self.inner.cheap_read_back()
+    }
+}
+
+#[allow(clippy::type_complexity)]
+fn recording_backend(netns: &Netns) -> (NftablesBackend, std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>) {
+    let sent = std::sync::Arc::default();
+    let inner = netns.run(|| kpr_nftables::NetlinkTransport::open(options().affinity_capacity).unwrap());
+    let transport = Recording {
+        inner,
+        sent: std::sync::Arc::clone(&sent),
+    };
+    (NftablesBackend::new(options(), Box::new(transport)).unwrap(), sent)
+}
+
+#[test]
+fn a_partial_sync_sends_one_netlink_transaction_of_element_changes_only() {
+    let netns = Netns::new("nlbatch").unwrap();
+    let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
+    let (mut backend, sent) = recording_backend(&netns);
+    assert!(sync(&mut backend, &mut world).full);
+    sent.lock().unwrap().clear();
+
+    // One endpoint replaced by another: same count, so no chain changes.
+    world.slice("web", http_slice_port(), vec![ep("10.244.1.5"), ep("10.244.3.7")]);
+    assert!(!sync(&mut backend, &mut world).full);
+    let batches = sent.lock().unwrap().clone();
+    assert_eq!(batches.len(), 1, "one transaction: {batches:?}");
+    let ops = &batches[0];
+    assert!(!ops.is_empty());
+    assert!(
+        ops.iter().all(|op| op.starts_with("add ") && op.contains(" element(s) to set ")
+            || op.starts_with("delete ") && op.contains(" element(s) from set ")),
+        "only element changes: {ops:?}"
+    );
+    assert!(
+        ops.iter().any(|op| op.contains("service-endpoints-tcp")),
+        "{ops:?}"
+    );
+    let listed = nft(&netns, &["list", "map", "ip", "kube-proxy", "service-endpoints-tcp"]);
+    assert!(listed.contains("10.244.3.7 . 8080"), "{listed}");
+    assert!(!listed.contains("10.244.2.6"), "{listed}");
+}
+
+#[test]
+fn a_quiet_netlink_sync_lists_nothing_and_a_foreign_commit_is_noticed_and_repaired() {
+    let netns = Netns::new("nlgen").unwrap();
+    let mut world = web(vec![ep("10.244.1.5")]);
+    let (mut backend, sent) = recording_backend(&netns);
+    assert!(sync(&mut backend, &mut world).full);
+    let reject_chain = || nft(&netns, &["list", "chain", "ip", "kube-proxy", "reject-chain"]);
+    let before = reject_chain();
+
+    // Nothing committed by anyone: no change, nothing sent.
+    sent.lock().unwrap().clear();
+    assert!(!sync(&mut backend, &mut world).full);
+    assert!(sent.lock().unwrap().is_empty());
+
+    // A commit to another table is noticed, read back, and found harmless.
+    nft(&netns, &["add", "table", "ip", "user"]);
+    assert!(!sync(&mut backend, &mut world).full);
+
+    // Someone replaces one of our rules in place while Services keep changing (a sync
+    // with changes, long before any reconcile period): repaired at once.
+    let handle = nft(&netns, &["-a", "list", "chain", "ip", "kube-proxy", "reject-chain"])
+        .lines()
+        .filter(|l| l.contains("reject #"))
+        .find_map(|l| l.split("# handle ").nth(1).map(str::trim).map(str::to_string))
+        .unwrap();
+    nft(
+        &netns,
+        &["replace", "rule", "ip", "kube-proxy", "reject-chain", "handle", &handle, "accept"],
+    );
+    world.slice("web", http_slice_port(), vec![ep("10.244.1.5")]);
+    world.service("other", clusterip("10.96.0.20", http_port()));
+    assert!(sync(&mut backend, &mut world).full);
+    assert_eq!(backend.last_full_reason(), Some(FullSyncReason::TableChanged));
+    let after = nft(&netns, &["list", "table", "ip", "kube-proxy"]);
+    assert!(after.contains("10.96.0.20"), "{after}");
+    assert_eq!(reject_chain(), before, "our rule is back");
+    assert!(nft(&netns, &["list", "tables"]).contains("table ip user"));
+}

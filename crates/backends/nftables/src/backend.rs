@@ -233,8 +233,7 @@ impl NftablesBackend {
         // A transport that can tell whether anyone else committed (netlink: the ruleset
         // generation) decides; else a sync with nothing changed is the sync period's tick,
         // and under steady churn the check still runs once per reconcile period.
-        let period_due =
-            request.changed.is_empty() || applied.checked_at.elapsed() >= self.reconcile_period;
+        let period_due = request.changed.is_empty() || applied.checked_at.elapsed() >= self.reconcile_period;
         let due = match self.transport.foreign_changes().map_err(SyncError::ReadBack)? {
             Some(foreign) => foreign,
             None => period_due,

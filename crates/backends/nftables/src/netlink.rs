@@ -123,7 +123,10 @@ impl NetlinkTransport {
 
     /// A transport sharing `generations` with the process's other transports (one per
     /// family), so their commits do not look foreign to each other.
-    pub fn open_shared(affinity_capacity: u32, generations: Arc<GenerationLog>) -> Result<Self, TransportError> {
+    pub fn open_shared(
+        affinity_capacity: u32,
+        generations: Arc<GenerationLog>,
+    ) -> Result<Self, TransportError> {
         let socket = Socket::open().map_err(TransportError::Netlink)?;
         Ok(Self {
             socket,
@@ -186,7 +189,11 @@ impl Transport for NetlinkTransport {
         };
         for rule in rules {
             let text: Vec<String> = rule.exprs.iter().map(ToString::to_string).collect();
-            listing.chains.entry(rule.chain).or_default().push(text.join("; "));
+            listing
+                .chains
+                .entry(rule.chain)
+                .or_default()
+                .push(text.join("; "));
         }
         for set in sets {
             if set.flags & ANONYMOUS_SET != 0 {
@@ -396,7 +403,11 @@ fn typeof_udata(family: IpFamily, source: Option<()>, map: EndpointMap, is_map: 
     }
     tlv(&mut out, 3, &typeof_concat(&key));
     if is_map {
-        tlv(&mut out, 4, &typeof_concat(&[typeof_payload(header, daddr), dport]));
+        tlv(
+            &mut out,
+            4,
+            &typeof_concat(&[typeof_payload(header, daddr), dport]),
+        );
         tlv_u32(&mut out, 6, 0);
     }
     out
@@ -458,8 +469,12 @@ fn addr(value: Value, ip: IpAddr) -> Value {
 /// The address after the last one of `net`, or `None` past the top of the space.
 fn after_last(net: &IpNet) -> Option<IpAddr> {
     match net {
-        IpNet::V4(n) => u32::from(n.broadcast()).checked_add(1).map(|a| IpAddr::V4(a.into())),
-        IpNet::V6(n) => u128::from(n.broadcast()).checked_add(1).map(|a| IpAddr::V6(a.into())),
+        IpNet::V4(n) => u32::from(n.broadcast())
+            .checked_add(1)
+            .map(|a| IpAddr::V4(a.into())),
+        IpNet::V6(n) => u128::from(n.broadcast())
+            .checked_add(1)
+            .map(|a| IpAddr::V6(a.into())),
     }
 }
 

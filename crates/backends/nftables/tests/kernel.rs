@@ -370,11 +370,19 @@ struct Recording {
 
 impl kpr_nftables::Transport for Recording {
     fn apply(&mut self, batch: &kpr_nftables::Batch) -> Result<(), kpr_nftables::TransportError> {
-        let ops = self.inner.lower(batch).operations().map(|o| o.to_string()).collect();
+        let ops = self
+            .inner
+            .lower(batch)
+            .operations()
+            .map(|o| o.to_string())
+            .collect();
         self.sent.lock().unwrap().push(ops);
         self.inner.apply(batch)
     }
-    fn read_back(&mut self, family: IpFamily) -> Result<Option<kpr_nftables::Listing>, kpr_nftables::TransportError> {
+    fn read_back(
+        &mut self,
+        family: IpFamily,
+    ) -> Result<Option<kpr_nftables::Listing>, kpr_nftables::TransportError> {
         self.inner.read_back(family)
     }
     fn check(&mut self, batch: &kpr_nftables::Batch) -> Result<(), kpr_nftables::TransportError> {
@@ -389,14 +397,22 @@ impl kpr_nftables::Transport for Recording {
 }
 
 #[allow(clippy::type_complexity)]
-fn recording_backend(netns: &Netns) -> (NftablesBackend, std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>) {
+fn recording_backend(
+    netns: &Netns,
+) -> (
+    NftablesBackend,
+    std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>,
+) {
     let sent = std::sync::Arc::default();
     let inner = netns.run(|| kpr_nftables::NetlinkTransport::open(options().affinity_capacity).unwrap());
     let transport = Recording {
         inner,
         sent: std::sync::Arc::clone(&sent),
     };
-    (NftablesBackend::new(options(), Box::new(transport)).unwrap(), sent)
+    (
+        NftablesBackend::new(options(), Box::new(transport)).unwrap(),
+        sent,
+    )
 }
 
 #[test]
@@ -415,15 +431,19 @@ fn a_partial_sync_sends_one_netlink_transaction_of_element_changes_only() {
     let ops = &batches[0];
     assert!(!ops.is_empty());
     assert!(
-        ops.iter().all(|op| op.starts_with("add ") && op.contains(" element(s) to set ")
-            || op.starts_with("delete ") && op.contains(" element(s) from set ")),
+        ops.iter()
+            .all(|op| op.starts_with("add ") && op.contains(" element(s) to set ")
+                || op.starts_with("delete ") && op.contains(" element(s) from set ")),
         "only element changes: {ops:?}"
     );
     assert!(
         ops.iter().any(|op| op.contains("service-endpoints-tcp")),
         "{ops:?}"
     );
-    let listed = nft(&netns, &["list", "map", "ip", "kube-proxy", "service-endpoints-tcp"]);
+    let listed = nft(
+        &netns,
+        &["list", "map", "ip", "kube-proxy", "service-endpoints-tcp"],
+    );
     assert!(listed.contains("10.244.3.7 . 8080"), "{listed}");
     assert!(!listed.contains("10.244.2.6"), "{listed}");
 }
@@ -448,14 +468,26 @@ fn a_quiet_netlink_sync_lists_nothing_and_a_foreign_commit_is_noticed_and_repair
 
     // Someone replaces one of our rules in place while Services keep changing (a sync
     // with changes, long before any reconcile period): repaired at once.
-    let handle = nft(&netns, &["-a", "list", "chain", "ip", "kube-proxy", "reject-chain"])
-        .lines()
-        .filter(|l| l.contains("reject #"))
-        .find_map(|l| l.split("# handle ").nth(1).map(str::trim).map(str::to_string))
-        .unwrap();
+    let handle = nft(
+        &netns,
+        &["-a", "list", "chain", "ip", "kube-proxy", "reject-chain"],
+    )
+    .lines()
+    .filter(|l| l.contains("reject #"))
+    .find_map(|l| l.split("# handle ").nth(1).map(str::trim).map(str::to_string))
+    .unwrap();
     nft(
         &netns,
-        &["replace", "rule", "ip", "kube-proxy", "reject-chain", "handle", &handle, "accept"],
+        &[
+            "replace",
+            "rule",
+            "ip",
+            "kube-proxy",
+            "reject-chain",
+            "handle",
+            &handle,
+            "accept",
+        ],
     );
     world.slice("web", http_slice_port(), vec![ep("10.244.1.5")]);
     world.service("other", clusterip("10.96.0.20", http_port()));

@@ -332,8 +332,8 @@ fn a_udp_flow_moves_when_its_endpoint_leaves(via: Via) {
     };
     let mut world = World::new();
     dns(vec![endpoint(0, "")], &mut world);
-    let mut backend =
-        nft_backend(lab.node(), via).with_conntrack(Box::new(kpr_conntrack::Reconciler::netlink(IpFamily::V4)));
+    let mut backend = nft_backend(lab.node(), via)
+        .with_conntrack(Box::new(kpr_conntrack::Reconciler::netlink(IpFamily::V4)));
     let node = lab.node();
     let mut sync_in_node = |world: &mut World| {
         let pending = world.pending();

@@ -91,12 +91,21 @@ pub enum Via {
 }
 
 /// A transport into `netns` (the netlink socket is opened inside it and stays there).
-pub fn transport(netns: &kpr_netns::Netns, via: Via, affinity_capacity: u32) -> Box<dyn kpr_nftables::Transport> {
+pub fn transport(
+    netns: &kpr_netns::Netns,
+    via: Via,
+    affinity_capacity: u32,
+) -> Box<dyn kpr_nftables::Transport> {
     match via {
-        Via::Nft => Box::new(
-            kpr_nftables::NftCli::new(affinity_capacity).with_prefix(&["ip", "netns", "exec", netns.name()]),
-        ),
-        Via::Netlink => Box::new(netns.run(|| kpr_nftables::NetlinkTransport::open(affinity_capacity).unwrap())),
+        Via::Nft => Box::new(kpr_nftables::NftCli::new(affinity_capacity).with_prefix(&[
+            "ip",
+            "netns",
+            "exec",
+            netns.name(),
+        ])),
+        Via::Netlink => {
+            Box::new(netns.run(|| kpr_nftables::NetlinkTransport::open(affinity_capacity).unwrap()))
+        }
     }
 }
 

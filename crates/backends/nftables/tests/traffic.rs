@@ -413,9 +413,9 @@ fn nodeport_addresses_limit_where_node_ports_answer(via: Via) {
         nodeport_addresses: kpr_iptables::NodePortAddresses::Cidrs(vec!["192.168.77.0/24".parse().unwrap()]),
         ..opts()
     };
-    let cli = NftCli::new(opts.affinity_capacity).with_prefix(&["ip", "netns", "exec", node.name()]);
+    let transport = transport(node, via, opts.affinity_capacity);
     let addresses = kpr_iptables::FixedAddresses(vec![IpAddr::V4(NODE_IP), "192.168.78.1".parse().unwrap()]);
-    let mut backend = NftablesBackend::new(opts, Box::new(cli))
+    let mut backend = NftablesBackend::new(opts, transport)
         .unwrap()
         .with_local_addresses(Box::new(addresses));
     let mut world = World::new();

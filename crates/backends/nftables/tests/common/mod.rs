@@ -110,6 +110,7 @@ pub fn transport(
 }
 
 /// Makes each named `fn(Via)` two tests, `<name>::nft` and `<name>::netlink`.
+#[allow(unused_macros)] // golden and update tests share this module without kernel tests
 macro_rules! through_both_transports {
     ($($name:ident),* $(,)?) => {
         $(

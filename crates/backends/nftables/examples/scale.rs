@@ -95,6 +95,11 @@ fn main() {
         Ok("nft") => {
             Box::new(NftCli::new(opts.affinity_capacity).with_prefix(&["ip", "netns", "exec", netns.name()]))
         }
+        Ok("netlink-indirect") => Box::new(netns.run(|| {
+            kpr_nftables::NetlinkTransport::open(opts.affinity_capacity)
+                .unwrap()
+                .with_verdict_indirection()
+        })),
         _ => Box::new(netns.run(|| kpr_nftables::NetlinkTransport::open(opts.affinity_capacity).unwrap())),
     };
     let mut backend = NftablesBackend::new(opts.clone(), transport).unwrap();

@@ -133,7 +133,7 @@ pub use build::{
     fixed_chains, node_bundle, port_bundle, shared_rules,
 };
 pub use model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt};
-pub use netlink::{GenerationLog, NetlinkTransport, lower as lower_batch, rule_exprs};
+pub use netlink::{GenerationLog, NetlinkTransport, VerdictIds, lower as lower_batch, rule_exprs};
 pub use options::{DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, NftablesOptions, OptionsError};
 pub use render::{TABLE, render_text, rule_text};
 pub use slots::assign as assign_slots;

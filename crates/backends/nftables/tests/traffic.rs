@@ -508,7 +508,7 @@ fn client_ip_affinity_survives_full_syncs(via: Via) {
     }
 }
 
-through_both_transports!(
+through_every_transport!(
     external_traffic_policy_local_keeps_the_client_ip_and_short_circuits_pods,
     cluster_policy_masquerades_outside_traffic,
     load_balancer_source_ranges_admit_only_listed_clients,

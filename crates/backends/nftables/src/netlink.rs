@@ -280,7 +280,10 @@ fn is_verdict_map(name: &str) -> bool {
 fn indirect(set: SetName) -> bool {
     matches!(
         set,
-        SetName::ServiceIps | SetName::ServiceNodePorts | SetName::NoEndpointServices | SetName::NoEndpointNodePorts
+        SetName::ServiceIps
+            | SetName::ServiceNodePorts
+            | SetName::NoEndpointServices
+            | SetName::NoEndpointNodePorts
     )
 }
 
@@ -371,7 +374,10 @@ fn lower_with(batch: &Batch, affinity_capacity: u32, mut ids: Option<&mut Verdic
                 let name = chain.to_string();
                 out.flush_chain(&table, &name);
                 // No entry uses the chain any more (the model deletes them first).
-                let released = ids.as_deref_mut().map(|ids| ids.release(&name)).unwrap_or_default();
+                let released = ids
+                    .as_deref_mut()
+                    .map(|ids| ids.release(&name))
+                    .unwrap_or_default();
                 for (set, id) in released {
                     out.delete_elements(&table, &verdict_map(set), &[nl::Element::key(id_key(id))]);
                 }
@@ -1043,7 +1049,13 @@ pub fn rule_exprs(family: IpFamily, rule: &Rule) -> Vec<Expr> {
     lower_rule(family, rule, &mut scratch, &table, false)
 }
 
-fn lower_rule(family: IpFamily, rule: &Rule, batch: &mut nl::Batch, table: &Table, indirection: bool) -> Vec<Expr> {
+fn lower_rule(
+    family: IpFamily,
+    rule: &Rule,
+    batch: &mut nl::Batch,
+    table: &Table,
+    indirection: bool,
+) -> Vec<Expr> {
     let mut lowering = Lowering {
         family,
         exprs: Vec::new(),

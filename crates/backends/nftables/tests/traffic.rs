@@ -19,7 +19,7 @@ use kpr_model::IpFamily;
 use kpr_netns::{
     Backend as Server, CLIENT_IP, CLUSTER_CIDR, Lab, NODE_IP, Netns, pod_ip, spread, spread_udp,
 };
-use kpr_nftables::{NftCli, NftablesBackend, NftablesOptions, Transport, cleanup};
+use kpr_nftables::{NftablesBackend, NftablesOptions, cleanup};
 use kpr_state::Backend;
 use kpr_world::{World, ep};
 use serde_json::{Value, json};
@@ -269,10 +269,9 @@ fn switching_between_iptables_and_nftables_both_ways(via: Via) {
         let out = node.command("iptables-nft-save").output().unwrap();
         String::from_utf8_lossy(&out.stdout).contains("KUBE-SERVICES")
     };
-    let nft_table = || {
-        let mut cli = NftCli::new(1).with_prefix(&["ip", "netns", "exec", node.name()]);
-        cli.read_back(IpFamily::V4).unwrap().is_some()
-    };
+    // Read and removed through the transport under test (nft cannot list the rules of
+    // verdict indirection).
+    let nft_table = || transport(node, via, 1).read_back(IpFamily::V4).unwrap().is_some();
     let works = || {
         assert_eq!(
             answered(&spread(cluster.lab.client(), sock(NODE_IP, 30080), 30)),
@@ -291,8 +290,7 @@ fn switching_between_iptables_and_nftables_both_ways(via: Via) {
     assert!(nft_table());
     works();
     // nftables -> iptables.
-    let mut cli = NftCli::new(1).with_prefix(&["ip", "netns", "exec", node.name()]);
-    assert!(cleanup(&mut cli, IpFamily::V4).unwrap());
+    assert!(cleanup(&mut *transport(node, via, 1), IpFamily::V4).unwrap());
     assert!(!nft_table());
     iptables().sync(&state.request(true)).unwrap();
     assert!(iptables_rules());

@@ -7,10 +7,13 @@
 //! - **Partial** (otherwise): only the bundles of changed Services (and the node's) are
 //!   recomputed; the [`Ledger`] turns their difference into one batch. The kernel is not
 //!   listed on this path.
-//! - **Reconcile**: a sync with nothing changed is the sync period's tick: the table is
-//!   read back (without elements) and compared with what we wrote: chain and set names,
-//!   rule counts, and the rules' JSON against the last listing that matched. Any
-//!   difference makes this sync full, which removes foreign rules and restores ours.
+//! - **Reconcile**: the table is read back (without elements) and compared with what we
+//!   wrote: chain and set names, rule counts, and the rules' text against the last listing
+//!   that matched. Any difference makes this sync full, which removes foreign rules and
+//!   restores ours. When: a transport that can tell whether anyone else committed
+//!   (netlink: the ruleset generation, one request per sync) reads back only then, at any
+//!   sync; else a sync with nothing changed (the sync period's tick) reads back, and under
+//!   steady churn once per reconcile period.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;

@@ -404,6 +404,9 @@ impl Batch {
             let desc = w.begin(NFTA_SET_DESC);
             w.u32(NFTA_SET_DESC_SIZE, size);
             w.end(desc);
+            if !set.userdata.is_empty() {
+                w.bytes(NFTA_SET_USERDATA, &set.userdata);
+            }
         });
         let operation = Operation::AddElements {
             table: table.clone(),

@@ -992,7 +992,9 @@ impl Lowering {
                         )
                     })
                     .collect();
-                let set = Set::map("", vec![Field::Integer { bytes: 4 }], SetData::Verdict);
+                let mut set = Set::map("", vec![Field::Integer { bytes: 4 }], SetData::Verdict);
+                // As nft writes it: a host-endian key, so slots list as numbers.
+                tlv_u32(&mut set.userdata, 0, 1);
                 let set_id = batch.add_anonymous_map(table, &set, &elements);
                 self.numgen(targets.len() as u32, 0, 0);
                 self.exprs.push(Expr::AnonymousLookup {

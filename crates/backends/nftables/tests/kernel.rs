@@ -498,3 +498,77 @@ fn a_quiet_netlink_sync_lists_nothing_and_a_foreign_commit_is_noticed_and_repair
     assert_eq!(reject_chain(), before, "our rule is back");
     assert!(nft(&netns, &["list", "tables"]).contains("table ip user"));
 }
+
+/// Loads `world` through both transports, each into a namespace of its own, and returns
+/// both `nft list table` texts (the table's comment line, which only nft writes, left out).
+fn listed_through_both(world: &mut World, opts: &NftablesOptions) -> (String, String) {
+    let pending = world.pending();
+    let family = match opts.family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    };
+    let list = |via: Via| {
+        let netns = Netns::new("nloracle").unwrap();
+        let mut backend = new_backend(&netns, opts.clone(), via);
+        assert!(backend.sync(&pending.request(false)).unwrap().full);
+        nft(&netns, &["list", "table", family, "kube-proxy"])
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("comment "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    (list(Via::Nft), list(Via::Netlink))
+}
+
+/// nft is the oracle: whatever the netlink transport writes lists exactly as what `nft -f`
+/// writes for the same state, for every kind of set, element, chain and rule the mode has.
+#[test]
+fn netlink_writes_what_nft_writes() {
+    let mut world = World::new();
+    world
+        .service("web", common::nodeport_web(json!({"externalTrafficPolicy": "Local", "externalIPs": ["203.0.113.9"]})))
+        .slice("web", http_slice_port(), vec![ep("10.244.1.5 local"), ep("10.244.2.6"), ep("10.244.3.7")])
+        .service("lb", json!({"type": "LoadBalancer", "clusterIP": "10.96.0.20",
+                   "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30081}],
+                   "loadBalancerSourceRanges": ["192.0.2.0/24", "198.51.100.7/32"],
+                   "status": {"loadBalancer": {"ingress": [{"ip": "5.6.7.8"}]}}}))
+        .slice("lb", http_slice_port(), vec![ep("10.244.1.5")])
+        .service("sticky", json!({"type": "ClusterIP", "clusterIP": "10.96.0.30", "ports": http_port(),
+                   "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}))
+        .slice("sticky", http_slice_port(), vec![ep("10.244.1.5"), ep("10.244.2.6")])
+        .service("dns", json!({"type": "ClusterIP", "clusterIP": "10.96.0.53",
+                   "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "s", "port": 9, "protocol": "SCTP"}]}))
+        .slice("dns", json!([{"name": "dns", "port": 5353, "protocol": "UDP"}, {"name": "s", "port": 99, "protocol": "SCTP"}]), vec![ep("10.244.1.5")])
+        .service("empty", clusterip("10.96.0.40", http_port()));
+    let opts = NftablesOptions {
+        local_detector: LocalDetector::InterfaceNamePrefix(kpr_iptables::InterfaceName::prefix("veth").unwrap()),
+        ..options()
+    };
+    let (nft_text, netlink_text) = listed_through_both(&mut world, &opts);
+    for expected in [
+        "numgen random mod 2 vmap",
+        "update @affinity-service-endpoints-tcp",
+        "5.6.7.8 . tcp . 80 . 192.0.2.0/24",
+        "10.96.0.53 . 9 . 0 : 10.244.1.5 . 99",
+        "iifname \"veth*\"",
+        "10.96.0.40 . tcp . 80 : goto reject-chain",
+        "10.96.0.0/16",
+    ] {
+        assert!(nft_text.contains(expected), "{expected}: {nft_text}");
+    }
+    assert_eq!(netlink_text, nft_text);
+
+    let mut world = World::with_family(IpFamily::V6);
+    world
+        .service("web", json!({"type": "NodePort", "clusterIP": "fd00:96::10", "ipFamilies": ["IPv6"],
+                               "sessionAffinity": "ClientIP",
+                               "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}))
+        .slice("web", http_slice_port(), vec![ep("fd00:10:244:1::5"), ep("fd00:10:244:1::6")]);
+    let opts = NftablesOptions {
+        family: IpFamily::V6,
+        local_detector: LocalDetector::ClusterCidr(vec!["fd00:10:244::/56".parse().unwrap()]),
+        ..options()
+    };
+    let (nft_text, netlink_text) = listed_through_both(&mut world, &opts);
+    assert_eq!(netlink_text, nft_text);
+}

@@ -199,6 +199,12 @@ impl Batch {
 
     /// Creates `table` (no error if it exists).
     pub fn add_table(&mut self, table: &Table) {
+        self.add_table_with_userdata(table, &[]);
+    }
+
+    /// Like [`Batch::add_table`], with opaque user data (nft keeps a table's comment there:
+    /// [`crate::comment_userdata`]).
+    pub fn add_table_with_userdata(&mut self, table: &Table, userdata: &[u8]) {
         self.message(
             NFT_MSG_NEWTABLE,
             NLM_F_CREATE,
@@ -207,6 +213,9 @@ impl Batch {
             |w| {
                 w.string(NFTA_TABLE_NAME, &table.name);
                 w.u32(NFTA_TABLE_FLAGS, 0);
+                if !userdata.is_empty() {
+                    w.bytes(NFTA_TABLE_USERDATA, userdata);
+                }
             },
         );
     }

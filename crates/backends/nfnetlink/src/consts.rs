@@ -56,6 +56,7 @@ pub(crate) const NFTA_TABLE_NAME: u16 = 1;
 pub(crate) const NFTA_TABLE_FLAGS: u16 = 2;
 pub(crate) const NFTA_TABLE_USE: u16 = 3;
 pub(crate) const NFTA_TABLE_HANDLE: u16 = 4;
+pub(crate) const NFTA_TABLE_USERDATA: u16 = 6;
 
 pub(crate) const NFTA_HOOK_HOOKNUM: u16 = 1;
 pub(crate) const NFTA_HOOK_PRIORITY: u16 = 2;
@@ -99,6 +100,7 @@ pub(crate) const NFTA_SET_ELEM_DATA: u16 = 2;
 pub(crate) const NFTA_SET_ELEM_FLAGS: u16 = 3;
 pub(crate) const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 pub(crate) const NFTA_SET_ELEM_EXPIRATION: u16 = 5;
+pub(crate) const NFTA_SET_ELEM_USERDATA: u16 = 6;
 pub(crate) const NFTA_SET_ELEM_KEY_END: u16 = 10;
 
 pub(crate) const NFTA_DATA_VALUE: u16 = 1;

@@ -87,6 +87,6 @@ pub use expr::{
 };
 pub use objects::{
     BaseChain, Chain, ChainType, Data, Element, Family, Field, Hook, Policy, Set, SetData, Table, Value,
-    Verdict, render,
+    Verdict, comment_userdata, render,
 };
 pub use socket::{MAX_TRANSACTION_BYTES, SPLIT_TRANSACTION_BYTES, Socket};

@@ -945,7 +945,10 @@ fn anonymous_maps_bind_to_their_rule_and_objects_go_by_handle() {
         batch.delete_set_by_handle(&table, foreign);
         socket.send(&batch).unwrap();
         let names: Vec<String> = socket.sets(&table).unwrap().into_iter().map(|s| s.name).collect();
-        assert!(names.is_empty(), "the anonymous map went with its rule: {names:?}");
+        assert!(
+            names.is_empty(),
+            "the anonymous map went with its rule: {names:?}"
+        );
         let chains: Vec<String> = socket
             .chains(&table)
             .unwrap()
@@ -954,4 +957,33 @@ fn anonymous_maps_bind_to_their_rule_and_objects_go_by_handle() {
             .collect();
         assert!(!chains.contains(&"slot-1".to_string()), "{chains:?}");
     });
+}
+
+/// Comments on a table and on map elements (nft's user data) list as nft writes them, and
+/// read back; text that cannot be a comment is refused before anything is sent.
+#[test]
+fn comments_on_tables_and_elements_list_as_nft_writes_them() {
+    let netns = Netns::new("nfnl").unwrap();
+    let table = table(Family::Ip);
+    let vip: IpAddr = "10.96.0.10".parse().unwrap();
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let mut batch = Batch::new();
+        batch.add_table_with_userdata(&table, &comment_userdata("rules for kube-proxy").unwrap());
+        batch.add_chain(&table, &Chain::regular("lb-tcp-1"));
+        batch.add_set(&table, &sets(Family::Ip)[1]);
+        let mut entry = service_element(vip, 80, 1);
+        entry.userdata = comment_userdata("ns1/web:http").unwrap();
+        batch.add_elements(&table, "service-ips", &[entry.clone()]);
+        socket.send(&batch).unwrap();
+        assert_eq!(socket.elements(&table, "service-ips").unwrap(), vec![entry]);
+    });
+    let listed = netns.sh("nft list table ip kube-proxy").unwrap();
+    assert!(listed.contains("comment \"rules for kube-proxy\""), "{listed}");
+    assert!(
+        listed.contains("10.96.0.10 . tcp . 80 comment \"ns1/web:http\" : goto lb-tcp-1"),
+        "{listed}"
+    );
+    assert!(comment_userdata("a\0b").is_none());
+    assert!(comment_userdata(&"x".repeat(128)).is_none());
 }

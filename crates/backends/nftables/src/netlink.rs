@@ -330,6 +330,11 @@ impl VerdictIds {
     }
 }
 
+/// The table's comment, as [`crate::batch_text`] writes it for nft.
+fn table_comment() -> Vec<u8> {
+    nl::comment_userdata("rules for kube-proxy").unwrap_or_default()
+}
+
 /// The nfnetlink batch of `batch` (entry maps holding verdicts).
 pub fn lower(batch: &Batch, affinity_capacity: u32) -> nl::Batch {
     lower_with(batch, affinity_capacity, None)
@@ -351,7 +356,7 @@ fn lower_with(batch: &Batch, affinity_capacity: u32, mut ids: Option<&mut Verdic
     let indirection = ids.is_some();
     for op in &batch.ops {
         match op {
-            Op::AddTable => out.add_table(&table),
+            Op::AddTable => out.add_table_with_userdata(&table, &table_comment()),
             Op::DeleteTable => {
                 out.delete_table(&table);
                 if let Some(ids) = ids.as_deref_mut() {

@@ -500,7 +500,7 @@ fn a_quiet_netlink_sync_lists_nothing_and_a_foreign_commit_is_noticed_and_repair
 }
 
 /// Loads `world` through both transports, each into a namespace of its own, and returns
-/// both `nft list table` texts (the table's comment line, which only nft writes, left out).
+/// both `nft list table` texts.
 fn listed_through_both(world: &mut World, opts: &NftablesOptions) -> (String, String) {
     let pending = world.pending();
     let family = match opts.family {
@@ -512,10 +512,6 @@ fn listed_through_both(world: &mut World, opts: &NftablesOptions) -> (String, St
         let mut backend = new_backend(&netns, opts.clone(), via);
         assert!(backend.sync(&pending.request(false)).unwrap().full);
         nft(&netns, &["list", "table", family, "kube-proxy"])
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("comment "))
-            .collect::<Vec<_>>()
-            .join("\n")
     };
     (list(Via::Nft), list(Via::Netlink))
 }
@@ -541,7 +537,9 @@ fn netlink_writes_what_nft_writes() {
         .slice("dns", json!([{"name": "dns", "port": 5353, "protocol": "UDP"}, {"name": "s", "port": 99, "protocol": "SCTP"}]), vec![ep("10.244.1.5")])
         .service("empty", clusterip("10.96.0.40", http_port()));
     let opts = NftablesOptions {
-        local_detector: LocalDetector::InterfaceNamePrefix(kpr_iptables::InterfaceName::prefix("veth").unwrap()),
+        local_detector: LocalDetector::InterfaceNamePrefix(
+            kpr_iptables::InterfaceName::prefix("veth").unwrap(),
+        ),
         ..options()
     };
     let (nft_text, netlink_text) = listed_through_both(&mut world, &opts);
@@ -553,6 +551,7 @@ fn netlink_writes_what_nft_writes() {
         "iifname \"veth*\"",
         "10.96.0.40 . tcp . 80 : goto reject-chain",
         "10.96.0.0/16",
+        "comment \"rules for kube-proxy\"",
     ] {
         assert!(nft_text.contains(expected), "{expected}: {nft_text}");
     }

@@ -362,7 +362,11 @@ through_both_transports!(
 
 // === netlink only: what goes over the wire, and foreign commits seen by generation ===
 
-/// Records every batch it passes on, lowered to netlink, so tests can read what was sent.
+/// What [`Recording`] notes for a read-back.
+const READ_BACK: &str = "(read back)";
+
+/// Records every batch it passes on, lowered to netlink, and every read-back, so tests can
+/// see what went to the kernel.
 struct Recording {
     inner: kpr_nftables::NetlinkTransport,
     sent: std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>,
@@ -383,6 +387,7 @@ impl kpr_nftables::Transport for Recording {
         &mut self,
         family: IpFamily,
     ) -> Result<Option<kpr_nftables::Listing>, kpr_nftables::TransportError> {
+        self.sent.lock().unwrap().push(vec![READ_BACK.to_string()]);
         self.inner.read_back(family)
     }
     fn check(&mut self, batch: &kpr_nftables::Batch) -> Result<(), kpr_nftables::TransportError> {
@@ -427,7 +432,7 @@ fn a_partial_sync_sends_one_netlink_transaction_of_element_changes_only() {
     world.slice("web", http_slice_port(), vec![ep("10.244.1.5"), ep("10.244.3.7")]);
     assert!(!sync(&mut backend, &mut world).full);
     let batches = sent.lock().unwrap().clone();
-    assert_eq!(batches.len(), 1, "one transaction: {batches:?}");
+    assert_eq!(batches.len(), 1, "one transaction and no read-back: {batches:?}");
     let ops = &batches[0];
     assert!(!ops.is_empty());
     assert!(
@@ -457,14 +462,22 @@ fn a_quiet_netlink_sync_lists_nothing_and_a_foreign_commit_is_noticed_and_repair
     let reject_chain = || nft(&netns, &["list", "chain", "ip", "kube-proxy", "reject-chain"]);
     let before = reject_chain();
 
-    // Nothing committed by anyone: no change, nothing sent.
+    // Nothing committed by anyone: nothing sent, nothing listed (the generation says so).
     sent.lock().unwrap().clear();
     assert!(!sync(&mut backend, &mut world).full);
-    assert!(sent.lock().unwrap().is_empty());
+    assert!(sent.lock().unwrap().is_empty(), "{:?}", sent.lock().unwrap());
 
-    // A commit to another table is noticed, read back, and found harmless.
+    // A commit to another table is noticed, read back once, and found harmless.
     nft(&netns, &["add", "table", "ip", "user"]);
     assert!(!sync(&mut backend, &mut world).full);
+    assert_eq!(*sent.lock().unwrap(), vec![vec![READ_BACK.to_string()]]);
+    sent.lock().unwrap().clear();
+    assert!(!sync(&mut backend, &mut world).full);
+    assert!(
+        sent.lock().unwrap().is_empty(),
+        "seen once: {:?}",
+        sent.lock().unwrap()
+    );
 
     // Someone replaces one of our rules in place while Services keep changing (a sync
     // with changes, long before any reconcile period): repaired at once.

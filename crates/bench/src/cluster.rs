@@ -101,12 +101,66 @@ impl SyntheticCluster {
         self.set_endpoints(0, &addresses)
     }
 
+    /// Endpoint change number `generation` (from 1): the first endpoint of service
+    /// `generation % services` moves to an address no other endpoint uses, so every change
+    /// is a real one.
+    pub fn replace_endpoint(&mut self, generation: usize) -> Result<(), Rejection> {
+        let per_service = self.shape.endpoints;
+        let index = generation % self.shape.services.max(1);
+        let mut addresses: Vec<Ipv4Addr> = (0..per_service)
+            .map(|e| pod_ip(index * per_service + e))
+            .collect();
+        if let Some(first) = addresses.first_mut() {
+            *first = pod_ip(self.shape.services * per_service + generation);
+        }
+        self.set_endpoints(index, &addresses)
+    }
+
+    /// A new Service (number `n` from 0) with its endpoints, past the shape's services.
+    pub fn add_service(&mut self, n: usize) -> Result<(), Rejection> {
+        let index = self.shape.services + n;
+        self.services.update(service_id(index), Some(&service(index)))?;
+        // Past the addresses replace_endpoint uses (at most one per service).
+        let first = (self.shape.services + n + 1) * self.shape.endpoints + 2 * self.shape.services;
+        let addresses: Vec<Ipv4Addr> = (0..self.shape.endpoints).map(|e| pod_ip(first + e)).collect();
+        self.set_endpoints(index, &addresses)
+    }
+
     fn set_endpoints(&mut self, index: usize, addresses: &[Ipv4Addr]) -> Result<(), Rejection> {
         let slice = endpoint_slice(index, addresses, self.shape.endpoints);
         let id = NamespacedName::new(NAMESPACE, &format!("svc-{index}-1"));
         // Synthetic slices have no malformed entries to drop.
         self.endpoints.update(id, Some(&slice)).map(drop)
     }
+}
+
+/// The same cluster as [`SyntheticCluster::new`] builds, as one manifest file (a JSON
+/// `kind: List`, as `kubectl get -o json` writes it) with this node's Node: what the real
+/// binary reads in the end-to-end measurement.
+pub fn manifest_json(shape: Shape) -> Result<String, serde_json::Error> {
+    let mut items = Vec::with_capacity(2 * shape.services + 1);
+    items.push(with_kind(serde_json::to_value(this_node())?, "v1", "Node"));
+    for index in 0..shape.services {
+        items.push(with_kind(serde_json::to_value(service(index))?, "v1", "Service"));
+        let addresses: Vec<Ipv4Addr> = (0..shape.endpoints)
+            .map(|e| pod_ip(index * shape.endpoints + e))
+            .collect();
+        let slice = endpoint_slice(index, &addresses, shape.endpoints);
+        items.push(with_kind(
+            serde_json::to_value(slice)?,
+            "discovery.k8s.io/v1",
+            "EndpointSlice",
+        ));
+    }
+    serde_json::to_string(&serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}))
+}
+
+fn with_kind(mut object: serde_json::Value, api_version: &str, kind: &str) -> serde_json::Value {
+    if let Some(map) = object.as_object_mut() {
+        map.insert("apiVersion".to_string(), api_version.into());
+        map.insert("kind".to_string(), kind.into());
+    }
+    object
 }
 
 fn service_id(index: usize) -> NamespacedName {

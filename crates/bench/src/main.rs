@@ -11,11 +11,13 @@
 
 mod cluster;
 mod commentary;
+mod e2e;
 mod flushed;
 mod format;
 mod load;
 mod machine;
 mod memory;
+mod nftables;
 mod options;
 mod payloads;
 mod render;
@@ -60,9 +62,45 @@ struct Args {
     /// Only measure rendering; no namespaces, no kernel.
     #[arg(long)]
     render_only: bool,
+    /// Proxy modes to measure.
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "iptables,nftables")]
+    modes: Vec<BenchMode>,
+    /// Cluster sizes to measure in nftables mode (services), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,50000")]
+    nft_services: Vec<usize>,
+    /// How nftables mode reaches the kernel.
+    #[arg(long, value_enum, default_value = "netlink")]
+    nft_transport: nftables::NftTransport,
+    /// Single changes of each kind (endpoint change, new Service) timed in nftables mode.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
+    changes: u16,
+    /// Cluster sizes (services) for the end-to-end run of the real binary, per mode.
+    #[arg(long, value_delimiter = ',', default_value = "10000,50000")]
+    e2e_services: Vec<usize>,
+    /// The kube-proxy-rs binary for the end-to-end run (default: next to kpr-bench).
+    #[arg(long, value_name = "FILE")]
+    proxy: Option<PathBuf>,
+    /// Seconds the end-to-end run waits for the first sync.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    e2e_timeout: u64,
     /// Write the whole report (BENCHMARKS.md) to this file.
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum BenchMode {
+    Iptables,
+    Nftables,
+}
+
+impl BenchMode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -88,21 +126,83 @@ fn run(args: &Args) -> Result<(), String> {
     };
     let machine = machine::Machine::detect();
     let mut rows = Vec::new();
-    for &services in &args.services {
-        let shape = Shape {
-            services,
-            endpoints: args.endpoints.into(),
-        };
-        rows.push(measure_shape(shape, args, &settings)?);
+    if args.modes.contains(&BenchMode::Iptables) {
+        for &services in &args.services {
+            let shape = Shape {
+                services,
+                endpoints: args.endpoints.into(),
+            };
+            rows.push(measure_shape(shape, args, &settings)?);
+        }
     }
+    let mut nft_rows = Vec::new();
+    if args.modes.contains(&BenchMode::Nftables) && !args.render_only {
+        for &services in &args.nft_services {
+            let plan = nftables::NftPlan {
+                shape: Shape {
+                    services,
+                    endpoints: args.endpoints.into(),
+                },
+                transport: args.nft_transport,
+                changes: args.changes.into(),
+            };
+            eprintln!(
+                "[{services} services, nftables] cold sync and {} changes",
+                plan.changes
+            );
+            let row = nftables::measure(&plan)?;
+            eprintln!("[{services} services, nftables] {row:?}");
+            nft_rows.push(row);
+        }
+    }
+    let e2e_rows = if args.render_only {
+        Vec::new()
+    } else {
+        end_to_end(args)?
+    };
     settings.load_after = machine::load_average();
-    println!("{}", report::results(&rows));
+    println!("{}", report::results(&rows, &nft_rows, &e2e_rows));
     if let Some(path) = &args.out {
-        let text = report::document(&machine, &settings, &rows);
+        let text = report::document(&machine, &settings, &rows, &nft_rows, &e2e_rows);
         std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// The real binary on the synthetic cluster, per size and mode.
+fn end_to_end(args: &Args) -> Result<Vec<e2e::E2eRow>, String> {
+    let proxy = match &args.proxy {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("cannot find kpr-bench's own path: {e}"))?
+            .with_file_name("kube-proxy-rs"),
+    };
+    if !proxy.exists() {
+        return Err(format!(
+            "{} not found: build it (cargo build --release -p kube-proxy-rs) or pass --proxy",
+            proxy.display()
+        ));
+    }
+    let mut rows = Vec::new();
+    for &services in &args.e2e_services {
+        for mode in &args.modes {
+            let plan = e2e::E2ePlan {
+                proxy: &proxy,
+                shape: Shape {
+                    services,
+                    endpoints: args.endpoints.into(),
+                },
+                mode: mode.name(),
+                timeout: Duration::from_secs(args.e2e_timeout),
+            };
+            eprintln!("[{services} services, {}] the real binary, end to end", plan.mode);
+            let row = e2e::measure(&plan)?;
+            eprintln!("[{services} services, {}] {row:?}", plan.mode);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
 }
 
 fn measure_shape(shape: Shape, args: &Args, settings: &Settings) -> Result<Row, String> {

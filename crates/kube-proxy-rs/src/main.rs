@@ -8,6 +8,7 @@
 
 mod conntrack_sysctls;
 mod events;
+mod explain;
 mod fatal;
 mod health_check_servers;
 mod iptables_mode;
@@ -24,7 +25,11 @@ use kpr_config::{ConfigError, Settings};
 use crate::fatal::Fatal;
 
 fn main() -> ExitCode {
-    let settings = match kpr_config::load(std::env::args_os()) {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if explain::requested(&args) {
+        return explain::run(&args);
+    }
+    let settings = match kpr_config::load(args) {
         Ok(settings) => settings,
         Err(error) => return config_error(&error),
     };

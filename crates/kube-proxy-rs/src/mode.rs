@@ -59,6 +59,13 @@ impl Support {
     }
 }
 
+/// Whether `mode` uses ServiceCIDR objects (to drop traffic to unallocated cluster IPs), so
+/// the API source must watch them: nftables only, as upstream starts that informer only for
+/// its nftables mode (the iptables mode ignores ServiceCIDRs from manifests too).
+pub fn uses_service_cidrs(mode: ProxyMode) -> bool {
+    mode == ProxyMode::Nftables
+}
+
 /// Upstream's `platformCheckSupported` for `mode` (iptables or nftables, see
 /// [`ensure_available`]).
 pub fn supported_families(mode: ProxyMode) -> Support {
@@ -567,6 +574,7 @@ mod tests {
     fn iptables_and_nftables_are_available_the_other_modes_not_yet() {
         assert!(ensure_available(ProxyMode::Iptables).is_ok());
         assert!(ensure_available(ProxyMode::Nftables).is_ok());
+        assert!(uses_service_cidrs(ProxyMode::Nftables) && !uses_service_cidrs(ProxyMode::Iptables));
         let error = ensure_available(ProxyMode::Ipvs).unwrap_err();
         assert_eq!(error.code, 2);
         assert!(

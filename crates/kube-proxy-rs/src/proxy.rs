@@ -255,7 +255,11 @@ async fn start_sources(
             .await
             .map_err(|e| Fatal::usage(e.to_string()))?;
         api_recorder = Some(KubeRecorder::start(client.clone(), events::reporter()));
-        sources.push(Source::Api(ApiSource::new(client, node_name)));
+        let mut api = ApiSource::new(client, node_name);
+        if mode::uses_service_cidrs(settings.mode) {
+            api = api.with_service_cidrs();
+        }
+        sources.push(Source::Api(api));
     }
     Ok((sources, api_recorder))
 }

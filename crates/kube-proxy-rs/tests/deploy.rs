@@ -148,6 +148,8 @@ fn the_role_grants_what_the_sources_watch_and_the_binding_uses_it() {
         ("", "services"),
         ("", "nodes"),
         ("discovery.k8s.io", "endpointslices"),
+        // nftables mode drops traffic to unallocated cluster IPs by them.
+        ("networking.k8s.io", kpr_sources::api::Kind::ServiceCidr.plural()),
     ] {
         for verb in ["list", "watch"] {
             assert!(

@@ -79,6 +79,10 @@ pub struct Metrics {
     pub sync_proxy_rules_iptables_last: Family<TableLabels, Gauge>,
     pub sync_proxy_rules_iptables_restore_failures_total: Family<FamilyLabels, Counter>,
     pub sync_proxy_rules_iptables_partial_restore_failures_total: Family<FamilyLabels, Counter>,
+    pub sync_proxy_rules_nftables_sync_failures_total: Family<FamilyLabels, Counter>,
+    /// Upstream counts failures of its separate stale-chain cleanup transaction; ours deletes
+    /// unused chains in the same transaction as the change, so this stays at zero.
+    pub sync_proxy_rules_nftables_cleanup_failures_total: Family<FamilyLabels, Counter>,
     pub proxy_healthz_total: Family<CodeLabels, Counter>,
     pub proxy_livez_total: Family<CodeLabels, Counter>,
     /// Not upstream: objects refused as malformed, by kind and reason.
@@ -123,6 +127,8 @@ impl Metrics {
             sync_proxy_rules_iptables_last: Family::default(),
             sync_proxy_rules_iptables_restore_failures_total: Family::default(),
             sync_proxy_rules_iptables_partial_restore_failures_total: Family::default(),
+            sync_proxy_rules_nftables_sync_failures_total: Family::default(),
+            sync_proxy_rules_nftables_cleanup_failures_total: Family::default(),
             proxy_healthz_total: Family::default(),
             proxy_livez_total: Family::default(),
             rejected_objects_total: Family::default(),
@@ -207,6 +213,16 @@ impl Metrics {
             "sync_proxy_rules_iptables_partial_restore_failures",
             "Cumulative proxy iptables partial restore failures",
             m.sync_proxy_rules_iptables_partial_restore_failures_total.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_nftables_sync_failures",
+            "Cumulative proxy nftables sync failures",
+            m.sync_proxy_rules_nftables_sync_failures_total.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_nftables_cleanup_failures",
+            "Cumulative proxy nftables cleanup failures",
+            m.sync_proxy_rules_nftables_cleanup_failures_total.clone(),
         );
         r.register(
             "proxy_healthz",

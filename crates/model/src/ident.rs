@@ -137,6 +137,8 @@ pub enum ObjectKind {
     Service,
     EndpointSlice,
     Node,
+    /// `networking.k8s.io/v1` ServiceCIDR (cluster-scoped).
+    ServiceCidr,
     /// A document in a manifest file that could not even be read as an object.
     Manifest,
 }
@@ -147,6 +149,7 @@ impl ObjectKind {
             Self::Service => "Service",
             Self::EndpointSlice => "EndpointSlice",
             Self::Node => "Node",
+            Self::ServiceCidr => "ServiceCIDR",
             Self::Manifest => "Manifest",
         }
     }

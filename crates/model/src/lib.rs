@@ -9,7 +9,7 @@
 //! one [`ServicePort`] per (service, port) for one IP family, and one [`Endpoint`] per
 //! ready-or-not address of a slice. Like upstream, a malformed entry of a list (external IPs,
 //! load-balancer ingress, source ranges, a slice's endpoint addresses and ports, a Node's
-//! addresses) drops only that entry; the conversions return it as an [`IgnoredValue`] beside the view
+//! addresses, a ServiceCIDR's CIDRs) drops only that entry; the conversions return it as an [`IgnoredValue`] beside the view
 //! ([`Converted`]) for the caller to log and count, since this crate does no I/O.
 
 mod endpoint;
@@ -18,6 +18,7 @@ mod ignored;
 mod node;
 mod rejection;
 mod service;
+mod service_cidr;
 pub mod syntax;
 
 pub use endpoint::{
@@ -31,3 +32,4 @@ pub use rejection::{RejectReason, Rejection};
 pub use service::{
     DEFAULT_AFFINITY_TIMEOUT_SECONDS, ServicePort, ServiceType, ServiceView, SkipReason, service_view,
 };
+pub use service_cidr::{ServiceCidrView, convert_service_cidr};

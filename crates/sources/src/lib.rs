@@ -1,4 +1,5 @@
-//! Sources: where Services, EndpointSlices and this node's Node object come from.
+//! Sources: where Services, EndpointSlices, this node's Node object and the cluster's
+//! ServiceCIDRs come from.
 //!
 //! Every source turns its input into a stream of [`Event`]s: the newest state of one object
 //! (or its deletion), and once, [`Event::Synced`] when its initial state is complete. The
@@ -9,6 +10,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kpr_model::{NamespacedName, Rejection};
 
 pub mod api;
@@ -32,6 +34,13 @@ pub enum Event {
     },
     /// The newest state of this proxy's own Node; `None` when deleted.
     Node { object: Option<Arc<Node>> },
+    /// The newest state of a ServiceCIDR (cluster-scoped, so named by `name` alone); `None`
+    /// when deleted. Only nftables mode uses them (the API source watches them only when
+    /// asked to, as upstream starts that informer only for nftables mode).
+    ServiceCidr {
+        name: String,
+        object: Option<Arc<ServiceCIDR>>,
+    },
     /// The source has delivered its complete initial state.
     Synced { source: &'static str },
     /// Input refused by the source: a file that is not YAML or is too large, or (from the

@@ -74,6 +74,9 @@ fn describe(event: &Event) -> String {
         Event::EndpointSlice { id, object: None } => format!("-EndpointSlice {id}"),
         Event::Node { object: Some(n) } => format!("+Node {}", n.metadata.name.as_deref().unwrap_or("")),
         Event::Node { object: None } => "-Node".into(),
+        Event::ServiceCidr { name, object } => {
+            format!("{}ServiceCIDR {name}", if object.is_some() { "+" } else { "-" })
+        }
         Event::Synced { source } => format!("Synced {source}"),
         Event::Rejected(r) => format!("!{} {} {}", r.kind, r.object, r.reason.as_str()),
         Event::SourceTrouble { source, problem } => format!("?{source} {problem:?}"),

@@ -132,11 +132,18 @@ impl PendingSync {
                 services: services.snapshot,
                 endpoints: endpoints.snapshot,
                 node,
+                service_cidrs: Arc::default(),
             },
             changed,
             service_changes: services.changed,
             endpoint_changes: endpoints.changed,
         }
+    }
+
+    /// The family's Service CIDRs (see [`DesiredState::service_cidrs`]).
+    pub fn with_service_cidrs(mut self, cidrs: Arc<Vec<ipnet::IpNet>>) -> Self {
+        self.state.service_cidrs = cidrs;
+        self
     }
 
     pub fn request(&self, force_full: bool) -> SyncRequest<'_> {

@@ -98,6 +98,7 @@ mod tests {
             services: theirs.services,
             endpoints: theirs.endpoints,
             node: theirs.node,
+            ..DesiredState::default()
         }
     }
 

@@ -1,7 +1,7 @@
 //! Desired state: what the node should look like, independent of how a mode programs it.
 //!
 //! [`DesiredState`] is the immutable snapshot a backend renders (services, endpoints, this
-//! node). [`PortPlan`] holds the decisions upstream makes at the top of every proxier's
+//! node, the cluster's Service CIDRs of the family). [`PortPlan`] holds the decisions upstream makes at the top of every proxier's
 //! per-service loop: which endpoints serve cluster-internal and external traffic, whether a
 //! service with no usable endpoint must REJECT or DROP, and which chains it needs. Computing
 //! them once here keeps iptables, nftables and ipvs from drifting apart on semantics.
@@ -16,6 +16,7 @@ mod topology;
 
 use std::sync::Arc;
 
+use ipnet::IpNet;
 use kpr_model::{Endpoint, NodeView, ServicePort};
 use kpr_tracking::{EndpointsMap, ServiceMap, endpoints_for};
 
@@ -34,6 +35,10 @@ pub struct DesiredState {
     pub services: Arc<ServiceMap>,
     pub endpoints: Arc<EndpointsMap>,
     pub node: Arc<NodeView>,
+    /// This family's Service CIDRs from the ServiceCIDR objects, sorted and without
+    /// duplicates: nftables mode drops traffic to an address inside them that no Service
+    /// holds (the iptables mode ignores them, as upstream's).
+    pub service_cidrs: Arc<Vec<IpNet>>,
 }
 
 impl DesiredState {

@@ -4,6 +4,10 @@
 //! conversions rejected or dropped is logged and counted once per object version, however
 //! many families looked at it. Only the families whose state changed queue a sync.
 //!
+//! ServiceCIDRs are kept here, by name, as upstream's ServiceCIDR config keeps them: every
+//! object, whatever its status, until it is deleted. Each family's trackers hold the union of
+//! that family's CIDRs; a change of the union queues a sync of the family.
+//!
 //! Intake also keeps `/healthz`'s problem text for what it knows about: sources that are in
 //! trouble and sources not in yet. It withdraws only texts it set itself, so a source that
 //! recovers never erases a "last sync failed" set by the sync step meanwhile.
@@ -12,7 +16,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use kpr_model::{Converted, IgnoredValue, Rejection, convert_node};
+use ipnet::IpNet;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kpr_model::{Converted, IgnoredValue, Rejection, ServiceCidrView, convert_node, convert_service_cidr};
 use kpr_runner::Trigger;
 use kpr_sources::{Event, EventReceiver};
 use kpr_tracking::Recorded;
@@ -31,6 +37,8 @@ pub struct Intake {
     source_problems: BTreeMap<&'static str, String>,
     /// The "waiting for the initial state" text last shown, while sources are missing.
     waiting_problem: Option<String>,
+    /// Every ServiceCIDR by name (the event's name), as converted.
+    service_cidrs: BTreeMap<String, ServiceCidrView>,
 }
 
 impl Intake {
@@ -50,6 +58,7 @@ impl Intake {
             ready,
             source_problems: BTreeMap::new(),
             waiting_problem: None,
+            service_cidrs: BTreeMap::new(),
         };
         intake.announce_if_ready();
         intake
@@ -100,6 +109,7 @@ impl Intake {
                 self.report(outcomes);
             }
             Event::Node { object } => self.node_changed(object.as_deref()),
+            Event::ServiceCidr { name, object } => self.service_cidr_changed(name, object.as_deref()),
             Event::Synced { source } => {
                 tracing::info!(source, "source delivered its initial state");
                 self.synced.insert(source);
@@ -149,6 +159,42 @@ impl Intake {
                 // NodeTopologyConfig passes on the zone label only), so other label changes
                 // cost no sync.
                 trackers.force_full = true;
+                drop(trackers);
+                self.queue_sync(index);
+            }
+        }
+    }
+
+    /// A ServiceCIDR was added, changed or deleted: each family whose union of CIDRs changed
+    /// gets the new union and queues a sync. A rejected object counts as absent, as a
+    /// rejected Service does; its dropped entries are logged and counted.
+    fn service_cidr_changed(&mut self, name: String, object: Option<&ServiceCIDR>) {
+        match object.map(convert_service_cidr) {
+            Some(Ok(Converted { view, ignored })) => {
+                self.report_ignored(&ignored);
+                self.service_cidrs.insert(name, view);
+            }
+            Some(Err(rejection)) => {
+                self.reject(&rejection);
+                self.service_cidrs.remove(&name);
+            }
+            None => {
+                self.service_cidrs.remove(&name);
+            }
+        }
+        for index in 0..self.shared.proxiers.len() {
+            let family = self.shared.proxiers[index].family;
+            let mut cidrs: Vec<IpNet> = self
+                .service_cidrs
+                .values()
+                .flat_map(|view| view.of_family(family))
+                .collect();
+            cidrs.sort();
+            cidrs.dedup();
+            let mut trackers = self.shared.proxiers[index].trackers();
+            if *trackers.service_cidrs != cidrs {
+                tracing::info!(ip_family = family.label(), ?cidrs, "Service CIDRs changed");
+                trackers.service_cidrs = Arc::new(cidrs);
                 drop(trackers);
                 self.queue_sync(index);
             }

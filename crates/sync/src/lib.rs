@@ -28,6 +28,7 @@ mod test_support;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use ipnet::IpNet;
 use kpr_metrics::{FamilyLabels, Metrics, ProxyHealth};
 use kpr_model::{IpFamily, NodeView};
 use kpr_runner::{RunnerConfig, SyncRunner};
@@ -81,6 +82,9 @@ pub(crate) struct Trackers {
     pub services: ServiceTracker,
     pub endpoints: EndpointsTracker,
     pub node: Arc<NodeView>,
+    /// This family's Service CIDRs, from every ServiceCIDR intake holds (sorted, no
+    /// duplicates).
+    pub service_cidrs: Arc<Vec<IpNet>>,
     /// Set when something every service depends on changed (node labels).
     pub force_full: bool,
 }
@@ -106,6 +110,7 @@ impl Proxier {
                     name: node_name.to_string(),
                     ..NodeView::default()
                 }),
+                service_cidrs: Arc::default(),
                 force_full: false,
             }),
         }
@@ -269,6 +274,7 @@ pub async fn initial_states(
                 services: trackers.services.take().snapshot,
                 endpoints: trackers.endpoints.take().snapshot,
                 node,
+                service_cidrs: trackers.service_cidrs.clone(),
             };
             (proxier.family, state)
         })

@@ -30,7 +30,8 @@ pub(crate) fn sync_once(
         let mut t = proxier.trackers();
         let force_full = std::mem::take(&mut t.force_full);
         let trigger_times = t.endpoints.take_trigger_times();
-        let pending = PendingSync::new(t.services.take(), t.endpoints.take(), t.node.clone());
+        let pending = PendingSync::new(t.services.take(), t.endpoints.take(), t.node.clone())
+            .with_service_cidrs(t.service_cidrs.clone());
         (pending, force_full, trigger_times)
     };
     let family = Recorder { shared, proxier };
@@ -40,7 +41,7 @@ pub(crate) fn sync_once(
     match backend.sync(&request) {
         Ok(report) => {
             family.record_duration(kind_of(&report), started);
-            family.record_success(&report);
+            family.record_success(&report, backend.mode());
             family.record_unsafe_objects(&report.newly_unsafe);
             family.record_programming_latency(&trigger_times);
             tracing::debug!(
@@ -53,8 +54,10 @@ pub(crate) fn sync_once(
         }
         Err(error) => {
             family.record_duration(error.attempted, started);
-            if backend.mode() == "iptables" {
-                family.record_iptables_failure(&error);
+            match backend.mode() {
+                "iptables" => family.record_iptables_failure(&error),
+                "nftables" => family.record_nftables_failure(),
+                _ => {}
             }
             // The runner logs the failure itself; this adds what the metrics were told.
             tracing::debug!(attempted = ?error.attempted, step = ?error.step, "sync failed: {error}");
@@ -162,13 +165,27 @@ impl Recorder<'_> {
             .set(0);
     }
 
-    fn record_success(&self, report: &SyncReport) {
+    fn record_nftables_failure(&self) {
+        self.metrics()
+            .sync_proxy_rules_nftables_sync_failures_total
+            .get_or_create(self.labels())
+            .inc();
+    }
+
+    fn record_success(&self, report: &SyncReport, mode: &str) {
         let m = self.metrics();
         let labels = self.labels();
         m.sync_proxy_rules_last_timestamp_seconds
             .get_or_create(labels)
             .set(unix_now());
-        for table in &report.tables {
+        // Upstream reports rule counts in iptables mode only: in nftables mode a Service is
+        // map elements, and rule counts say nothing about its cost.
+        let tables = if mode == "iptables" {
+            report.tables.as_slice()
+        } else {
+            &[]
+        };
+        for table in tables {
             let t = TableLabels {
                 ip_family: labels.ip_family,
                 table: table.table,

@@ -262,6 +262,7 @@ impl Case {
                 addresses: self.node_addresses.iter().map(|a| IpAddr::V4(*a)).collect(),
                 ..NodeView::default()
             }),
+            ..DesiredState::default()
         }
     }
 

@@ -110,7 +110,7 @@ impl AsRef<str> for SafeText {
 }
 
 /// A `--comment` value: checked like [`SafeText`], then cut to [`COMMENT_MAX_BYTES`].
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Comment(SafeText);
 
 impl Comment {

@@ -166,8 +166,9 @@ impl NftablesBackend {
         &self.opts
     }
 
-    /// Replaces the Service CIDRs (ServiceCIDR objects changed); the next sync, partial or
-    /// full, writes the difference (the node's elements are recomputed on every sync).
+    /// Replaces the fixed Service CIDRs (those of the desired state, from ServiceCIDR objects,
+    /// are added to them); the next sync, partial or full, writes the difference (the node's
+    /// elements are recomputed on every sync).
     pub fn set_service_cidrs(&mut self, cidrs: Vec<ipnet::IpNet>) {
         self.opts.service_cidrs = cidrs;
     }

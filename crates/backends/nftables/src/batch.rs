@@ -26,6 +26,9 @@ use crate::options::NftablesOptions;
 use crate::render::{TABLE, chain_hook, element_text, family_word, rule_text, set_body};
 use crate::transport::Listing;
 
+/// One element to add: key, map data, comment.
+pub type ElementAdd = (ElemKey, Option<ElemValue>, Option<kpr_naming::text::Comment>);
+
 /// One operation of a batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -45,7 +48,8 @@ pub enum Op {
     /// Delete a chain or set that should not be in our table, by the kernel's handle.
     DeleteChainByHandle(u64),
     DeleteSetByHandle(u64),
-    AddElements(SetName, Vec<(ElemKey, Option<ElemValue>)>),
+    /// Elements with their data and comment (see [`crate::Element::comment`]).
+    AddElements(SetName, Vec<ElementAdd>),
     DeleteElements(SetName, Vec<ElemKey>),
 }
 
@@ -187,7 +191,10 @@ pub fn stream_full<E>(
                 if shared_ip.is_some_and(|ip| !seen.insert((e.set, ip))) {
                     continue;
                 }
-                pending.entry((rank, e.set)).or_default().push((e.key, e.value));
+                pending
+                    .entry((rank, e.set))
+                    .or_default()
+                    .push((e.key, e.value, e.comment));
                 room -= 1;
                 if room == 0 {
                     flush(&mut batch, &mut pending);
@@ -249,7 +256,7 @@ fn clear_in_place(ops: &mut Vec<Op>, ruleset: &Ruleset, shared: &BTreeSet<Shared
     }
 }
 
-type Pending = BTreeMap<(u8, SetName), Vec<(ElemKey, Option<ElemValue>)>>;
+type Pending = BTreeMap<(u8, SetName), Vec<ElementAdd>>;
 
 fn flush(batch: &mut Batch, pending: &mut Pending) {
     for ((_, set), elements) in std::mem::take(pending) {
@@ -356,7 +363,7 @@ impl Ledger {
         opts: &NftablesOptions,
     ) -> (Batch, bool) {
         let mut deletes: BTreeMap<SetName, Vec<ElemKey>> = BTreeMap::new();
-        let mut adds: BTreeMap<SetName, Vec<(ElemKey, Option<ElemValue>)>> = BTreeMap::new();
+        let mut adds: BTreeMap<SetName, Vec<ElementAdd>> = BTreeMap::new();
         let mut shared_before: HashMap<(SetName, IpAddr), bool> = HashMap::new();
         let mut chains_before: HashMap<SharedChain, bool> = HashMap::new();
         let mut released = false;
@@ -383,7 +390,9 @@ impl Ledger {
                 deletes.entry(e.set).or_default().push(e.key.clone());
             }
             for e in added {
-                adds.entry(e.set).or_default().push((e.key.clone(), e.value));
+                adds.entry(e.set)
+                    .or_default()
+                    .push((e.key.clone(), e.value, e.comment.clone()));
             }
             // Shared elements and chains: counted, written on the first holder, deleted
             // with the last.
@@ -459,7 +468,7 @@ impl Ledger {
             };
             match (existed, map.contains_key(&ip)) {
                 (true, false) => deletes.entry(set).or_default().push(key),
-                (false, true) => adds.entry(set).or_default().push((key, None)),
+                (false, true) => adds.entry(set).or_default().push((key, None, None)),
                 _ => {}
             }
         }
@@ -594,11 +603,11 @@ pub fn batch_text(batch: &Batch, affinity_capacity: u32) -> String {
             Op::AddElements(set, elements) => {
                 for chunk in elements.chunks(256) {
                     let _ = write!(out, "add element {table} {set} {{ ");
-                    for (i, (key, value)) in chunk.iter().enumerate() {
+                    for (i, (key, value, comment)) in chunk.iter().enumerate() {
                         if i > 0 {
                             out.push_str(", ");
                         }
-                        element_text(&mut out, key, value.as_ref());
+                        element_text(&mut out, key, value.as_ref(), comment.as_ref());
                     }
                     out.push_str(" }\n");
                 }
@@ -610,7 +619,7 @@ pub fn batch_text(batch: &Batch, affinity_capacity: u32) -> String {
                         if i > 0 {
                             out.push_str(", ");
                         }
-                        element_text(&mut out, key, None);
+                        element_text(&mut out, key, None, None);
                     }
                     out.push_str(" }\n");
                 }

@@ -15,7 +15,9 @@ use kpr_iptables::{LocalDetector, NodePortAddresses, NodePortTargets};
 use kpr_model::{Endpoint, IpFamily, Protocol, ServicePortName};
 use kpr_state::{DesiredState, PortPlan, Unreachable};
 
-use crate::model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt};
+use kpr_naming::text::Comment;
+
+use crate::model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt, element_comment};
 use crate::names::{ChainId, Choice, EndpointMap, FixedChain, KeySpace, PROTOCOLS, SetName, SharedChain};
 use crate::options::NftablesOptions;
 use crate::slots;
@@ -143,14 +145,17 @@ pub struct Context<'a> {
     pub local_addresses: &'a [IpAddr],
     /// Upstream's node IP: decides whether source ranges admit the node itself.
     pub node_ip: IpAddr,
+    /// The desired state's Service CIDRs (from ServiceCIDR objects), beside the options'.
+    pub state_service_cidrs: &'a [IpNet],
 }
 
 impl<'a> Context<'a> {
-    pub fn new(opts: &'a NftablesOptions, state: &DesiredState, local_addresses: &'a [IpAddr]) -> Self {
+    pub fn new(opts: &'a NftablesOptions, state: &'a DesiredState, local_addresses: &'a [IpAddr]) -> Self {
         Self {
             opts,
             local_addresses,
             node_ip: opts.primary_node_ip(&state.node.addresses),
+            state_service_cidrs: &state.service_cidrs,
         }
     }
 }
@@ -444,8 +449,13 @@ pub fn shared_rules(chain: SharedChain, opts: &NftablesOptions) -> Vec<Rule> {
 
 pub fn node_bundle(ctx: &Context<'_>) -> Bundle {
     let opts = ctx.opts;
-    let mut elements: Vec<Element> = opts
-        .service_cidrs()
+    let state_cidrs = ctx
+        .state_service_cidrs
+        .iter()
+        .filter(|net| opts.family.matches(&net.addr()))
+        .map(IpNet::trunc);
+    let cidrs: Vec<IpNet> = opts.service_cidrs().chain(state_cidrs).collect();
+    let mut elements: Vec<Element> = outermost(&cidrs)
         .map(|net| Element::new(SetName::ServiceCidrs, ElemKey::Net(net)))
         .collect();
     if let NodePortTargets::Ips(ips) = opts.nodeport_addresses.targets(opts.family, ctx.local_addresses) {
@@ -462,6 +472,22 @@ pub fn node_bundle(ctx: &Context<'_>) -> Bundle {
         entries: elements,
         ..Bundle::default()
     }
+}
+
+/// The networks of `nets` that no other one contains. ServiceCIDRs may overlap (the API
+/// server allows it, e.g. while a range is being widened), and an interval set refuses an
+/// element that overlaps another ("conflicting intervals"), which would fail every sync.
+/// Two prefixes either nest or are disjoint, so dropping the contained ones is exact.
+fn outermost(nets: &[IpNet]) -> impl Iterator<Item = IpNet> + '_ {
+    nets.iter()
+        .enumerate()
+        .filter(|&(i, net)| {
+            !nets
+                .iter()
+                .enumerate()
+                .any(|(j, other)| other.contains(net) && (other != net || j < i))
+        })
+        .map(|(_, net)| *net)
 }
 
 /// Whether the node's addresses matter to generation (to re-read them before a sync).
@@ -485,6 +511,8 @@ struct PortBuilder<'h> {
     affinity: Option<u32>,
     history: Option<&'h Bundle>,
     taken: &'h dyn Fn(&Dest) -> bool,
+    /// `ns/svc:port`, on every entry element.
+    comment: Option<Comment>,
     out: Bundle,
     chains: BTreeSet<SharedChain>,
 }
@@ -494,8 +522,10 @@ impl PortBuilder<'_> {
         self.out.entries.push(Element::new(set, key));
     }
 
+    /// An entry element (an entry or its `no-endpoint-*` twin), named after the port.
     fn entry(&mut self, set: SetName, key: ElemKey, value: ElemValue) {
-        self.out.entries.push(Element::map(set, key, value));
+        let element = Element::map(set, key, value).with_comment(self.comment.clone());
+        self.out.entries.push(element);
     }
 
     /// Takes `dest` for this port, unless another port (or this one already) holds it.
@@ -587,6 +617,7 @@ pub fn port_bundle(
         affinity: port.session_affinity_seconds,
         history,
         taken,
+        comment: element_comment(&port.name.to_string()),
         out: Bundle::default(),
         chains: BTreeSet::new(),
     };

@@ -33,7 +33,8 @@
 //!   `externalTrafficPolicy: Local` Services for pod and host traffic;
 //! - `no-endpoint-services` / `no-endpoint-nodeports` (`: goto reject-chain` or `: drop`),
 //!   `cluster-ips` (wrong ports rejected), `service-cidrs` (unallocated cluster IPs
-//!   dropped), `nodeport-ips` (with `--nodeport-addresses`), `firewall-ips` +
+//!   dropped; the CIDRs of the ServiceCIDR objects in the desired state plus any fixed in the
+//!   options, outermost networks only since an interval set refuses overlaps), `nodeport-ips` (with `--nodeport-addresses`), `firewall-ips` +
 //!   `firewall-allow` (`addr . proto . port . source-range`, an interval set: the
 //!   loadBalancerSourceRanges), `hairpin` (`ep . ep`: a pod reaching itself is
 //!   masqueraded);
@@ -115,9 +116,12 @@
 //!
 //! # Not here
 //!
-//! No text from API objects is ever written (no comments with Service names): every name
-//! is built from literals and numbers ([`names`]), so there is nothing to escape; foreign
-//! objects are deleted by their kernel handle, never by name. Known limits: a full sync
+//! No name is built from API text: every set, map and chain name comes from literals and
+//! numbers ([`names`]); foreign objects are deleted by their kernel handle, never by name.
+//! The only API text in the table is the comment `ns/svc:port` on entry elements (one per
+//! destination of a Service port, as upstream's nftables mode writes it, never per
+//! endpoint), passed through kpr-naming's text gate and cut to nft's limit; it decides
+//! nothing, it lets people and `kube-proxy-rs explain` name the Service. Known limits: a full sync
 //! that recreates the table (first sync, after a failure) resets ClientIP affinity; when
 //! the endpoint count of an affinity Service shrinks, clients stuck to the moved last slot
 //! pick again; while a chunked full sync loads, Services not yet loaded are unreachable.
@@ -137,12 +141,16 @@ mod transport;
 pub use backend::{
     DEFAULT_RECONCILE_PERIOD, FULL_SYNC_PERIOD, FullSyncReason, NftablesBackend, SyncError, cleanup,
 };
-pub use batch::{Batch, BatchCounts, FullStart, Ledger, Op, batch_text, full_batches, stream_full};
+pub use batch::{
+    Batch, BatchCounts, ElementAdd, FullStart, Ledger, Op, batch_text, full_batches, stream_full,
+};
 pub use build::{
     Bundle, Context, Dest, GroupKey, Owner, Ruleset, SlotGroup, build, build_from, declared_sets,
     fixed_chains, node_bundle, port_bundle, shared_rules,
 };
-pub use model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt};
+pub use model::{
+    ELEMENT_COMMENT_MAX_BYTES, ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt, element_comment,
+};
 pub use netlink::{GenerationLog, NetlinkTransport, VerdictIds, lower as lower_batch, rule_exprs};
 pub use options::{DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, NftablesOptions, OptionsError};
 pub use render::{TABLE, render_text, rule_text};

@@ -13,6 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use kpr_model::Protocol;
 use kpr_naming::InterfaceName;
+use kpr_naming::text::Comment;
 
 use crate::names::{ChainId, EndpointMap, SetName};
 
@@ -152,6 +153,28 @@ pub struct Element {
     pub set: SetName,
     pub key: ElemKey,
     pub value: Option<ElemValue>,
+    /// `ns/svc:port` on the entry elements (one per destination of a Service port, never
+    /// per endpoint), as upstream's nftables mode writes it: for people and tools reading
+    /// the table (`nft list`, `kube-proxy-rs explain`). Checked by kpr-naming's text gate
+    /// and cut to nft's limit ([`ELEMENT_COMMENT_MAX_BYTES`]).
+    pub comment: Option<Comment>,
+}
+
+/// nft refuses comments longer than 128 bytes (libnftnl's `NFTNL_UDATA_COMMENT_MAXLEN`);
+/// one less, so the comment and its NUL fit the 128 bytes kpr-nfnetlink's
+/// `comment_userdata` takes.
+pub const ELEMENT_COMMENT_MAX_BYTES: usize = 127;
+
+/// The comment of an entry element for `text` (a Service port's name), cut to
+/// [`ELEMENT_COMMENT_MAX_BYTES`] on a character boundary; `None` when kpr-naming refuses
+/// the text (the element is written without a comment: it names nothing, it does not
+/// decide anything).
+pub fn element_comment(text: &str) -> Option<Comment> {
+    let mut end = text.len().min(ELEMENT_COMMENT_MAX_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Comment::new(text.get(..end)?).ok()
 }
 
 impl Element {
@@ -160,6 +183,7 @@ impl Element {
             set,
             key,
             value: None,
+            comment: None,
         }
     }
 
@@ -168,6 +192,35 @@ impl Element {
             set,
             key,
             value: Some(value),
+            comment: None,
         }
+    }
+
+    /// The element with `comment` (see [`Element::comment`]).
+    pub fn with_comment(self, comment: Option<Comment>) -> Self {
+        Self { comment, ..self }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_comments_pass_the_text_gate_and_fit_nft() {
+        assert_eq!(
+            element_comment("default/web:http").map(|c| c.as_str().to_string()),
+            Some("default/web:http".to_string())
+        );
+        let long = format!("{}/{}:{}", "n".repeat(63), "s".repeat(63), "p".repeat(15));
+        let cut = element_comment(&long).unwrap();
+        assert_eq!(cut.as_str().len(), ELEMENT_COMMENT_MAX_BYTES);
+        assert!(long.starts_with(cut.as_str()));
+        // Cut on a character boundary, never inside one.
+        let wide = "é".repeat(100);
+        assert_eq!(element_comment(&wide).unwrap().as_str().len(), 126);
+        assert_eq!(element_comment("a\"b"), None);
+        assert_eq!(element_comment("a\nb"), None);
+        assert_eq!(element_comment(""), None);
     }
 }

@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use kpr_model::{IpFamily, Protocol};
+use kpr_naming::text::Comment;
 use kpr_nfnetlink as nl;
 use nl::{
     BaseChain, CmpOp, CtKey, DynsetOp, Expr, Family, FibResult, Field, MetaKey, NatKind, NumgenKind,
@@ -403,8 +404,8 @@ fn lower_with(batch: &Batch, affinity_capacity: u32, mut ids: Option<&mut Verdic
                     Some(ids) if indirect(*set) => {
                         let mut fresh = Vec::new();
                         let mut lowered = Vec::with_capacity(elements.len());
-                        for (key, value) in elements {
-                            for element in elements_of(key, value.as_ref()) {
+                        for (key, value, comment) in elements {
+                            for element in elements_of(key, value.as_ref(), comment.as_ref()) {
                                 let Some(verdict) = value.as_ref().and_then(verdict_of) else {
                                     lowered.push(element);
                                     continue;
@@ -413,7 +414,10 @@ fn lower_with(batch: &Batch, affinity_capacity: u32, mut ids: Option<&mut Verdic
                                 if new {
                                     fresh.push(nl::Element::verdict(id_key(id), verdict));
                                 }
-                                lowered.push(nl::Element::mapping(element.key, id_key(id)));
+                                lowered.push(nl::Element {
+                                    data: Some(nl::Data::Value(id_key(id))),
+                                    ..element
+                                });
                             }
                         }
                         if !fresh.is_empty() {
@@ -423,13 +427,14 @@ fn lower_with(batch: &Batch, affinity_capacity: u32, mut ids: Option<&mut Verdic
                     }
                     _ => elements
                         .iter()
-                        .flat_map(|(key, value)| elements_of(key, value.as_ref()))
+                        .flat_map(|(key, value, comment)| elements_of(key, value.as_ref(), comment.as_ref()))
                         .collect(),
                 };
                 out.add_elements(&table, &set.to_string(), &lowered);
             }
             Op::DeleteElements(set, keys) => {
-                let lowered: Vec<nl::Element> = keys.iter().flat_map(|key| elements_of(key, None)).collect();
+                let lowered: Vec<nl::Element> =
+                    keys.iter().flat_map(|key| elements_of(key, None, None)).collect();
                 out.delete_elements(&table, &set.to_string(), &lowered);
             }
         }
@@ -647,8 +652,20 @@ fn after_last(net: &IpNet) -> Option<IpAddr> {
 }
 
 /// The kernel elements of one model element: one, or two for a CIDR in an interval set
-/// (its start, and the interval end after its last address).
-fn elements_of(key: &ElemKey, value: Option<&ElemValue>) -> Vec<nl::Element> {
+/// (its start, and the interval end after its last address); a comment goes into the
+/// element's user data as nft writes it.
+fn elements_of(key: &ElemKey, value: Option<&ElemValue>, comment: Option<&Comment>) -> Vec<nl::Element> {
+    let mut elements = plain_elements_of(key, value);
+    // The model keeps comments within nft's limit; one it could not write is left out.
+    if let Some(userdata) = comment.and_then(|c| nl::comment_userdata(c.as_str())) {
+        for element in &mut elements {
+            element.userdata = userdata.clone();
+        }
+    }
+    elements
+}
+
+fn plain_elements_of(key: &ElemKey, value: Option<&ElemValue>) -> Vec<nl::Element> {
     let bytes = match key {
         ElemKey::Addr(ip) => addr(Value::new(), *ip).build(),
         ElemKey::Net(net) => {
@@ -1084,21 +1101,21 @@ mod tests {
     #[test]
     fn a_cidr_is_a_start_and_an_interval_end_and_the_top_of_the_space_has_no_end() {
         let net: IpNet = "10.96.0.0/16".parse().unwrap();
-        let elements = elements_of(&ElemKey::Net(net), None);
+        let elements = elements_of(&ElemKey::Net(net), None, None);
         assert_eq!(elements.len(), 2);
         assert_eq!(elements[0].key, vec![10, 96, 0, 0]);
         assert!(!elements[0].interval_end);
         assert_eq!(elements[1].key, vec![10, 97, 0, 0]);
         assert!(elements[1].interval_end);
         let top: IpNet = "255.255.255.0/24".parse().unwrap();
-        assert_eq!(elements_of(&ElemKey::Net(top), None).len(), 1);
+        assert_eq!(elements_of(&ElemKey::Net(top), None, None).len(), 1);
     }
 
     #[test]
     fn an_endpoint_element_is_vip_port_slot_to_endpoint() {
         let key = ElemKey::AddrPortSlot("10.96.0.10".parse().unwrap(), 80, 2);
         let value = ElemValue::Endpoint("10.244.1.5:8080".parse().unwrap());
-        let elements = elements_of(&key, Some(&value));
+        let elements = elements_of(&key, Some(&value), None);
         let mut expected_key = vec![10, 96, 0, 10, 0, 80, 0, 0];
         expected_key.extend_from_slice(&2u32.to_ne_bytes());
         assert_eq!(elements[0].key, expected_key);

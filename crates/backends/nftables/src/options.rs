@@ -42,8 +42,8 @@ pub struct NftablesOptions {
     pub bind_address: Option<IpAddr>,
     /// `nf_conntrack_tcp_be_liberal` is on: the `ct state invalid drop` rule is left out.
     pub conntrack_tcp_be_liberal: bool,
-    /// The cluster's Service CIDRs (ServiceCIDR objects or `--service-cluster-ip-range`):
-    /// traffic to an address inside them that no Service holds is dropped.
+    /// Fixed Service CIDRs, beside those of the desired state (ServiceCIDR objects): traffic
+    /// to an address inside them that no Service holds is dropped.
     pub service_cidrs: Vec<IpNet>,
     /// The most elements one batch of a cold load carries.
     pub max_batch_elements: usize,

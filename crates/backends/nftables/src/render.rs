@@ -2,14 +2,15 @@
 //! the `nft` transport.
 //!
 //! Every token is a literal of this file, a number, an address, a name from
-//! [`crate::names`] or a checked [`kpr_naming::InterfaceName`]; nothing an API object holds
-//! is ever written, so no quoting is needed except around interface names, which cannot
-//! contain quotes.
+//! [`crate::names`], a checked [`kpr_naming::InterfaceName`] or an element's checked
+//! [`kpr_naming::text::Comment`]; both are quoted and neither can contain a quote or a
+//! control character.
 
 use std::fmt::Write as _;
 
 use ipnet::IpNet;
 use kpr_model::IpFamily;
+use kpr_naming::text::Comment;
 
 use crate::build::Ruleset;
 use crate::model::{ElemKey, ElemValue, Key, Match, Rule, Slot, Stmt};
@@ -228,8 +229,9 @@ pub fn rule_text(family: IpFamily, rule: &Rule) -> String {
     out
 }
 
-/// One element's text inside `{ }`.
-pub fn element_text(out: &mut String, key: &ElemKey, value: Option<&ElemValue>) {
+/// One element's text inside `{ }`. A comment goes between key and data, as nft reads
+/// element options; it is kpr-naming-checked text (no quote, no control character).
+pub fn element_text(out: &mut String, key: &ElemKey, value: Option<&ElemValue>, comment: Option<&Comment>) {
     match key {
         ElemKey::Addr(ip) => {
             let _ = write!(out, "{ip}");
@@ -254,6 +256,9 @@ pub fn element_text(out: &mut String, key: &ElemKey, value: Option<&ElemValue>) 
         ElemKey::PortSlot(port, slot) => {
             let _ = write!(out, "{port} . {slot}");
         }
+    }
+    if let Some(comment) = comment {
+        let _ = write!(out, " comment \"{}\"", comment.as_str());
     }
     match value {
         None => {}

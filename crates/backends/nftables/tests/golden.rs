@@ -34,7 +34,7 @@ fn clusterip_without_endpoints_rejects() {
     world.service("web", clusterip("10.96.0.10", http_port()));
     let text = render(&mut world, &options());
     assert!(text.contains(
-        "add element ip kube-proxy no-endpoint-services { 10.96.0.10 . tcp . 80 : goto reject-chain }"
+        "add element ip kube-proxy no-endpoint-services { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto reject-chain }"
     ));
     assert!(
         !text.contains("add chain ip kube-proxy pick-"),
@@ -47,7 +47,7 @@ fn clusterip_without_endpoints_rejects() {
 fn clusterip_with_three_endpoints_is_elements_only() {
     let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6"), ep("10.244.3.7")]);
     let text = render(&mut world, &options());
-    assert!(text.contains("service-ips { 10.96.0.10 . tcp . 80 : goto pick-service-endpoints-tcp-3 }"));
+    assert!(text.contains("service-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-3 }"));
     assert!(text.contains(
         "add rule ip kube-proxy pick-service-endpoints-tcp-3 dnat to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp"
     ));
@@ -99,7 +99,9 @@ fn nodeport_with_cluster_policy_masquerades() {
         vec![ep("10.244.1.5"), ep("10.244.2.6")],
     );
     let text = render(&mut world, &options());
-    assert!(text.contains("service-nodeports { tcp . 30080 : goto masq-nodeport-endpoints-tcp-2 }"));
+    assert!(text.contains(
+        "service-nodeports { tcp . 30080 comment \"default/web:http\" : goto masq-nodeport-endpoints-tcp-2 }"
+    ));
     assert!(text.contains("add rule ip kube-proxy masq-nodeport-endpoints-tcp-2 jump mark-for-masquerade"));
     assert!(
         text.contains(
@@ -149,7 +151,9 @@ fn external_traffic_policy_local() {
         );
     let text = render(&mut world, &options());
     let chain = "local-nodeport-endpoints-tcp-1-via-nodeport-shortcut-tcp-3";
-    assert!(text.contains(&format!("service-nodeports {{ tcp . 30080 : goto {chain} }}")));
+    assert!(text.contains(&format!(
+        "service-nodeports {{ tcp . 30080 comment \"default/web:http\" : goto {chain} }}"
+    )));
     assert!(text.contains(&format!(
         "add rule ip kube-proxy {chain} ip saddr 10.244.0.0/16 goto pick-nodeport-shortcut-tcp-3"
     )));
@@ -161,7 +165,7 @@ fn external_traffic_policy_local() {
     )));
     assert!(
         text.contains(
-            "203.0.113.9 . tcp . 80 : goto local-service-endpoints-tcp-1-via-service-shortcut-tcp-3"
+            "203.0.113.9 . tcp . 80 comment \"default/web:http\" : goto local-service-endpoints-tcp-1-via-service-shortcut-tcp-3"
         )
     );
     check_golden("external_traffic_policy_local", &text);
@@ -174,9 +178,9 @@ fn external_traffic_policy_local_without_local_endpoints_drops_outside_traffic()
         .service("web", nodeport_web(json!({"externalTrafficPolicy": "Local"})))
         .slice("web", http_slice_port(), vec![ep("10.244.2.6")]);
     let text = render(&mut world, &options());
-    assert!(text.contains("no-endpoint-nodeports { tcp . 30080 : drop }"));
+    assert!(text.contains("no-endpoint-nodeports { tcp . 30080 comment \"default/web:http\" : drop }"));
     // Pods and the node still reach the Service through the NodePort.
-    assert!(text.contains("service-nodeports { tcp . 30080 : goto local-none-via-nodeport-shortcut-tcp-1 }"));
+    assert!(text.contains("service-nodeports { tcp . 30080 comment \"default/web:http\" : goto local-none-via-nodeport-shortcut-tcp-1 }"));
     check_golden("external_traffic_policy_local_no_local", &text);
 }
 
@@ -197,7 +201,9 @@ fn internal_traffic_policy_local() {
     none.service("web", json!({"type": "ClusterIP", "clusterIP": "10.96.0.10", "internalTrafficPolicy": "Local", "ports": http_port()}))
         .slice("web", http_slice_port(), vec![ep("10.244.2.6")]);
     let text = render(&mut none, &options());
-    assert!(text.contains("no-endpoint-services { 10.96.0.10 . tcp . 80 : drop }"));
+    assert!(
+        text.contains("no-endpoint-services { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : drop }")
+    );
 }
 
 #[test]
@@ -236,7 +242,7 @@ fn clientip_affinity() {
         )
         .slice("web", http_slice_port(), vec![ep("10.244.1.5"), ep("10.244.2.6")]);
     let text = render(&mut world, &options());
-    assert!(text.contains("service-ips { 10.96.0.10 . tcp . 80 : goto sticky-service-endpoints-tcp-2-t60 }"));
+    assert!(text.contains("service-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto sticky-service-endpoints-tcp-2-t60 }"));
     assert!(text.contains("add rule ip kube-proxy slot-service-endpoints-tcp-1-t60 update @affinity-service-endpoints-tcp { ip saddr . ip daddr . tcp dport . numgen random mod 1 offset 1 timeout 60s }"));
     check_golden("clientip_affinity", &text);
 }
@@ -257,7 +263,11 @@ fn udp_and_sctp_use_their_own_maps() {
             vec![ep("10.244.1.5")],
         );
     let text = render(&mut world, &options());
-    assert!(text.contains("10.96.0.53 . udp . 53 : goto pick-service-endpoints-udp-1"));
+    assert!(
+        text.contains(
+            "10.96.0.53 . udp . 53 comment \"default/dns:dns\" : goto pick-service-endpoints-udp-1"
+        )
+    );
     assert!(text.contains("service-endpoints-sctp { 10.96.0.53 . 9 . 0 : 10.244.1.5 . 99 }"));
     assert_eq!(
         elements_of(&text, "cluster-ips"),
@@ -312,7 +322,7 @@ fn ipv6_uses_the_ip6_table() {
         ..options()
     };
     let text = render(&mut world, &opts);
-    assert!(text.contains("service-ips { fd00:96::10 . tcp . 80 : goto pick-service-endpoints-tcp-1 }"));
+    assert!(text.contains("service-ips { fd00:96::10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-1 }"));
     assert!(text.contains("add element ip6 kube-proxy service-cidrs { fd00:96::/112 }"));
     assert!(text.contains("ip6 daddr != ::1 meta l4proto"));
     check_golden("ipv6_nodeport", &text);
@@ -366,8 +376,12 @@ fn both_traffic_policies_local() {
     let text = render(&mut world, &options());
     // The cluster IP reaches the local endpoint only; pods and the node reach both through
     // the NodePort's short-circuit.
-    assert!(text.contains("10.96.0.10 . tcp . 80 : goto pick-service-endpoints-tcp-1"));
-    assert!(text.contains("tcp . 30080 : goto local-nodeport-endpoints-tcp-1-via-nodeport-shortcut-tcp-2"));
+    assert!(
+        text.contains(
+            "10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-1"
+        )
+    );
+    assert!(text.contains("tcp . 30080 comment \"default/web:http\" : goto local-nodeport-endpoints-tcp-1-via-nodeport-shortcut-tcp-2"));
     check_golden("both_traffic_policies_local", &text);
 }
 
@@ -376,8 +390,12 @@ fn nodeport_without_endpoints_rejects_everywhere() {
     let mut world = World::new();
     world.service("web", nodeport_web(json!({"externalIPs": ["203.0.113.9"]})));
     let text = render(&mut world, &options());
-    assert!(text.contains("no-endpoint-nodeports { tcp . 30080 : goto reject-chain }"));
-    assert!(text.contains("203.0.113.9 . tcp . 80 : goto reject-chain"));
+    assert!(
+        text.contains(
+            "no-endpoint-nodeports { tcp . 30080 comment \"default/web:http\" : goto reject-chain }"
+        )
+    );
+    assert!(text.contains("203.0.113.9 . tcp . 80 comment \"default/web:http\" : goto reject-chain"));
     assert_eq!(
         elements_of(&text, "service-ips"),
         "",

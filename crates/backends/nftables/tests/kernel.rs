@@ -75,7 +75,9 @@ fn first_sync_then_element_changes_and_a_quiet_reconcile(via: Via) {
     assert!(sync(&mut backend, &mut world).full);
     let listed = nft(&netns, &["list", "table", "ip", "kube-proxy"]);
     assert!(
-        listed.contains("10.96.0.10 . tcp . 80 : goto pick-service-endpoints-tcp-2"),
+        listed.contains(
+            "10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-2"
+        ),
         "{listed}"
     );
 

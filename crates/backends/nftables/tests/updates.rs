@@ -94,7 +94,7 @@ fn one_endpoint_added_appends_a_slot_and_repoints_the_entry() {
             "delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 }",
             "add element ip kube-proxy hairpin { 10.244.3.7 . 10.244.3.7 }",
             "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 2 : 10.244.3.7 . 8080 }",
-            "add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 : goto pick-service-endpoints-tcp-3 }",
+            "add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-3 }",
             "flush chain ip kube-proxy pick-service-endpoints-tcp-2",
             "delete chain ip kube-proxy pick-service-endpoints-tcp-2",
         ]
@@ -116,7 +116,7 @@ fn one_endpoint_removed_moves_the_last_slot_into_the_hole() {
             "delete element ip kube-proxy hairpin { 10.244.2.6 . 10.244.2.6 }",
             "delete element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1, 10.96.0.10 . 80 . 2 }",
             "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1 : 10.244.3.7 . 8080 }",
-            "add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 : goto pick-service-endpoints-tcp-2 }",
+            "add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-2 }",
             "flush chain ip kube-proxy pick-service-endpoints-tcp-3",
             "delete chain ip kube-proxy pick-service-endpoints-tcp-3",
         ]
@@ -160,7 +160,7 @@ fn a_new_service_with_a_known_count_is_elements_only() {
         "{text}"
     );
     assert!(text.contains(
-        "add element ip kube-proxy service-ips { 10.96.0.20 . tcp . 80 : goto pick-service-endpoints-tcp-2 }"
+        "add element ip kube-proxy service-ips { 10.96.0.20 . tcp . 80 comment \"default/api:http\" : goto pick-service-endpoints-tcp-2 }"
     ));
     assert!(text.contains("add element ip kube-proxy cluster-ips { 10.96.0.20 }"));
     assert_eq!(batch.counts().elements_added, 6, "{text}");
@@ -200,7 +200,7 @@ fn a_policy_change_repoints_the_entry() {
         json!({"type": "ClusterIP", "clusterIP": "10.96.0.10", "internalTrafficPolicy": "Local", "ports": http_port()}),
     );
     let (_, text) = h.partial();
-    assert!(text.contains("add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 : goto pick-service-endpoints-tcp-1 }"), "{text}");
+    assert!(text.contains("add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-1 }"), "{text}");
     assert!(
         text.contains("delete element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1 }"),
         "{text}"
@@ -209,7 +209,7 @@ fn a_policy_change_repoints_the_entry() {
     h.world.slice("web", http_slice_port(), vec![ep("10.244.2.6")]);
     let (_, text) = h.partial();
     assert!(
-        text.contains("add element ip kube-proxy no-endpoint-services { 10.96.0.10 . tcp . 80 : drop }"),
+        text.contains("add element ip kube-proxy no-endpoint-services { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : drop }"),
         "{text}"
     );
     assert!(
@@ -319,7 +319,7 @@ fn a_contested_destination_stays_with_its_holder_until_released() {
         "b may not touch a's destination:\n{text}"
     );
     assert!(
-        text.contains("10.96.0.20 . tcp . 80 : goto pick-service-endpoints-tcp-1"),
+        text.contains("10.96.0.20 . tcp . 80 comment \"default/b:http\" : goto pick-service-endpoints-tcp-1"),
         "{text}"
     );
 
@@ -340,7 +340,9 @@ fn a_contested_destination_stays_with_its_holder_until_released() {
     let batches = std::mem::take(&mut *h.batches.lock().unwrap());
     let text: String = batches.iter().map(|b| kpr_nftables::batch_text(b, 1)).collect();
     assert!(
-        text.contains("203.0.113.9 . tcp . 80 : goto masq-service-endpoints-tcp-1"),
+        text.contains(
+            "203.0.113.9 . tcp . 80 comment \"default/b:http\" : goto masq-service-endpoints-tcp-1"
+        ),
         "{text}"
     );
 }
@@ -360,6 +362,65 @@ fn service_cidr_changes_are_element_changes() {
         "{text}"
     );
     assert!(!text.contains("10.96.0.0/16"), "{text}");
+}
+
+/// ServiceCIDR objects reach the backend through the desired state: their CIDRs (of the
+/// family) are node elements beside the options' fixed ones, added and removed by element.
+#[test]
+fn service_cidrs_of_the_desired_state_are_element_changes() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5")]));
+    let with = |h: &mut Harness, cidrs: &[&str]| {
+        let cidrs = cidrs.iter().map(|c| c.parse().unwrap()).collect();
+        let pending = h.world.pending().with_service_cidrs(Arc::new(cidrs));
+        assert!(!h.backend.sync(&pending.request(false)).unwrap().full);
+        let batches = std::mem::take(&mut *h.batches.lock().unwrap());
+        assert_eq!(batches.len(), 1, "one atomic batch per partial sync");
+        kpr_nftables::batch_text(&batches[0], 1)
+    };
+    h.world.slice("web", http_slice_port(), vec![ep("10.244.1.6")]);
+    let text = with(&mut h, &["10.96.0.0/16", "10.100.0.0/16", "fd00:96::/112"]);
+    assert!(
+        text.contains("add element ip kube-proxy service-cidrs { 10.100.0.0/16 }"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("fd00:96::"),
+        "the other family's CIDR stays out:\n{text}"
+    );
+    assert!(
+        !text.contains("10.96.0.0/16"),
+        "the options' CIDR was there already:\n{text}"
+    );
+    h.world.slice("web", http_slice_port(), vec![ep("10.244.1.7")]);
+    let text = with(&mut h, &[]);
+    assert!(
+        text.contains("delete element ip kube-proxy service-cidrs { 10.100.0.0/16 }"),
+        "{text}"
+    );
+    assert!(!text.contains("10.96.0.0/16"), "the options' CIDR stays:\n{text}");
+}
+
+/// Overlapping ServiceCIDRs (allowed by the API server) must not reach the interval set,
+/// which refuses overlapping elements: only the outermost network is written.
+#[test]
+fn overlapping_service_cidrs_keep_the_outermost_network_only() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5")]));
+    h.world.slice("web", http_slice_port(), vec![ep("10.244.1.6")]);
+    let cidrs = ["10.96.0.0/12", "10.96.0.0/16", "10.100.0.0/24", "10.96.0.0/12"];
+    let cidrs = cidrs.iter().map(|c| c.parse().unwrap()).collect();
+    let pending = h.world.pending().with_service_cidrs(Arc::new(cidrs));
+    h.backend.sync(&pending.request(false)).unwrap();
+    let batches = std::mem::take(&mut *h.batches.lock().unwrap());
+    let text: String = batches.iter().map(|b| kpr_nftables::batch_text(b, 1)).collect();
+    assert!(
+        text.contains("delete element ip kube-proxy service-cidrs { 10.96.0.0/16 }"),
+        "{text}"
+    );
+    assert!(
+        text.contains("add element ip kube-proxy service-cidrs { 10.96.0.0/12 }"),
+        "{text}"
+    );
+    assert!(!text.contains("10.100.0.0/24"), "{text}");
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! The Kubernetes API source: Services, EndpointSlices and this node's Node, from kube-rs
-//! watchers.
+//! The Kubernetes API source: Services, EndpointSlices, this node's Node and (when the mode
+//! uses them) the cluster's ServiceCIDRs, from kube-rs watchers.
 //!
 //! Each watcher lists, then watches from the list's resourceVersion; kube-runtime resumes a
 //! dropped watch from the last version it saw and relists when the server answers `410 Gone`.
@@ -12,6 +12,11 @@
 //! the watch: Services and EndpointSlices labelled `service.kubernetes.io/service-proxy-name`
 //! belong to another proxy, and those labelled `service.kubernetes.io/headless` are never
 //! proxied. The Node watch selects this node by name.
+//!
+//! ServiceCIDRs are watched only when asked for ([`ApiSource::with_service_cidrs`]): upstream
+//! starts that informer only in nftables mode, and an iptables-mode proxy needs no RBAC for
+//! them. As upstream, the first sync does not wait for their list: a ServiceCIDR arriving
+//! later queues a sync of its own.
 
 mod client;
 mod watch;
@@ -21,6 +26,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -41,6 +47,7 @@ pub const PROXIED_SELECTOR: &str =
 pub struct ApiSource {
     client: Client,
     node_name: String,
+    service_cidrs: bool,
 }
 
 impl ApiSource {
@@ -48,12 +55,19 @@ impl ApiSource {
         Self {
             client,
             node_name: node_name.into(),
+            service_cidrs: false,
         }
+    }
+
+    /// Also watches `networking.k8s.io/v1` ServiceCIDRs (nftables mode).
+    pub fn with_service_cidrs(mut self) -> Self {
+        self.service_cidrs = true;
+        self
     }
 
     /// Watches until the receiving side of `events` is dropped.
     pub async fn run(self, events: EventSender) {
-        let (synced_tx, mut synced_rx) = mpsc::channel::<Kind>(2);
+        let (synced_tx, mut synced_rx) = mpsc::channel::<Kind>(4);
         let proxied = watcher::Config::default().labels(PROXIED_SELECTOR);
         let node = watcher::Config::default().fields(&format!("metadata.name={}", self.node_name));
         let services = pump::<Service>(
@@ -63,7 +77,15 @@ impl ApiSource {
             &synced_tx,
         );
         let slices = pump::<EndpointSlice>(Api::all(self.client.clone()), proxied, &events, &synced_tx);
-        let nodes = pump::<Node>(Api::all(self.client), node, &events, &synced_tx);
+        let nodes = pump::<Node>(Api::all(self.client.clone()), node, &events, &synced_tx);
+        let service_cidrs = async {
+            if self.service_cidrs {
+                let all = watcher::Config::default();
+                pump::<ServiceCIDR>(Api::all(self.client.clone()), all, &events, &synced_tx).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         let announce = async {
             let mut listed = Vec::new();
             while let Some(kind) = synced_rx.recv().await {
@@ -85,6 +107,7 @@ impl ApiSource {
             () = services => {}
             () = slices => {}
             () = nodes => {}
+            () = service_cidrs => {}
             () = announce => {}
         }
         tracing::info!("API source stopped: nobody listens any more");

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kpr_model::{NamespacedName, ObjectKind, RejectReason, Rejection};
 use kube::Resource;
 use kube::runtime::watcher;
@@ -20,6 +21,7 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Node,
+    ServiceCidr,
 }
 
 impl Kind {
@@ -28,6 +30,7 @@ impl Kind {
             Self::Service => "services",
             Self::EndpointSlice => "endpointslices",
             Self::Node => "nodes",
+            Self::ServiceCidr => "servicecidrs",
         }
     }
 
@@ -36,6 +39,7 @@ impl Kind {
             Self::Service => ObjectKind::Service,
             Self::EndpointSlice => ObjectKind::EndpointSlice,
             Self::Node => ObjectKind::Node,
+            Self::ServiceCidr => ObjectKind::ServiceCidr,
         }
     }
 }
@@ -72,6 +76,16 @@ impl Watched for Node {
     const KIND: Kind = Kind::Node;
     fn event(_id: NamespacedName, object: Option<Arc<Self>>) -> Event {
         Event::Node { object }
+    }
+}
+
+impl Watched for ServiceCIDR {
+    const KIND: Kind = Kind::ServiceCidr;
+    fn event(id: NamespacedName, object: Option<Arc<Self>>) -> Event {
+        Event::ServiceCidr {
+            name: id.name.to_string(),
+            object,
+        }
     }
 }
 
@@ -221,6 +235,43 @@ mod tests {
         ]
         .concat();
         assert_eq!(describe(&relist), ["+default/b", "-default/a", "-default/c"]);
+    }
+
+    #[test]
+    fn service_cidrs_are_reported_by_name_and_their_deletions_after_a_relist() {
+        let cidr = |name: &str| {
+            let mut object = ServiceCIDR::default();
+            object.metadata.name = Some(name.to_string());
+            object
+        };
+        let mut state = WatchState::<ServiceCIDR>::default();
+        let mut out = Vec::new();
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(cidr("kubernetes")),
+            watcher::Event::InitApply(cidr("extra")),
+            watcher::Event::InitDone,
+            watcher::Event::Init,
+            watcher::Event::InitApply(cidr("kubernetes")),
+            watcher::Event::InitDone,
+        ] {
+            out.extend(state.handle(e));
+        }
+        let seen: Vec<String> = out
+            .iter()
+            .map(|e| match e {
+                Event::ServiceCidr { name, object } => {
+                    format!("{}{name}", if object.is_some() { "+" } else { "-" })
+                }
+                Event::Synced { source } => format!("synced {source}"),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            ["+kubernetes", "+extra", "synced api", "+kubernetes", "-extra"]
+        );
+        assert_eq!(Kind::ServiceCidr.plural(), "servicecidrs");
     }
 
     #[test]

@@ -11,11 +11,13 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kpr_model::{NamespacedName, ObjectKind};
 
 use crate::Event;
 
-/// Which object a document describes. Nodes are cluster-scoped: their namespace is empty.
+/// Which object a document describes. Nodes and ServiceCIDRs are cluster-scoped: their
+/// namespace is empty.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey {
     pub kind: ObjectKind,
@@ -34,6 +36,10 @@ impl ObjectKey {
     pub fn deletion(&self) -> Event {
         match self.kind {
             ObjectKind::Node => Event::Node { object: None },
+            ObjectKind::ServiceCidr => Event::ServiceCidr {
+                name: self.id.name.to_string(),
+                object: None,
+            },
             ObjectKind::EndpointSlice => Event::EndpointSlice {
                 id: self.id.clone(),
                 object: None,
@@ -93,6 +99,7 @@ pub enum ManifestObject {
     Service(Arc<Service>),
     EndpointSlice(Arc<EndpointSlice>),
     Node(Arc<Node>),
+    ServiceCidr(Arc<ServiceCIDR>),
 }
 
 impl ManifestObject {
@@ -103,6 +110,7 @@ impl ManifestObject {
             (Self::Service(a), Self::Service(b)) => Arc::ptr_eq(a, b) || a == b,
             (Self::EndpointSlice(a), Self::EndpointSlice(b)) => Arc::ptr_eq(a, b) || a == b,
             (Self::Node(a), Self::Node(b)) => Arc::ptr_eq(a, b) || a == b,
+            (Self::ServiceCidr(a), Self::ServiceCidr(b)) => Arc::ptr_eq(a, b) || a == b,
             _ => false,
         }
     }
@@ -120,6 +128,10 @@ impl ManifestObject {
             },
             Self::Node(n) => Event::Node {
                 object: Some(Arc::clone(n)),
+            },
+            Self::ServiceCidr(c) => Event::ServiceCidr {
+                name: key.id.name.to_string(),
+                object: Some(Arc::clone(c)),
             },
         }
     }
@@ -175,5 +187,8 @@ mod tests {
         }
         let node = ObjectKey::new(ObjectKind::Node, "", "n1");
         assert!(matches!(node.deletion(), Event::Node { object: None }));
+        let cidr = ObjectKey::new(ObjectKind::ServiceCidr, "", "kubernetes");
+        assert_eq!(cidr.to_string(), "ServiceCIDR kubernetes");
+        assert!(matches!(cidr.deletion(), Event::ServiceCidr { name, object: None } if name == "kubernetes"));
     }
 }

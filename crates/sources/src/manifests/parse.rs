@@ -15,6 +15,7 @@ use std::path::Path;
 use k8s_openapi::Resource;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kpr_model::{ObjectKind, RejectReason, Rejection};
 use serde::de::{DeserializeOwned, DeserializeSeed};
 use serde_json::{Map, Value};
@@ -159,6 +160,7 @@ fn supported_kind(kind: &str) -> Option<(ObjectKind, &'static str)> {
         "Service" => Some((ObjectKind::Service, Service::API_VERSION)),
         "EndpointSlice" => Some((ObjectKind::EndpointSlice, EndpointSlice::API_VERSION)),
         "Node" => Some((ObjectKind::Node, Node::API_VERSION)),
+        "ServiceCIDR" => Some((ObjectKind::ServiceCidr, ServiceCIDR::API_VERSION)),
         _ => None,
     }
 }
@@ -170,6 +172,7 @@ fn list_item_kind(kind: &str) -> Option<Option<&'static str>> {
         "ServiceList" => Some(Some("Service")),
         "EndpointSliceList" => Some(Some("EndpointSlice")),
         "NodeList" => Some(Some("Node")),
+        "ServiceCIDRList" => Some(Some("ServiceCIDR")),
         _ => None,
     }
 }
@@ -289,7 +292,7 @@ impl FileDecoder<'_> {
             return None;
         };
         let namespace = match kind {
-            ObjectKind::Node => "",
+            ObjectKind::Node | ObjectKind::ServiceCidr => "",
             _ => metadata
                 .and_then(|m| m.get("namespace"))
                 .and_then(Value::as_str)
@@ -354,6 +357,7 @@ fn typed(kind: ObjectKind, document: Value, key: &ObjectKey) -> Result<ManifestO
             slice.metadata.namespace = namespace();
             ManifestObject::EndpointSlice(slice.into())
         }
+        ObjectKind::ServiceCidr => ManifestObject::ServiceCidr(decode_as::<ServiceCIDR>(document)?.into()),
         ObjectKind::Node | ObjectKind::Manifest => ManifestObject::Node(decode_as::<Node>(document)?.into()),
     })
 }

@@ -4,7 +4,8 @@
 //! objects from a manifest never met an API server, and their names end up in kernel rule
 //! comments and in chain-name hashes. So the manifest source checks what the API server would
 //! (`service` and `slice`: names, ports, protocols, node-port range, affinity, traffic
-//! policies, the dual-stack fields, EndpointSlice limits) and then converts the object with
+//! policies, the dual-stack fields, EndpointSlice limits; `service_cidr`: ServiceCIDRs'
+//! names and CIDRs) and then converts the object with
 //! kpr-model for both IP families, so that whatever the proxy itself would refuse is refused
 //! here, where the catalog can keep the object's last good version.
 //!
@@ -21,12 +22,15 @@
 use std::ops::RangeInclusive;
 use std::path::Path;
 
-use kpr_model::{IpFamily, RejectReason, Rejection, node_view, service_view, slice_view, syntax};
+use kpr_model::{
+    IpFamily, RejectReason, Rejection, convert_service_cidr, node_view, service_view, slice_view, syntax,
+};
 
 use super::object::{ManifestObject, ObjectKey, printable, shown_path};
 use super::parse::FileObjects;
 
 mod service;
+mod service_cidr;
 mod slice;
 
 /// The API server's default `--service-node-port-range`.
@@ -71,6 +75,10 @@ pub fn validate_object(
         ManifestObject::Node(node) => {
             check.name("metadata.name", syntax::dns1123_subdomain)?;
             node_view(node)?;
+        }
+        ManifestObject::ServiceCidr(object) => {
+            service_cidr::check(&check, object)?;
+            convert_service_cidr(object)?;
         }
     }
     Ok(())

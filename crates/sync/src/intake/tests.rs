@@ -1,5 +1,6 @@
 //! Intake on its own: Node events into health and the trackers.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -393,4 +394,127 @@ fn versions_that_change_nothing_queue_no_sync() {
     intake.apply(service("10.96.0.2"));
     std::thread::sleep(timeout * 5);
     assert!(!shared.health.healthz().healthy);
+}
+
+// === ServiceCIDRs: the union per family, kept by name ===
+
+/// A dual-stack intake with every source in, and its metrics.
+fn dual_stack_intake(health_timeout: Duration) -> (Intake, Arc<Shared>, Registry) {
+    let settings = settings(vec![]);
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let health = Arc::new(ProxyHealth::new(health_timeout));
+    let families = [kpr_model::IpFamily::V4, kpr_model::IpFamily::V6];
+    let shared = Arc::new(Shared::new(&settings, &families, metrics, health));
+    let triggers = families
+        .iter()
+        .map(|_| SyncRunner::new(settings.runner).1)
+        .collect();
+    let (ready, _) = watch::channel(false);
+    let intake = Intake::new(shared.clone(), BTreeSet::new(), triggers, ready);
+    (intake, shared, registry)
+}
+
+fn service_cidr(name: &str, cidrs: serde_json::Value) -> Event {
+    let object =
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}})).unwrap();
+    Event::ServiceCidr {
+        name: name.to_string(),
+        object: Some(Arc::new(object)),
+    }
+}
+
+fn cidrs_of(shared: &Shared, index: usize) -> Vec<String> {
+    shared.proxiers[index]
+        .trackers()
+        .service_cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[test]
+fn service_cidrs_reach_each_family_as_a_union_until_deleted() {
+    let (mut intake, shared, _registry) = dual_stack_intake(Duration::from_secs(60));
+    intake.apply(service_cidr(
+        "kubernetes",
+        json!(["10.96.0.0/16", "fd00:96::/112"]),
+    ));
+    intake.apply(service_cidr("extra", json!(["10.100.0.0/16"])));
+    assert_eq!(cidrs_of(&shared, 0), ["10.96.0.0/16", "10.100.0.0/16"]);
+    assert_eq!(cidrs_of(&shared, 1), ["fd00:96::/112"]);
+    // The same CIDR in two objects stays until both are gone (upstream's string set would
+    // lose it with the first deletion).
+    intake.apply(service_cidr("copy", json!(["10.96.0.0/16"])));
+    intake.apply(Event::ServiceCidr {
+        name: "kubernetes".into(),
+        object: None,
+    });
+    assert_eq!(cidrs_of(&shared, 0), ["10.96.0.0/16", "10.100.0.0/16"]);
+    assert!(cidrs_of(&shared, 1).is_empty());
+    intake.apply(Event::ServiceCidr {
+        name: "copy".into(),
+        object: None,
+    });
+    assert_eq!(cidrs_of(&shared, 0), ["10.100.0.0/16"]);
+}
+
+#[test]
+fn a_service_cidr_change_queues_a_sync_of_the_families_it_changes_only() {
+    let timeout = Duration::from_millis(1);
+    let (mut intake, shared, registry) = dual_stack_intake(timeout);
+    shared.health.updated(); // the sync loops start
+    intake.apply(service_cidr("kubernetes", json!(["10.96.0.0/16"])));
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"}"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv6\"}"),
+        "the IPv6 union did not change:\n{text}"
+    );
+    std::thread::sleep(timeout * 5);
+    assert!(
+        !shared.health.healthz().healthy,
+        "the queued change was never synced"
+    );
+}
+
+#[test]
+fn an_unchanged_union_queues_nothing() {
+    let timeout = Duration::from_millis(1);
+    let (mut intake, shared, _registry) = dual_stack_intake(timeout);
+    intake.apply(service_cidr("kubernetes", json!(["10.96.0.0/16"])));
+    shared.health.updated(); // a sync applied it
+    intake.apply(service_cidr("kubernetes", json!(["10.96.0.0/16"])));
+    intake.apply(service_cidr("copy", json!(["10.96.0.0/16"])));
+    std::thread::sleep(timeout * 5);
+    assert!(shared.health.healthz().healthy, "nothing was queued");
+}
+
+#[test]
+fn a_bad_service_cidr_entry_is_counted_and_a_rejected_object_counts_as_absent() {
+    let (mut intake, shared, registry) = dual_stack_intake(Duration::from_secs(60));
+    intake.apply(service_cidr(
+        "kubernetes",
+        json!(["10.96.0.0/16", "nope", "0.0.0.0/0"]),
+    ));
+    assert_eq!(cidrs_of(&shared, 0), ["10.96.0.0/16"]);
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains(
+            "kubeproxy_ignored_values_total{kind=\"ServiceCIDR\",field=\"spec.cidrs\",reason=\"invalid_cidr\"} 2"
+        ),
+        "{text}"
+    );
+    // A version whose name the conversion refuses replaces nothing it could be confused with:
+    // under its own (bad) name it is absent.
+    intake.apply(service_cidr("Bad_Name", json!(["10.200.0.0/16"])));
+    assert_eq!(cidrs_of(&shared, 0), ["10.96.0.0/16"]);
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains("kubeproxy_rejected_objects_total{kind=\"ServiceCIDR\""),
+        "{text}"
+    );
 }

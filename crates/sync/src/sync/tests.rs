@@ -24,13 +24,15 @@ struct Seen {
     failures: VecDeque<(SyncKind, FailedStep)>,
     /// Reported as newly left out by the next successful sync.
     unsafe_objects: Vec<UnsafeObject>,
+    /// The mode the backend says it is (iptables unless set).
+    mode: Option<&'static str>,
 }
 
 struct Recording(Arc<Mutex<Seen>>);
 
 impl Backend for Recording {
     fn mode(&self) -> &'static str {
-        "iptables"
+        self.0.lock().unwrap().mode.unwrap_or("iptables")
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
@@ -45,6 +47,11 @@ impl Backend for Recording {
             // Like a real backend: the first sync is full.
             full: seen.syncs.len() == 1,
             newly_unsafe: std::mem::take(&mut seen.unsafe_objects),
+            tables: vec![kpr_state::TableCount {
+                table: "nat",
+                total: 7,
+                written: 7,
+            }],
             ..SyncReport::default()
         })
     }
@@ -506,4 +513,55 @@ async fn the_after_sync_observer_hears_successful_syncs_only() {
         [vec!["default/a"], vec!["default/a", "default/b"]],
         "one call per successful sync, each with the whole state"
     );
+}
+
+/// Each mode reports through its own upstream metrics: nftables mode counts its failed syncs
+/// in `..._nftables_sync_failures_total` and reports no iptables rule counts.
+#[tokio::test]
+async fn an_nftables_backend_counts_its_own_failures_and_no_iptables_rules() {
+    let h = start_failing(vec!["manifests"], vec![FULL_RESTORE]);
+    h.seen.lock().unwrap().mode = Some("nftables");
+    h.send(service("a", "10.0.0.1")).await;
+    h.send(Event::Synced { source: "manifests" }).await;
+    // The retry after the failure succeeds, and is recorded.
+    h.wait_for_syncs(2).await;
+    let text = eventually_metrics(&h, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{").await;
+    assert!(
+        text.contains("kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"} 1"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("kubeproxy_sync_proxy_rules_iptables_restore_failures_total{"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("kubeproxy_sync_proxy_rules_iptables_total{"),
+        "{text}"
+    );
+}
+
+/// iptables mode reports the rule counts of each table after a sync.
+#[tokio::test]
+async fn an_iptables_backend_reports_its_rule_counts() {
+    let h = start(vec!["manifests"], 0);
+    h.send(service("a", "10.0.0.1")).await;
+    h.send(Event::Synced { source: "manifests" }).await;
+    h.wait_for_syncs(1).await;
+    let text = eventually_metrics(&h, "kubeproxy_sync_proxy_rules_iptables_total{").await;
+    assert!(
+        text.contains("kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"} 7"),
+        "{text}"
+    );
+}
+
+/// The metrics text once it holds `needle` (the sync records after the backend returned).
+async fn eventually_metrics(h: &Harness, needle: &str) -> String {
+    for _ in 0..500 {
+        let text = h.metrics_text();
+        if text.contains(needle) {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    h.metrics_text()
 }

@@ -143,8 +143,27 @@ pub static EVENTS: ResourceType = ResourceType {
     allow_create_on_update: true,
 };
 
+pub static SERVICE_CIDRS: ResourceType = ResourceType {
+    group: "networking.k8s.io",
+    version: "v1",
+    plural: "servicecidrs",
+    singular: "servicecidr",
+    kind: "ServiceCIDR",
+    namespaced: false,
+    short_names: &[],
+    extra_field_labels: &[],
+    allow_create_on_update: false,
+};
+
 /// Every served type, core group first (the order discovery lists them in).
-pub static SERVED: [&ResourceType; 5] = [&SERVICES, &NODES, &CORE_EVENTS, &ENDPOINT_SLICES, &EVENTS];
+pub static SERVED: [&ResourceType; 6] = [
+    &SERVICES,
+    &NODES,
+    &CORE_EVENTS,
+    &ENDPOINT_SLICES,
+    &EVENTS,
+    &SERVICE_CIDRS,
+];
 
 /// The API groups other than core, in discovery order.
 pub fn groups() -> Vec<&'static str> {
@@ -208,6 +227,10 @@ mod tests {
         assert_eq!(of::<Service>(), Some(&SERVICES));
         assert_eq!(of::<EndpointSlice>(), Some(&ENDPOINT_SLICES));
         assert_eq!(of::<Event>(), Some(&EVENTS));
+        assert_eq!(
+            of::<k8s_openapi::api::networking::v1::ServiceCIDR>(),
+            Some(&SERVICE_CIDRS)
+        );
         assert_eq!(of::<k8s_openapi::api::core::v1::Event>(), Some(&CORE_EVENTS));
         assert_eq!(of::<k8s_openapi::api::core::v1::Pod>(), None);
     }
@@ -217,7 +240,11 @@ mod tests {
         assert_eq!(SERVICES.api_version(), "v1");
         assert_eq!(ENDPOINT_SLICES.api_version(), "discovery.k8s.io/v1");
         assert_eq!(ENDPOINT_SLICES.list_kind(), "EndpointSliceList");
-        assert_eq!(groups(), vec!["discovery.k8s.io", "events.k8s.io"]);
+        assert_eq!(
+            groups(),
+            vec!["discovery.k8s.io", "events.k8s.io", "networking.k8s.io"]
+        );
+        assert_eq!(SERVICE_CIDRS.api_version(), "networking.k8s.io/v1");
         assert_eq!(by_path("", "v1", "nodes"), Some(&NODES));
         assert_eq!(
             SERVICES.field_label_path("spec.type"),

@@ -46,6 +46,12 @@ impl Pipeline {
             Event::Service { id, object } => self.service(id.clone(), object.as_deref()),
             Event::EndpointSlice { id, object } => self.slice(id.clone(), object.as_deref()),
             Event::Node { object } => self.node(object.as_deref()),
+            // The iptables renderer ignores ServiceCIDRs; their conversion is still checked.
+            Event::ServiceCidr { object, .. } => {
+                if let Some(object) = object {
+                    check_outcome(kpr_model::convert_service_cidr(object).map(|c| c.ignored));
+                }
+            }
             Event::Rejected(rejection) => check_rejection(rejection),
             Event::Synced { .. } | Event::SourceTrouble { .. } => {}
         }

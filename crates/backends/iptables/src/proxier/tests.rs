@@ -214,6 +214,7 @@ fn renamed(state: DesiredState, from: &str, to: &str) -> DesiredState {
         services: Arc::new(services),
         endpoints: Arc::new(endpoints),
         node: state.node,
+        ..DesiredState::default()
     }
 }
 

@@ -61,6 +61,14 @@ fn describe(event: &Event) -> String {
         Event::EndpointSlice { id, object: None } => format!("-EndpointSlice {id}"),
         Event::Node { object: Some(n) } => format!("+Node {}", n.metadata.name.as_deref().unwrap_or("")),
         Event::Node { object: None } => "-Node".to_owned(),
+        Event::ServiceCidr {
+            name,
+            object: Some(c),
+        } => {
+            let cidrs = c.spec.as_ref().and_then(|s| s.cidrs.clone()).unwrap_or_default();
+            format!("+ServiceCIDR {name} {}", cidrs.join(","))
+        }
+        Event::ServiceCidr { name, object: None } => format!("-ServiceCIDR {name}"),
         Event::Synced { source } => format!("Synced {source}"),
         Event::Rejected(r) => format!("!{} {} {} {}", r.kind, r.object, r.field, r.reason.as_str()),
         Event::SourceTrouble { source, problem } => format!("?{source} {problem:?}"),
@@ -585,5 +593,52 @@ fn a_file_over_the_cap_keeps_its_last_good_contents() {
                 Instant::now()
             ))
             .is_empty()
+    );
+}
+
+fn service_cidr(name: &str, cidrs: &str) -> String {
+    format!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: {name}}}\nspec: {{cidrs: [{cidrs}]}}\n"
+    )
+}
+
+#[test]
+fn service_cidrs_are_added_edited_kept_when_refused_and_deleted() {
+    let mut catalog = ManifestCatalog::new(None);
+    let first = format!(
+        "{}{}",
+        service("web", "10.96.0.10"),
+        service_cidr("kubernetes", "10.96.0.0/16")
+    );
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &first)]))),
+        [
+            "+Service default/web 10.96.0.10",
+            "+ServiceCIDR kubernetes 10.96.0.0/16"
+        ]
+    );
+    let dual = format!(
+        "{}{}",
+        service("web", "10.96.0.10"),
+        service_cidr("kubernetes", "10.96.0.0/16, fd00:96::/112")
+    );
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &dual)]))),
+        ["+ServiceCIDR kubernetes 10.96.0.0/16,fd00:96::/112"]
+    );
+    // Two IPv4 CIDRs: refused as the API server would, the last good version stays.
+    let bad = format!(
+        "{}{}",
+        service("web", "10.96.0.10"),
+        service_cidr("kubernetes", "10.96.0.0/16, 10.97.0.0/16")
+    );
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &bad)]))),
+        ["!ServiceCIDR kubernetes spec.cidrs invalid_cidr"]
+    );
+    let gone = service("web", "10.96.0.10");
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &gone)]))),
+        ["-ServiceCIDR kubernetes"]
     );
 }

@@ -492,3 +492,30 @@ fn objects_remember_where_in_the_file_they_were_defined() {
     assert_eq!(placement("a"), (0, "document 2, items[0]".to_owned()));
     assert_eq!(placement("b"), (1, "document 2, items[1]".to_owned()));
 }
+
+#[test]
+fn service_cidrs_are_cluster_scoped_and_read_from_lists_too() {
+    let file = parse(
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\n\
+         metadata: {name: kubernetes, namespace: ignored}\nspec: {cidrs: [10.96.0.0/16]}\n\
+         ---\n\
+         apiVersion: networking.k8s.io/v1\nkind: ServiceCIDRList\nitems:\n\
+         - metadata: {name: extra}\n  spec: {cidrs: [fd00:96::/112]}\n\
+         ---\n\
+         apiVersion: networking.k8s.io/v1beta1\nkind: ServiceCIDR\nmetadata: {name: old}\nspec: {cidrs: [10.97.0.0/16]}\n",
+    );
+    assert_eq!(keys(&file), ["ServiceCIDR extra", "ServiceCIDR kubernetes"]);
+    let key = ObjectKey::new(ObjectKind::ServiceCidr, "", "kubernetes");
+    match file.objects.get(&key) {
+        Some(ManifestObject::ServiceCidr(object)) => {
+            let cidrs = object.spec.as_ref().and_then(|s| s.cidrs.clone());
+            assert_eq!(cidrs, Some(vec!["10.96.0.0/16".to_string()]));
+        }
+        other => panic!("no ServiceCIDR kubernetes: {other:?}"),
+    }
+    let refused = only_rejection(&file);
+    assert_eq!(
+        (refused.kind, refused.object.as_str(), refused.field.as_str()),
+        (ObjectKind::ServiceCidr, "old", "apiVersion")
+    );
+}

@@ -38,7 +38,7 @@ fn merge(target: &mut Value, patch: &Value) {
 fn key_of(kind: ObjectKind, value: &Value) -> ObjectKey {
     let name = value["metadata"]["name"].as_str().unwrap_or("");
     let namespace = match kind {
-        ObjectKind::Node => "",
+        ObjectKind::Node | ObjectKind::ServiceCidr => "",
         _ => value["metadata"]["namespace"].as_str().unwrap_or("default"),
     };
     ObjectKey::new(kind, namespace, name)
@@ -871,4 +871,123 @@ fn validate_file_moves_bad_objects_to_failed_and_says_where() {
         "{}",
         rejection.detail
     );
+}
+
+// === ServiceCIDRs ===
+
+fn base_service_cidr() -> Value {
+    json!({"metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16", "fd00:96::/112"]}})
+}
+
+fn service_cidr_rules(value: &Value) -> Result<(), kpr_model::Rejection> {
+    let key = key_of(ObjectKind::ServiceCidr, value);
+    let object = ManifestObject::ServiceCidr(Arc::new(serde_json::from_value(value.clone()).unwrap()));
+    validate_object(&key, &object, &ValidationRules::default())
+}
+
+#[test]
+fn service_cidrs_follow_the_api_servers_rules() {
+    use RejectReason::{InvalidCidr, InvalidValue, MissingField, TooLarge};
+    assert_accepted(
+        &[
+            json!({}),
+            json!({"spec": {"cidrs": ["10.96.0.0/12"]}}),
+            json!({"spec": {"cidrs": ["fd00:96::/112", "10.96.0.0/16"]}}),
+            json!({"metadata": {"name": "extra.cidrs-2"}}),
+        ],
+        base_service_cidr,
+        service_cidr_rules,
+    );
+    let cases = [
+        (
+            json!({"metadata": {"name": "Kubernetes"}}),
+            "metadata.name",
+            InvalidValue,
+        ),
+        (
+            json!({"metadata": {"name": "a\nb"}}),
+            "metadata.name",
+            InvalidValue,
+        ),
+        (json!({"spec": {"cidrs": []}}), "spec.cidrs", MissingField),
+        (json!({"spec": null}), "spec.cidrs", MissingField),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/16", "fd00::/112", "10.97.0.0/16"]}}),
+            "spec.cidrs",
+            TooLarge,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/16", "10.97.0.0/16"]}}),
+            "spec.cidrs",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["fd00::/112", "fd01::/112"]}}),
+            "spec.cidrs",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["nope", "fd00::/112"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/33"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["010.96.0.0/16"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/016"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/+16"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.1/16"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/16", "::ffff:10.0.0.0/104"]}}),
+            "spec.cidrs[1]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["0.0.0.0/0"]}}),
+            "spec.cidrs[0]",
+            InvalidCidr,
+        ),
+        (
+            json!({"spec": {"cidrs": ["10.96.0.0/16", "::/0"]}}),
+            "spec.cidrs[1]",
+            InvalidCidr,
+        ),
+    ];
+    assert_refused(&cases, base_service_cidr, service_cidr_rules);
+}
+
+#[test]
+fn a_refused_service_cidr_names_the_object_and_shows_the_value_escaped() {
+    let value = patched(
+        base_service_cidr(),
+        &json!({"spec": {"cidrs": ["10.96.0.0/16\n-A X"]}}),
+    );
+    let rejection = service_cidr_rules(&value).unwrap_err();
+    assert_eq!(rejection.kind, ObjectKind::ServiceCidr);
+    assert_eq!(rejection.object, "kubernetes");
+    assert!(!rejection.to_string().contains('\n'), "{rejection}");
 }

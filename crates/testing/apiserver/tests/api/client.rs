@@ -3,6 +3,7 @@
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Service};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, ResourceExt};
@@ -174,6 +175,26 @@ async fn single_object_requests_round_trip() {
     assert_eq!((status.code, status.reason.as_str()), (404, "NotFound"));
     assert_eq!(status.message, "services \"web\" not found");
     assert!(server.get::<Service>("prod", "web").is_none());
+}
+
+/// ServiceCIDRs are cluster-scoped: created, listed and deleted without a namespace.
+#[tokio::test]
+async fn service_cidrs_are_served_cluster_wide() {
+    let server = server().await;
+    let api: Api<ServiceCIDR> = Api::all(client(&server).await);
+    let object: ServiceCIDR = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "kubernetes"},
+        "spec": {"cidrs": ["10.96.0.0/16"]}
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &object).await.unwrap();
+    assert_eq!(created.metadata.namespace, None);
+    let listed = api.list(&ListParams::default()).await.unwrap();
+    let names: Vec<String> = listed.items.iter().map(ResourceExt::name_any).collect();
+    assert_eq!(names, ["kubernetes"]);
+    assert!(server.get::<ServiceCIDR>("", "kubernetes").is_some());
+    api.delete("kubernetes", &DeleteParams::default()).await.unwrap();
+    assert!(api.list(&ListParams::default()).await.unwrap().items.is_empty());
 }
 
 #[tokio::test]

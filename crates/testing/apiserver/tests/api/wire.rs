@@ -314,7 +314,7 @@ async fn discovery_documents() {
         .iter()
         .map(|g| g["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["discovery.k8s.io", "events.k8s.io"]);
+    assert_eq!(names, ["discovery.k8s.io", "events.k8s.io", "networking.k8s.io"]);
     let core = raw(&server, "GET", "/api/v1", None).await.json();
     assert_eq!(core["kind"], "APIResourceList");
     assert_eq!(raw(&server, "GET", "/healthz", None).await.body(), b"ok");

@@ -564,7 +564,7 @@ fn netlink_writes_what_nft_writes() {
         "5.6.7.8 . tcp . 80 . 192.0.2.0/24",
         "10.96.0.53 . 9 . 0 : 10.244.1.5 . 99",
         "iifname \"veth*\"",
-        "10.96.0.40 . tcp . 80 : goto reject-chain",
+        "10.96.0.40 . tcp . 80 comment \"default/empty:http\" : goto reject-chain",
         "10.96.0.0/16",
         "comment \"rules for kube-proxy\"",
     ] {

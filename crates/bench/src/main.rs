@@ -69,7 +69,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,50000")]
     nft_services: Vec<usize>,
     /// How nftables mode reaches the kernel.
-    #[arg(long, value_enum, default_value = "nft")]
+    #[arg(long, value_enum, default_value = "netlink")]
     nft_transport: nftables::NftTransport,
     /// Single changes of each kind (endpoint change, new Service) timed in nftables mode.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]

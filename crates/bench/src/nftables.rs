@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use kpr_netns::Netns;
-use kpr_nftables::{NftCli, NftablesBackend, NftablesOptions, Transport};
+use kpr_nftables::{NetlinkTransport, NftCli, NftablesBackend, NftablesOptions, Transport};
 use kpr_state::Backend;
 
 use crate::cluster::{CLUSTER_CIDR, NODE_IP, Shape, SyntheticCluster};
@@ -22,19 +22,25 @@ use crate::stats::quantile;
 pub enum NftTransport {
     /// `nft -f -`, one process per batch.
     Nft,
+    /// nf_tables netlink from the process (what the proxy runs).
+    Netlink,
 }
 
 impl NftTransport {
     pub fn label(self) -> &'static str {
         match self {
             Self::Nft => "nft -f",
+            Self::Netlink => "netlink",
         }
     }
 
-    fn open(self, options: &NftablesOptions) -> Box<dyn Transport> {
-        match self {
+    fn open(self, options: &NftablesOptions) -> Result<Box<dyn Transport>, String> {
+        Ok(match self {
             Self::Nft => Box::new(NftCli::new(options.affinity_capacity)),
-        }
+            Self::Netlink => {
+                Box::new(NetlinkTransport::open(options.affinity_capacity).map_err(|e| e.to_string())?)
+            }
+        })
     }
 }
 
@@ -83,7 +89,7 @@ fn measure_inside(plan: &NftPlan) -> Result<NftRow, String> {
     let mut cluster =
         SyntheticCluster::new(plan.shape).map_err(|e| format!("synthetic object rejected: {e}"))?;
     let options = bench_options();
-    let mut backend = NftablesBackend::new(options.clone(), plan.transport.open(&options))
+    let mut backend = NftablesBackend::new(options.clone(), plan.transport.open(&options)?)
         .map_err(|e| e.to_string())?
         .with_local_addresses(Box::new(kpr_iptables::FixedAddresses(vec![NODE_IP.into()])));
     let mut row = NftRow {

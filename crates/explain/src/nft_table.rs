@@ -348,11 +348,9 @@ impl NftTable {
 }
 
 /// The Service port an element's comment names (`comment "ns/svc:port"`), kept as element
-/// user data. kpr-nfnetlink's element dumps on this branch do not carry the user data yet
-/// (its netlink-transport branch adds `Element::userdata`); with it, this is
-/// `comment_of_userdata(&element.userdata)`.
-fn element_comment(_element: &kpr_nfnetlink::Element) -> Option<String> {
-    None
+/// user data.
+fn element_comment(element: &kpr_nfnetlink::Element) -> Option<String> {
+    comment_of_userdata(&element.userdata)
 }
 
 /// The comment in nft's user data TLVs (type 0: the comment, its length, the text and a

@@ -6,13 +6,16 @@
 //! detection, `nodePortAddresses`, the primary node IP), through the same functions, so the
 //! two modes cannot read the configuration differently.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use kpr_config::Settings;
 use kpr_conntrack::Reconciler;
 use kpr_iptables::{InterfaceAddresses, LocalAddresses, ProcSysctl, conntrack_tcp_be_liberal};
 use kpr_model::IpFamily;
-use kpr_nftables::{NftCli, NftablesBackend, NftablesOptions, check_support, render_dry_run};
+use kpr_nftables::{
+    GenerationLog, NetlinkTransport, NftablesBackend, NftablesOptions, check_support, render_dry_run,
+};
 use kpr_state::DesiredState;
 
 use crate::fatal::Fatal;
@@ -27,7 +30,17 @@ pub fn supports(family: IpFamily) -> bool {
         family,
         ..NftablesOptions::default()
     };
-    match check_support(&mut NftCli::new(options.affinity_capacity), &options) {
+    let mut transport = match NetlinkTransport::open(options.affinity_capacity) {
+        Ok(transport) => transport,
+        Err(error) => {
+            tracing::warn!(
+                ipFamily = family.label(),
+                "No nftables support for family: {error}"
+            );
+            return false;
+        }
+    };
+    match check_support(&mut transport, &options) {
         Ok(()) => true,
         Err(missing) => {
             tracing::warn!(
@@ -59,11 +72,19 @@ pub fn options(settings: &Settings, family: IpFamily, node: &NodeFacts) -> Resul
     })
 }
 
-/// The nftables backend on the host's `nft`, reconciling the whole UDP conntrack table every
-/// `sync_period` as iptables mode does.
+/// The generations of this process's nf_tables commits, shared by both families' transports
+/// so that one family's commits do not look like someone else's to the other.
+fn generations() -> Arc<GenerationLog> {
+    static LOG: OnceLock<Arc<GenerationLog>> = OnceLock::new();
+    LOG.get_or_init(GenerationLog::new).clone()
+}
+
+/// The nftables backend over nf_tables netlink (no `nft` process), reconciling the whole UDP
+/// conntrack table every `sync_period` as iptables mode does.
 pub fn backend(options: NftablesOptions, sync_period: Duration) -> Result<NftablesBackend, Fatal> {
     let family = options.family;
-    let transport = NftCli::new(options.affinity_capacity);
+    let transport = NetlinkTransport::open_shared(options.affinity_capacity, generations())
+        .map_err(|e| Fatal::runtime(format!("nftables mode ({}): {e}", family.label())))?;
     let backend =
         NftablesBackend::new(options, Box::new(transport)).map_err(|e| Fatal::usage(e.to_string()))?;
     let reconciler = Reconciler::netlink(family).with_full_period(sync_period);

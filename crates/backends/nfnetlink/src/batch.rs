@@ -15,6 +15,10 @@ use crate::wire::{encode_element, finish, nft_type, start};
 /// The most bytes one message's element list may take: an attribute's length is a u16.
 const ELEMENT_LIST_LIMIT: usize = 60 * 1024;
 
+/// The name an anonymous map is created under: the kernel replaces `%d` with a number
+/// (`__map0`), and rules refer to it by the id given at creation.
+pub(crate) const ANONYMOUS_MAP_NAME: &str = "__map%d";
+
 /// What one message of a batch does, for error reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Operation {
@@ -41,6 +45,14 @@ pub enum Operation {
     DeleteSet {
         table: Table,
         set: String,
+    },
+    DeleteChainByHandle {
+        table: Table,
+        handle: u64,
+    },
+    DeleteSetByHandle {
+        table: Table,
+        handle: u64,
     },
     FlushSet {
         table: Table,
@@ -89,6 +101,10 @@ impl std::fmt::Display for Operation {
             Self::FlushRules(t) => write!(f, "flush the rules of table {t}"),
             Self::AddSet { table, set } => write!(f, "add set {table} {set}"),
             Self::DeleteSet { table, set } => write!(f, "delete set {table} {set}"),
+            Self::DeleteChainByHandle { table, handle } => {
+                write!(f, "delete chain {table} handle {handle}")
+            }
+            Self::DeleteSetByHandle { table, handle } => write!(f, "delete set {table} handle {handle}"),
             Self::FlushSet { table, set } => write!(f, "flush set {table} {set}"),
             Self::AddElements { table, set, count } => {
                 write!(f, "add {count} element(s) to set {table} {set}")
@@ -183,6 +199,12 @@ impl Batch {
 
     /// Creates `table` (no error if it exists).
     pub fn add_table(&mut self, table: &Table) {
+        self.add_table_with_userdata(table, &[]);
+    }
+
+    /// Like [`Batch::add_table`], with opaque user data (nft keeps a table's comment there:
+    /// [`crate::comment_userdata`]).
+    pub fn add_table_with_userdata(&mut self, table: &Table, userdata: &[u8]) {
         self.message(
             NFT_MSG_NEWTABLE,
             NLM_F_CREATE,
@@ -191,6 +213,9 @@ impl Batch {
             |w| {
                 w.string(NFTA_TABLE_NAME, &table.name);
                 w.u32(NFTA_TABLE_FLAGS, 0);
+                if !userdata.is_empty() {
+                    w.bytes(NFTA_TABLE_USERDATA, userdata);
+                }
             },
         );
     }
@@ -337,6 +362,77 @@ impl Batch {
             w.string(NFTA_SET_TABLE, &table.name);
             w.string(NFTA_SET_NAME, name);
         });
+    }
+
+    /// Deletes the chain with `handle` (from a dump) and its rules: for objects someone else
+    /// put in our table, whose names are never written.
+    pub fn delete_chain_by_handle(&mut self, table: &Table, handle: u64) {
+        let operation = Operation::DeleteChainByHandle {
+            table: table.clone(),
+            handle,
+        };
+        self.message(NFT_MSG_DELCHAIN, 0, table, operation, |w| {
+            w.string(NFTA_CHAIN_TABLE, &table.name);
+            w.u64(NFTA_CHAIN_HANDLE, handle);
+        });
+    }
+
+    /// Deletes the set or map with `handle` (from a dump).
+    pub fn delete_set_by_handle(&mut self, table: &Table, handle: u64) {
+        let operation = Operation::DeleteSetByHandle {
+            table: table.clone(),
+            handle,
+        };
+        self.message(NFT_MSG_DELSET, 0, table, operation, |w| {
+            w.string(NFTA_SET_TABLE, &table.name);
+            w.u64(NFTA_SET_HANDLE, handle);
+        });
+    }
+
+    /// Creates a constant anonymous map (or set) holding `elements` and returns the id a
+    /// rule added later in the same batch refers to it by ([`Expr::AnonymousLookup`]).
+    /// The kernel deletes it with the rule; it must be bound by a rule of the same batch.
+    pub fn add_anonymous_map(&mut self, table: &Table, set: &Set, elements: &[Element]) -> u32 {
+        let id = self.messages.len() as u32 + 1;
+        let operation = Operation::AddSet {
+            table: table.clone(),
+            set: ANONYMOUS_MAP_NAME.to_owned(),
+        };
+        let size = elements.len() as u32;
+        self.message(NFT_MSG_NEWSET, NLM_F_CREATE, table, operation, |w| {
+            w.string(NFTA_SET_TABLE, &table.name);
+            w.string(NFTA_SET_NAME, ANONYMOUS_MAP_NAME);
+            w.u32(NFTA_SET_ID, id);
+            w.u32(NFTA_SET_FLAGS, set.flags() | NFT_SET_ANONYMOUS | NFT_SET_CONSTANT);
+            w.u32(NFTA_SET_KEY_TYPE, set.key_type());
+            w.u32(NFTA_SET_KEY_LEN, set.key_len());
+            if let Some((data_type, data_len)) = set.data_type_len() {
+                w.u32(NFTA_SET_DATA_TYPE, data_type);
+                w.u32(NFTA_SET_DATA_LEN, data_len);
+            }
+            let desc = w.begin(NFTA_SET_DESC);
+            w.u32(NFTA_SET_DESC_SIZE, size);
+            w.end(desc);
+            if !set.userdata.is_empty() {
+                w.bytes(NFTA_SET_USERDATA, &set.userdata);
+            }
+        });
+        let operation = Operation::AddElements {
+            table: table.clone(),
+            set: ANONYMOUS_MAP_NAME.to_owned(),
+            count: elements.len(),
+        };
+        self.message(NFT_MSG_NEWSETELEM, NLM_F_CREATE, table, operation, |w| {
+            w.string(NFTA_SET_ELEM_LIST_TABLE, &table.name);
+            w.string(NFTA_SET_ELEM_LIST_SET, ANONYMOUS_MAP_NAME);
+            w.u32(NFTA_SET_ELEM_LIST_SET_ID, id);
+            let list = w.begin(NFTA_SET_ELEM_LIST_ELEMENTS);
+            for element in elements {
+                encode_element(w, element);
+            }
+            w.end(list);
+        });
+        id
     }
 
     /// Deletes every element of set `name`.

@@ -56,6 +56,7 @@ pub(crate) const NFTA_TABLE_NAME: u16 = 1;
 pub(crate) const NFTA_TABLE_FLAGS: u16 = 2;
 pub(crate) const NFTA_TABLE_USE: u16 = 3;
 pub(crate) const NFTA_TABLE_HANDLE: u16 = 4;
+pub(crate) const NFTA_TABLE_USERDATA: u16 = 6;
 
 pub(crate) const NFTA_HOOK_HOOKNUM: u16 = 1;
 pub(crate) const NFTA_HOOK_PRIORITY: u16 = 2;
@@ -93,11 +94,13 @@ pub(crate) const NFTA_SET_FIELD_LEN: u16 = 1;
 pub(crate) const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 pub(crate) const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 pub(crate) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+pub(crate) const NFTA_SET_ELEM_LIST_SET_ID: u16 = 4;
 pub(crate) const NFTA_SET_ELEM_KEY: u16 = 1;
 pub(crate) const NFTA_SET_ELEM_DATA: u16 = 2;
 pub(crate) const NFTA_SET_ELEM_FLAGS: u16 = 3;
 pub(crate) const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 pub(crate) const NFTA_SET_ELEM_EXPIRATION: u16 = 5;
+pub(crate) const NFTA_SET_ELEM_USERDATA: u16 = 6;
 pub(crate) const NFTA_SET_ELEM_KEY_END: u16 = 10;
 
 pub(crate) const NFTA_DATA_VALUE: u16 = 1;
@@ -111,6 +114,7 @@ pub(crate) const NFTA_EXPR_NAME: u16 = 1;
 pub(crate) const NFTA_EXPR_DATA: u16 = 2;
 
 // === set flags and data types ===
+pub(crate) const NFT_SET_ANONYMOUS: u32 = 0x1;
 pub(crate) const NFT_SET_CONSTANT: u32 = 0x2;
 pub(crate) const NFT_SET_INTERVAL: u32 = 0x4;
 pub(crate) const NFT_SET_MAP: u32 = 0x8;

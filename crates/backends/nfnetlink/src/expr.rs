@@ -280,6 +280,14 @@ pub enum Expr {
         dreg: Option<Register>,
         invert: bool,
     },
+    /// Like [`Expr::Lookup`] in the anonymous map that [`crate::Batch::add_anonymous_map`]
+    /// created in the same batch with this `set_id` (nft's `vmap { ... }` inside a rule).
+    /// Reads back as a [`Expr::Lookup`] of the kernel's name for it (`__map<n>`).
+    AnonymousLookup {
+        set_id: u32,
+        sreg: Register,
+        dreg: Option<Register>,
+    },
     /// Load constant data into `dreg`, or a verdict into `Register::Verdict`.
     Immediate { dreg: Register, data: Data },
     /// A number in `offset .. offset + modulus` into `dreg` (host byte order, 4 bytes).
@@ -343,7 +351,7 @@ impl Expr {
             Self::Ct { .. } => "ct",
             Self::Cmp { .. } => "cmp",
             Self::Bitwise { .. } => "bitwise",
-            Self::Lookup { .. } => "lookup",
+            Self::Lookup { .. } | Self::AnonymousLookup { .. } => "lookup",
             Self::Immediate { .. } => "immediate",
             Self::Numgen { .. } => "numgen",
             Self::Nat { .. } => "nat",
@@ -400,6 +408,13 @@ impl std::fmt::Display for Expr {
             } => {
                 let not = if *invert { "not " } else { "" };
                 write!(f, "{sreg} {not}in @{set}")?;
+                match dreg {
+                    Some(dreg) => write!(f, " => {dreg}"),
+                    None => Ok(()),
+                }
+            }
+            Self::AnonymousLookup { set_id, sreg, dreg } => {
+                write!(f, "{sreg} in anonymous set {set_id}")?;
                 match dreg {
                     Some(dreg) => write!(f, " => {dreg}"),
                     None => Ok(()),
@@ -490,6 +505,7 @@ mod attrs {
     pub const LOOKUP_SET: u16 = 1;
     pub const LOOKUP_SREG: u16 = 2;
     pub const LOOKUP_DREG: u16 = 3;
+    pub const LOOKUP_SET_ID: u16 = 4;
     pub const LOOKUP_FLAGS: u16 = 5;
     pub const IMMEDIATE_DREG: u16 = 1;
     pub const IMMEDIATE_DATA: u16 = 2;
@@ -617,6 +633,14 @@ fn encode(w: &mut Writer<'_>, expr: &Expr) {
             }
             if *invert {
                 w.u32(LOOKUP_FLAGS, 1);
+            }
+        }
+        Expr::AnonymousLookup { set_id, sreg, dreg } => {
+            w.string(LOOKUP_SET, crate::batch::ANONYMOUS_MAP_NAME);
+            w.u32(LOOKUP_SET_ID, *set_id);
+            w.u32(LOOKUP_SREG, sreg.number());
+            if let Some(dreg) = dreg {
+                w.u32(LOOKUP_DREG, dreg.number());
             }
         }
         Expr::Immediate { dreg, data } => {

@@ -12,6 +12,10 @@
 //!   none holds the kernel's nf_tables mutex for long.
 //! - [`Socket::tables`], [`Socket::chains`], [`Socket::sets`], [`Socket::elements`] and
 //!   [`Socket::rules`] read a table back as typed values, for reconciling and debugging.
+//! - A rule's inline map (nft's `numgen random mod 2 vmap { 0 : goto a, 1 : goto b }`) is
+//!   [`Batch::add_anonymous_map`] plus [`Expr::AnonymousLookup`] in the same batch; objects
+//!   someone else put in a table are deleted by handle ([`Batch::delete_chain_by_handle`],
+//!   [`Batch::delete_set_by_handle`]), so their names are never written.
 //! - [`Expr`] is the closed set of expressions kube-proxy-style rules need (payload,
 //!   meta, ct, cmp, bitwise, lookup/vmap, immediate verdicts, numgen, nat, masquerade,
 //!   reject, counter, dynset, fib); anything else reads back as [`Expr::Other`].
@@ -83,6 +87,6 @@ pub use expr::{
 };
 pub use objects::{
     BaseChain, Chain, ChainType, Data, Element, Family, Field, Hook, Policy, Set, SetData, Table, Value,
-    Verdict, render,
+    Verdict, comment_userdata, render,
 };
 pub use socket::{MAX_TRANSACTION_BYTES, SPLIT_TRANSACTION_BYTES, Socket};

@@ -452,6 +452,22 @@ pub struct Element {
     /// For interval sets with a single-field key: this element closes the range that the
     /// previous one opened.
     pub interval_end: bool,
+    /// Opaque user data kept with the element (nft keeps its comment there: see
+    /// [`comment_userdata`]).
+    pub userdata: Vec<u8>,
+}
+
+/// nft's user data for a comment on a table, set element or rule: one TLV of type 0 (the
+/// comment, for each of them), the text and its NUL. `None` when the text cannot be one
+/// (a NUL inside, or longer than the 127 bytes nft allows).
+pub fn comment_userdata(text: &str) -> Option<Vec<u8>> {
+    if text.contains('\0') || text.len() > 127 {
+        return None;
+    }
+    let mut out = vec![0, text.len() as u8 + 1];
+    out.extend_from_slice(text.as_bytes());
+    out.push(0);
+    Some(out)
 }
 
 impl Element {
@@ -464,6 +480,7 @@ impl Element {
             timeout: None,
             expiration: None,
             interval_end: false,
+            userdata: Vec::new(),
         }
     }
 

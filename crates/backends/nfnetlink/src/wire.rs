@@ -144,6 +144,9 @@ pub(crate) fn encode_element(w: &mut Writer<'_>, element: &Element) {
     if element.interval_end {
         w.u32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
     }
+    if !element.userdata.is_empty() {
+        w.bytes(NFTA_SET_ELEM_USERDATA, &element.userdata);
+    }
     w.end(nest);
 }
 
@@ -163,6 +166,7 @@ pub(crate) fn decode_element(attrs: Attrs<'_>) -> Result<Element, Malformed> {
             NFTA_SET_ELEM_TIMEOUT => element.timeout = Some(Duration::from_millis(attr.u64()?)),
             NFTA_SET_ELEM_EXPIRATION => element.expiration = Some(Duration::from_millis(attr.u64()?)),
             NFTA_SET_ELEM_FLAGS => element.interval_end = attr.u32()? & NFT_SET_ELEM_INTERVAL_END != 0,
+            NFTA_SET_ELEM_USERDATA => element.userdata = attr.value.to_vec(),
             _ => {}
         }
     }

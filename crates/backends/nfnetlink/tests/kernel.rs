@@ -875,3 +875,115 @@ fn rules_are_replaced_in_place_and_inserted_first() {
         assert_eq!(after[1..].iter().collect::<Vec<_>>(), masquerading);
     });
 }
+
+/// A rule's inline map (a sticky chain's random pick) lists as nft writes it, goes away
+/// with its rule, and a foreign chain and set are deleted by handle alone.
+#[test]
+fn anonymous_maps_bind_to_their_rule_and_objects_go_by_handle() {
+    let netns = Netns::new("nfnl").unwrap();
+    let table = table(Family::Ip);
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let mut batch = Batch::new();
+        batch.add_table(&table);
+        for chain in ["pick", "slot-0", "slot-1"] {
+            batch.add_chain(&table, &Chain::regular(chain));
+        }
+        let targets: Vec<Element> = (0u32..2)
+            .map(|i| {
+                Element::verdict(
+                    Value::new().host_u32(i).build(),
+                    Verdict::Goto(format!("slot-{i}")),
+                )
+            })
+            .collect();
+        // nft's user data: the key is host-endian (NFTNL_UDATA_SET_KEYBYTEORDER = 1), so it
+        // lists slot numbers as numbers.
+        let mut map = Set::map("", vec![Field::Integer { bytes: 4 }], SetData::Verdict);
+        map.userdata = [&[0u8, 4][..], &1u32.to_ne_bytes()].concat();
+        let set_id = batch.add_anonymous_map(&table, &map, &targets);
+        batch.add_rule(
+            &table,
+            "pick",
+            &[
+                Expr::Numgen {
+                    kind: NumgenKind::Random,
+                    modulus: 2,
+                    offset: 0,
+                    dreg: Register::r32(0),
+                },
+                Expr::AnonymousLookup {
+                    set_id,
+                    sreg: Register::r32(0),
+                    dreg: Some(Register::Verdict),
+                },
+            ],
+        );
+        batch.add_set(&table, &Set::new("foreign", vec![Field::Ipv4Addr]));
+        socket.send(&batch).unwrap();
+    });
+    let listed = netns.sh("nft list chain ip kube-proxy pick").unwrap();
+    assert!(
+        listed.contains("numgen random mod 2 vmap { 0 : goto slot-0, 1 : goto slot-1 }"),
+        "{listed}"
+    );
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let sets = socket.sets(&table).unwrap();
+        assert!(sets.iter().any(|s| s.name.starts_with("__map")), "{sets:?}");
+        let foreign = sets.iter().find(|s| s.name == "foreign").unwrap().handle;
+        let slot = socket
+            .chains(&table)
+            .unwrap()
+            .into_iter()
+            .find(|c| c.chain.name == "slot-1")
+            .unwrap()
+            .handle;
+        let mut batch = Batch::new();
+        batch.flush_chain(&table, "pick");
+        batch.delete_chain_by_handle(&table, slot);
+        batch.delete_set_by_handle(&table, foreign);
+        socket.send(&batch).unwrap();
+        let names: Vec<String> = socket.sets(&table).unwrap().into_iter().map(|s| s.name).collect();
+        assert!(
+            names.is_empty(),
+            "the anonymous map went with its rule: {names:?}"
+        );
+        let chains: Vec<String> = socket
+            .chains(&table)
+            .unwrap()
+            .into_iter()
+            .map(|c| c.chain.name)
+            .collect();
+        assert!(!chains.contains(&"slot-1".to_string()), "{chains:?}");
+    });
+}
+
+/// Comments on a table and on map elements (nft's user data) list as nft writes them, and
+/// read back; text that cannot be a comment is refused before anything is sent.
+#[test]
+fn comments_on_tables_and_elements_list_as_nft_writes_them() {
+    let netns = Netns::new("nfnl").unwrap();
+    let table = table(Family::Ip);
+    let vip: IpAddr = "10.96.0.10".parse().unwrap();
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let mut batch = Batch::new();
+        batch.add_table_with_userdata(&table, &comment_userdata("rules for kube-proxy").unwrap());
+        batch.add_chain(&table, &Chain::regular("lb-tcp-1"));
+        batch.add_set(&table, &sets(Family::Ip)[1]);
+        let mut entry = service_element(vip, 80, 1);
+        entry.userdata = comment_userdata("ns1/web:http").unwrap();
+        batch.add_elements(&table, "service-ips", &[entry.clone()]);
+        socket.send(&batch).unwrap();
+        assert_eq!(socket.elements(&table, "service-ips").unwrap(), vec![entry]);
+    });
+    let listed = netns.sh("nft list table ip kube-proxy").unwrap();
+    assert!(listed.contains("comment \"rules for kube-proxy\""), "{listed}");
+    assert!(
+        listed.contains("10.96.0.10 . tcp . 80 comment \"ns1/web:http\" : goto lb-tcp-1"),
+        "{listed}"
+    );
+    assert!(comment_userdata("a\0b").is_none());
+    assert!(comment_userdata(&"x".repeat(128)).is_none());
+}

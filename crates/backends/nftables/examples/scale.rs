@@ -1,5 +1,5 @@
-//! One quick measurement of the nftables mode at scale, through the `nft -f` transport, in
-//! a throw-away network namespace: cold full sync (generation + kernel), one endpoint
+//! One quick measurement of the nftables mode at scale, through the netlink transport (or
+//! `nft -f` with `SCALE_TRANSPORT=nft`), in a throw-away network namespace: cold full sync (generation + kernel), one endpoint
 //! change and one new Service (partial syncs), batch sizes, peak RSS.
 //!
 //! `cargo run -p kpr-nftables --example scale -- <services> <endpoints per service> [changes]`
@@ -91,8 +91,18 @@ fn main() {
         service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
         ..NftablesOptions::default()
     };
-    let cli = NftCli::new(opts.affinity_capacity).with_prefix(&["ip", "netns", "exec", netns.name()]);
-    let mut backend = NftablesBackend::new(opts.clone(), Box::new(cli)).unwrap();
+    let transport: Box<dyn kpr_nftables::Transport> = match std::env::var("SCALE_TRANSPORT").as_deref() {
+        Ok("nft") => {
+            Box::new(NftCli::new(opts.affinity_capacity).with_prefix(&["ip", "netns", "exec", netns.name()]))
+        }
+        Ok("netlink-indirect") => Box::new(netns.run(|| {
+            kpr_nftables::NetlinkTransport::open(opts.affinity_capacity)
+                .unwrap()
+                .with_verdict_indirection()
+        })),
+        _ => Box::new(netns.run(|| kpr_nftables::NetlinkTransport::open(opts.affinity_capacity).unwrap())),
+    };
+    let mut backend = NftablesBackend::new(opts.clone(), transport).unwrap();
 
     let mut world = World::new();
     for i in 0..n {

@@ -7,10 +7,13 @@
 //! - **Partial** (otherwise): only the bundles of changed Services (and the node's) are
 //!   recomputed; the [`Ledger`] turns their difference into one batch. The kernel is not
 //!   listed on this path.
-//! - **Reconcile**: a sync with nothing changed is the sync period's tick: the table is
-//!   read back (without elements) and compared with what we wrote: chain and set names,
-//!   rule counts, and the rules' JSON against the last listing that matched. Any
-//!   difference makes this sync full, which removes foreign rules and restores ours.
+//! - **Reconcile**: the table is read back (without elements) and compared with what we
+//!   wrote: chain and set names, rule counts, and the rules' text against the last listing
+//!   that matched. Any difference makes this sync full, which removes foreign rules and
+//!   restores ours. When: a transport that can tell whether anyone else committed
+//!   (netlink: the ruleset generation, one request per sync) reads back only then, at any
+//!   sync; else a sync with nothing changed (the sync period's tick) reads back, and under
+//!   steady churn once per reconcile period.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -231,9 +234,14 @@ impl NftablesBackend {
         if applied.full_at.elapsed() >= self.full_sync_period {
             return Ok(Some(FullSyncReason::Periodic));
         }
-        // A sync with nothing changed is the sync period's tick; under steady churn the
-        // check still runs once per reconcile period.
-        let due = request.changed.is_empty() || applied.checked_at.elapsed() >= self.reconcile_period;
+        // A transport that can tell whether anyone else committed (netlink: the ruleset
+        // generation) decides; else a sync with nothing changed is the sync period's tick,
+        // and under steady churn the check still runs once per reconcile period.
+        let period_due = request.changed.is_empty() || applied.checked_at.elapsed() >= self.reconcile_period;
+        let due = match self.transport.foreign_changes().map_err(SyncError::ReadBack)? {
+            Some(foreign) => foreign,
+            None => period_due,
+        };
         if due && !self.table_matches()? {
             return Ok(Some(FullSyncReason::TableChanged));
         }
@@ -340,8 +348,16 @@ impl NftablesBackend {
             }
         }
         let bundles: HashMap<Owner, Bundle> = ruleset.bundles.into_iter().collect();
-        // The baseline comes from the next reconcile's listing; a listing right here would
-        // cost every full sync a read.
+        // The baseline is what we just wrote, when listing is cheap (netlink: rules and set
+        // names, no elements); else it comes from the next reconcile's listing, as an nft
+        // listing here would cost every full sync a process and a parse.
+        let baseline = if self.transport.cheap_read_back() {
+            self.transport
+                .read_back(self.opts.family)
+                .map_err(SyncError::ReadBack)?
+        } else {
+            None
+        };
         self.applied = Some(Applied {
             ledger,
             bundles,
@@ -349,7 +365,7 @@ impl NftablesBackend {
             full_at: Instant::now(),
             checked_at: Instant::now(),
             needs_full: false,
-            baseline: None,
+            baseline,
         });
         Ok(self.report(true))
     }

@@ -3,8 +3,8 @@
 //! `apply` sends one batch as one atomic nf_tables transaction; `read_back` lists our
 //! table without set elements (chains, their rules, the names of sets), which a reconcile
 //! compares with what it expects. The real implementation here, [`NftCli`], feeds nft text
-//! to `nft -f -`; a netlink transport (crates/backends/nfnetlink) implements the same trait
-//! and takes over the hot path.
+//! to `nft -f -` (tests, tools and the oracle); [`crate::NetlinkTransport`] sends the same
+//! batches over nf_tables netlink and is what the proxy runs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
@@ -29,12 +29,16 @@ pub enum TransportError {
     List { table: String, stderr: String },
     #[error("reading nft's JSON listing: {0}")]
     Json(String),
+    #[error("{0}")]
+    Netlink(#[source] kpr_nfnetlink::Error),
 }
 
 /// Our table as the kernel holds it, without set elements.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Listing {
-    /// Chain name -> its rules, each as nft's JSON of its expressions (handles left out).
+    /// Chain name -> its rules, each as the transport's text of its expressions (nft's
+    /// JSON, or kpr-nfnetlink's expression list), handles left out: compared only with a
+    /// listing of the same transport.
     pub chains: BTreeMap<String, Vec<String>>,
     /// Names of sets and maps.
     pub sets: BTreeSet<String>,
@@ -53,6 +57,19 @@ pub trait Transport: Send {
 
     /// Has the kernel validate `batch` without committing it (start-up feature checks).
     fn check(&mut self, batch: &Batch) -> Result<(), TransportError>;
+
+    /// Whether someone else committed nf_tables changes since this transport last asked
+    /// (then our table may differ from what we wrote); `None` when the transport cannot
+    /// tell cheaply, and the backend reads the table back on its reconcile period.
+    fn foreign_changes(&mut self) -> Result<Option<bool>, TransportError> {
+        Ok(None)
+    }
+
+    /// Whether [`Transport::read_back`] is cheap enough to run after every full sync (then
+    /// the listing that rules are compared with is taken right after we wrote them).
+    fn cheap_read_back(&self) -> bool {
+        false
+    }
 }
 
 /// `nft` as a child process, optionally behind a prefix such as `ip netns exec NAME`.

@@ -8,17 +8,18 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[macro_use]
 mod common;
 
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use common::{clusterip, golden_dir, http_port, http_slice_port, options, web};
+use common::{Via, clusterip, golden_dir, http_port, http_slice_port, options, transport, web};
 use kpr_iptables::LocalDetector;
 use kpr_model::IpFamily;
 use kpr_netns::{CLUSTER_CIDR, Lab, NODE_IP, Netns, pod_ip, spread};
-use kpr_nftables::{FullSyncReason, NftCli, NftablesBackend, NftablesOptions, Transport, cleanup};
+use kpr_nftables::{FullSyncReason, NftCli, NftablesBackend, NftablesOptions, cleanup};
 use kpr_state::{Backend, SyncReport};
 use kpr_world::{World, ep};
 use serde_json::json;
@@ -45,8 +46,9 @@ fn sync(backend: &mut NftablesBackend, world: &mut World) -> SyncReport {
     backend.sync(&world.pending().request(false)).unwrap()
 }
 
-fn new_backend(netns: &Netns, opts: NftablesOptions) -> NftablesBackend {
-    NftablesBackend::new(opts, Box::new(cli(netns))).unwrap()
+fn new_backend(netns: &Netns, opts: NftablesOptions, via: Via) -> NftablesBackend {
+    let transport = transport(netns, via, opts.affinity_capacity);
+    NftablesBackend::new(opts, transport).unwrap()
 }
 
 #[test]
@@ -66,11 +68,10 @@ fn every_golden_file_loads_into_the_kernel() {
     }
 }
 
-#[test]
-fn first_sync_then_element_changes_and_a_quiet_reconcile() {
+fn first_sync_then_element_changes_and_a_quiet_reconcile(via: Via) {
     let netns = Netns::new("nftsync").unwrap();
     let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
-    let mut backend = new_backend(&netns, options());
+    let mut backend = new_backend(&netns, options(), via);
     assert!(sync(&mut backend, &mut world).full);
     let listed = nft(&netns, &["list", "table", "ip", "kube-proxy"]);
     assert!(
@@ -107,11 +108,10 @@ fn first_sync_then_element_changes_and_a_quiet_reconcile() {
     assert_eq!(report.tables[0].written, 0);
 }
 
-#[test]
-fn a_flushed_table_is_rebuilt_by_the_next_reconcile() {
+fn a_flushed_table_is_rebuilt_by_the_next_reconcile(via: Via) {
     let netns = Netns::new("nftflush").unwrap();
     let mut world = web(vec![ep("10.244.1.5")]);
-    let mut backend = new_backend(&netns, options());
+    let mut backend = new_backend(&netns, options(), via);
     sync(&mut backend, &mut world);
     let before = nft(&netns, &["list", "table", "ip", "kube-proxy"]);
     nft(&netns, &["flush", "table", "ip", "kube-proxy"]);
@@ -120,8 +120,7 @@ fn a_flushed_table_is_rebuilt_by_the_next_reconcile() {
     assert_eq!(nft(&netns, &["list", "table", "ip", "kube-proxy"]), before);
 }
 
-#[test]
-fn foreign_rules_and_chains_in_our_table_are_removed_other_tables_untouched() {
+fn foreign_rules_and_chains_in_our_table_are_removed_other_tables_untouched(via: Via) {
     let netns = Netns::new("nftforeign").unwrap();
     nft(&netns, &["add", "table", "ip", "user"]);
     nft(
@@ -144,7 +143,7 @@ fn foreign_rules_and_chains_in_our_table_are_removed_other_tables_untouched() {
     let user_before = nft(&netns, &["list", "table", "ip", "user"]);
 
     let mut world = web(vec![ep("10.244.1.5")]);
-    let mut backend = new_backend(&netns, options());
+    let mut backend = new_backend(&netns, options(), via);
     sync(&mut backend, &mut world);
     // A first reconcile records the baseline listing.
     assert!(!sync(&mut backend, &mut world).full);
@@ -197,8 +196,7 @@ fn foreign_rules_and_chains_in_our_table_are_removed_other_tables_untouched() {
     assert_eq!(nft(&netns, &["list", "table", "ip", "user"]), user_before);
 }
 
-#[test]
-fn a_restarted_proxy_adopts_the_existing_table_and_cleanup_removes_only_ours() {
+fn a_restarted_proxy_adopts_the_existing_table_and_cleanup_removes_only_ours(via: Via) {
     let netns = Netns::new("nftadopt").unwrap();
     // What upstream's nftables mode (or an older proxy) left: same table, other contents.
     nft(&netns, &["add", "table", "ip", "kube-proxy"]);
@@ -214,29 +212,28 @@ fn a_restarted_proxy_adopts_the_existing_table_and_cleanup_removes_only_ours() {
     );
     nft(&netns, &["add", "table", "ip6", "user6"]);
     let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
-    let mut first = new_backend(&netns, options());
+    let mut first = new_backend(&netns, options(), via);
     sync(&mut first, &mut world);
     let written = nft(&netns, &["list", "table", "ip", "kube-proxy"]);
     assert!(!written.contains("ULMVA6XW"));
     drop(first);
 
-    let mut second = new_backend(&netns, options());
+    let mut second = new_backend(&netns, options(), via);
     let mut again = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
     assert!(sync(&mut second, &mut again).full);
     assert_eq!(nft(&netns, &["list", "table", "ip", "kube-proxy"]), written);
 
-    let mut transport = cli(&netns);
-    assert!(cleanup(&mut transport, IpFamily::V4).unwrap());
+    let mut transport = transport(&netns, via, 1);
+    assert!(cleanup(&mut *transport, IpFamily::V4).unwrap());
     assert!(
-        !cleanup(&mut transport, IpFamily::V4).unwrap(),
+        !cleanup(&mut *transport, IpFamily::V4).unwrap(),
         "nothing left to remove"
     );
     assert!(transport.read_back(IpFamily::V4).unwrap().is_none());
     assert!(nft(&netns, &["list", "tables"]).contains("table ip6 user6"));
 }
 
-#[test]
-fn ipv6_table_loads_and_updates() {
+fn ipv6_table_loads_and_updates(via: Via) {
     let netns = Netns::new("nft6").unwrap();
     let mut world = World::with_family(IpFamily::V6);
     world
@@ -248,7 +245,7 @@ fn ipv6_table_loads_and_updates() {
         local_detector: LocalDetector::ClusterCidr(vec!["fd00:10:244::/56".parse().unwrap()]),
         ..options()
     };
-    let mut backend = new_backend(&netns, opts);
+    let mut backend = new_backend(&netns, opts, via);
     assert!(sync(&mut backend, &mut world).full);
     world.slice(
         "web",
@@ -270,8 +267,7 @@ fn answered(counts: &std::collections::BTreeMap<String, usize>) -> Vec<&str> {
     counts.keys().map(String::as_str).collect()
 }
 
-#[test]
-fn traffic_follows_cluster_ip_and_node_port_through_an_endpoint_change() {
+fn traffic_follows_cluster_ip_and_node_port_through_an_endpoint_change(via: Via) {
     let lab = Lab::new(3).unwrap();
     let _servers: Vec<_> = (0..3)
         .map(|i| {
@@ -292,7 +288,7 @@ fn traffic_follows_cluster_ip_and_node_port_through_an_endpoint_change() {
                                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}))
         .slice("web", http_slice_port(), vec![endpoint(0), endpoint(1)])
         .service("empty", clusterip("10.96.0.30", http_port()));
-    let mut backend = new_backend(lab.node(), opts);
+    let mut backend = new_backend(lab.node(), opts, via);
     assert!(sync(&mut backend, &mut world).full);
 
     let vip = sock([10, 96, 0, 10], 80);
@@ -325,12 +321,11 @@ fn traffic_follows_cluster_ip_and_node_port_through_an_endpoint_change() {
     assert_eq!(answered(&spread(lab.pod(0), vip, 20)), ["pod2"]);
 }
 
-#[test]
-fn this_kernel_supports_every_feature_and_the_check_commits_nothing() {
+fn this_kernel_supports_every_feature_and_the_check_commits_nothing(via: Via) {
     let netns = Netns::new("nftcheck").unwrap();
     for family in [IpFamily::V4, IpFamily::V6] {
         let opts = NftablesOptions { family, ..options() };
-        kpr_nftables::check_support(&mut cli(&netns), &opts).unwrap();
+        kpr_nftables::check_support(&mut *transport(&netns, via, 1), &opts).unwrap();
     }
     assert_eq!(
         nft(&netns, &["list", "tables"]),
@@ -339,11 +334,10 @@ fn this_kernel_supports_every_feature_and_the_check_commits_nothing() {
     );
 }
 
-#[test]
-fn under_steady_churn_the_table_is_still_checked_every_reconcile_period() {
+fn under_steady_churn_the_table_is_still_checked_every_reconcile_period(via: Via) {
     let netns = Netns::new("nftchurn").unwrap();
     let mut world = web(vec![ep("10.244.1.5")]);
-    let mut backend = new_backend(&netns, options()).with_reconcile_period(std::time::Duration::ZERO);
+    let mut backend = new_backend(&netns, options(), via).with_reconcile_period(std::time::Duration::ZERO);
     sync(&mut backend, &mut world);
     nft(&netns, &["flush", "table", "ip", "kube-proxy"]);
     // A sync with a change: the check is due anyway.
@@ -355,4 +349,240 @@ fn under_steady_churn_the_table_is_still_checked_every_reconcile_period() {
         &["list", "map", "ip", "kube-proxy", "service-endpoints-tcp"],
     );
     assert!(listed.contains("10.244.1.6 . 8080"), "{listed}");
+}
+
+through_both_transports!(
+    first_sync_then_element_changes_and_a_quiet_reconcile,
+    a_flushed_table_is_rebuilt_by_the_next_reconcile,
+    foreign_rules_and_chains_in_our_table_are_removed_other_tables_untouched,
+    a_restarted_proxy_adopts_the_existing_table_and_cleanup_removes_only_ours,
+    ipv6_table_loads_and_updates,
+    traffic_follows_cluster_ip_and_node_port_through_an_endpoint_change,
+    this_kernel_supports_every_feature_and_the_check_commits_nothing,
+    under_steady_churn_the_table_is_still_checked_every_reconcile_period,
+);
+
+// === netlink only: what goes over the wire, and foreign commits seen by generation ===
+
+/// What [`Recording`] notes for a read-back.
+const READ_BACK: &str = "(read back)";
+
+/// Records every batch it passes on, lowered to netlink, and every read-back, so tests can
+/// see what went to the kernel.
+struct Recording {
+    inner: kpr_nftables::NetlinkTransport,
+    sent: std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>,
+}
+
+impl kpr_nftables::Transport for Recording {
+    fn apply(&mut self, batch: &kpr_nftables::Batch) -> Result<(), kpr_nftables::TransportError> {
+        let ops = self
+            .inner
+            .lower(batch)
+            .operations()
+            .map(|o| o.to_string())
+            .collect();
+        self.sent.lock().unwrap().push(ops);
+        self.inner.apply(batch)
+    }
+    fn read_back(
+        &mut self,
+        family: IpFamily,
+    ) -> Result<Option<kpr_nftables::Listing>, kpr_nftables::TransportError> {
+        self.sent.lock().unwrap().push(vec![READ_BACK.to_string()]);
+        self.inner.read_back(family)
+    }
+    fn check(&mut self, batch: &kpr_nftables::Batch) -> Result<(), kpr_nftables::TransportError> {
+        self.inner.check(batch)
+    }
+    fn foreign_changes(&mut self) -> Result<Option<bool>, kpr_nftables::TransportError> {
+        self.inner.foreign_changes()
+    }
+    fn cheap_read_back(&self) -> bool {
+        self.inner.cheap_read_back()
+    }
+}
+
+#[allow(clippy::type_complexity)]
+fn recording_backend(
+    netns: &Netns,
+) -> (
+    NftablesBackend,
+    std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>,
+) {
+    let sent = std::sync::Arc::default();
+    let inner = netns.run(|| kpr_nftables::NetlinkTransport::open(options().affinity_capacity).unwrap());
+    let transport = Recording {
+        inner,
+        sent: std::sync::Arc::clone(&sent),
+    };
+    (
+        NftablesBackend::new(options(), Box::new(transport)).unwrap(),
+        sent,
+    )
+}
+
+#[test]
+fn a_partial_sync_sends_one_netlink_transaction_of_element_changes_only() {
+    let netns = Netns::new("nlbatch").unwrap();
+    let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
+    let (mut backend, sent) = recording_backend(&netns);
+    assert!(sync(&mut backend, &mut world).full);
+    sent.lock().unwrap().clear();
+
+    // One endpoint replaced by another: same count, so no chain changes.
+    world.slice("web", http_slice_port(), vec![ep("10.244.1.5"), ep("10.244.3.7")]);
+    assert!(!sync(&mut backend, &mut world).full);
+    let batches = sent.lock().unwrap().clone();
+    assert_eq!(batches.len(), 1, "one transaction and no read-back: {batches:?}");
+    let ops = &batches[0];
+    assert!(!ops.is_empty());
+    assert!(
+        ops.iter()
+            .all(|op| op.starts_with("add ") && op.contains(" element(s) to set ")
+                || op.starts_with("delete ") && op.contains(" element(s) from set ")),
+        "only element changes: {ops:?}"
+    );
+    assert!(
+        ops.iter().any(|op| op.contains("service-endpoints-tcp")),
+        "{ops:?}"
+    );
+    let listed = nft(
+        &netns,
+        &["list", "map", "ip", "kube-proxy", "service-endpoints-tcp"],
+    );
+    assert!(listed.contains("10.244.3.7 . 8080"), "{listed}");
+    assert!(!listed.contains("10.244.2.6"), "{listed}");
+}
+
+#[test]
+fn a_quiet_netlink_sync_lists_nothing_and_a_foreign_commit_is_noticed_and_repaired() {
+    let netns = Netns::new("nlgen").unwrap();
+    let mut world = web(vec![ep("10.244.1.5")]);
+    let (mut backend, sent) = recording_backend(&netns);
+    assert!(sync(&mut backend, &mut world).full);
+    let reject_chain = || nft(&netns, &["list", "chain", "ip", "kube-proxy", "reject-chain"]);
+    let before = reject_chain();
+
+    // Nothing committed by anyone: nothing sent, nothing listed (the generation says so).
+    sent.lock().unwrap().clear();
+    assert!(!sync(&mut backend, &mut world).full);
+    assert!(sent.lock().unwrap().is_empty(), "{:?}", sent.lock().unwrap());
+
+    // A commit to another table is noticed, read back once, and found harmless.
+    nft(&netns, &["add", "table", "ip", "user"]);
+    assert!(!sync(&mut backend, &mut world).full);
+    assert_eq!(*sent.lock().unwrap(), vec![vec![READ_BACK.to_string()]]);
+    sent.lock().unwrap().clear();
+    assert!(!sync(&mut backend, &mut world).full);
+    assert!(
+        sent.lock().unwrap().is_empty(),
+        "seen once: {:?}",
+        sent.lock().unwrap()
+    );
+
+    // Someone replaces one of our rules in place while Services keep changing (a sync
+    // with changes, long before any reconcile period): repaired at once.
+    let handle = nft(
+        &netns,
+        &["-a", "list", "chain", "ip", "kube-proxy", "reject-chain"],
+    )
+    .lines()
+    .filter(|l| l.contains("reject #"))
+    .find_map(|l| l.split("# handle ").nth(1).map(str::trim).map(str::to_string))
+    .unwrap();
+    nft(
+        &netns,
+        &[
+            "replace",
+            "rule",
+            "ip",
+            "kube-proxy",
+            "reject-chain",
+            "handle",
+            &handle,
+            "accept",
+        ],
+    );
+    world.slice("web", http_slice_port(), vec![ep("10.244.1.5")]);
+    world.service("other", clusterip("10.96.0.20", http_port()));
+    assert!(sync(&mut backend, &mut world).full);
+    assert_eq!(backend.last_full_reason(), Some(FullSyncReason::TableChanged));
+    let after = nft(&netns, &["list", "table", "ip", "kube-proxy"]);
+    assert!(after.contains("10.96.0.20"), "{after}");
+    assert_eq!(reject_chain(), before, "our rule is back");
+    assert!(nft(&netns, &["list", "tables"]).contains("table ip user"));
+}
+
+/// Loads `world` through both transports, each into a namespace of its own, and returns
+/// both `nft list table` texts.
+fn listed_through_both(world: &mut World, opts: &NftablesOptions) -> (String, String) {
+    let pending = world.pending();
+    let family = match opts.family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    };
+    let list = |via: Via| {
+        let netns = Netns::new("nloracle").unwrap();
+        let mut backend = new_backend(&netns, opts.clone(), via);
+        assert!(backend.sync(&pending.request(false)).unwrap().full);
+        nft(&netns, &["list", "table", family, "kube-proxy"])
+    };
+    (list(Via::Nft), list(Via::Netlink))
+}
+
+/// nft is the oracle: whatever the netlink transport writes lists exactly as what `nft -f`
+/// writes for the same state, for every kind of set, element, chain and rule the mode has.
+#[test]
+fn netlink_writes_what_nft_writes() {
+    let mut world = World::new();
+    world
+        .service("web", common::nodeport_web(json!({"externalTrafficPolicy": "Local", "externalIPs": ["203.0.113.9"]})))
+        .slice("web", http_slice_port(), vec![ep("10.244.1.5 local"), ep("10.244.2.6"), ep("10.244.3.7")])
+        .service("lb", json!({"type": "LoadBalancer", "clusterIP": "10.96.0.20",
+                   "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30081}],
+                   "loadBalancerSourceRanges": ["192.0.2.0/24", "198.51.100.7/32"],
+                   "status": {"loadBalancer": {"ingress": [{"ip": "5.6.7.8"}]}}}))
+        .slice("lb", http_slice_port(), vec![ep("10.244.1.5")])
+        .service("sticky", json!({"type": "ClusterIP", "clusterIP": "10.96.0.30", "ports": http_port(),
+                   "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}))
+        .slice("sticky", http_slice_port(), vec![ep("10.244.1.5"), ep("10.244.2.6")])
+        .service("dns", json!({"type": "ClusterIP", "clusterIP": "10.96.0.53",
+                   "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "s", "port": 9, "protocol": "SCTP"}]}))
+        .slice("dns", json!([{"name": "dns", "port": 5353, "protocol": "UDP"}, {"name": "s", "port": 99, "protocol": "SCTP"}]), vec![ep("10.244.1.5")])
+        .service("empty", clusterip("10.96.0.40", http_port()));
+    let opts = NftablesOptions {
+        local_detector: LocalDetector::InterfaceNamePrefix(
+            kpr_iptables::InterfaceName::prefix("veth").unwrap(),
+        ),
+        ..options()
+    };
+    let (nft_text, netlink_text) = listed_through_both(&mut world, &opts);
+    for expected in [
+        "numgen random mod 2 vmap",
+        "update @affinity-service-endpoints-tcp",
+        "5.6.7.8 . tcp . 80 . 192.0.2.0/24",
+        "10.96.0.53 . 9 . 0 : 10.244.1.5 . 99",
+        "iifname \"veth*\"",
+        "10.96.0.40 . tcp . 80 comment \"default/empty:http\" : goto reject-chain",
+        "10.96.0.0/16",
+        "comment \"rules for kube-proxy\"",
+    ] {
+        assert!(nft_text.contains(expected), "{expected}: {nft_text}");
+    }
+    assert_eq!(netlink_text, nft_text);
+
+    let mut world = World::with_family(IpFamily::V6);
+    world
+        .service("web", json!({"type": "NodePort", "clusterIP": "fd00:96::10", "ipFamilies": ["IPv6"],
+                               "sessionAffinity": "ClientIP",
+                               "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}))
+        .slice("web", http_slice_port(), vec![ep("fd00:10:244:1::5"), ep("fd00:10:244:1::6")]);
+    let opts = NftablesOptions {
+        family: IpFamily::V6,
+        local_detector: LocalDetector::ClusterCidr(vec!["fd00:10:244::/56".parse().unwrap()]),
+        ..options()
+    };
+    let (nft_text, netlink_text) = listed_through_both(&mut world, &opts);
+    assert_eq!(netlink_text, nft_text);
 }

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[macro_use]
 mod common;
 
 use std::collections::BTreeMap;
@@ -12,13 +13,13 @@ use std::io::ErrorKind;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use common::http_slice_port;
+use common::{Via, http_slice_port, transport};
 use kpr_iptables::{IptablesBackend, IptablesCli, IptablesOptions, LocalDetector, Variant};
 use kpr_model::IpFamily;
 use kpr_netns::{
     Backend as Server, CLIENT_IP, CLUSTER_CIDR, Lab, NODE_IP, Netns, pod_ip, spread, spread_udp,
 };
-use kpr_nftables::{NftCli, NftablesBackend, NftablesOptions, Transport, cleanup};
+use kpr_nftables::{NftablesBackend, NftablesOptions, cleanup};
 use kpr_state::Backend;
 use kpr_world::{World, ep};
 use serde_json::{Value, json};
@@ -38,9 +39,8 @@ fn opts() -> NftablesOptions {
     }
 }
 
-fn nft_backend(netns: &Netns) -> NftablesBackend {
-    let cli = NftCli::new(opts().affinity_capacity).with_prefix(&["ip", "netns", "exec", netns.name()]);
-    NftablesBackend::new(opts(), Box::new(cli)).unwrap()
+fn nft_backend(netns: &Netns, via: Via) -> NftablesBackend {
+    NftablesBackend::new(opts(), transport(netns, via, opts().affinity_capacity)).unwrap()
 }
 
 /// A lab with `n` pods serving TCP on 8080 (answering `pod<i>`), the client routing the
@@ -81,8 +81,7 @@ fn sync(backend: &mut dyn Backend, world: &mut World) -> kpr_state::SyncReport {
     backend.sync(&world.pending().request(false)).unwrap()
 }
 
-#[test]
-fn external_traffic_policy_local_keeps_the_client_ip_and_short_circuits_pods() {
+fn external_traffic_policy_local_keeps_the_client_ip_and_short_circuits_pods(via: Via) {
     let cluster = Cluster::new(3);
     let mut world = World::new();
     world
@@ -98,7 +97,7 @@ fn external_traffic_policy_local_keeps_the_client_ip_and_short_circuits_pods() {
             http_slice_port(),
             vec![endpoint(0, "local"), endpoint(1, "")],
         );
-    let mut backend = nft_backend(cluster.lab.node());
+    let mut backend = nft_backend(cluster.lab.node(), via);
     sync(&mut backend, &mut world);
 
     let client = cluster.lab.client();
@@ -137,15 +136,14 @@ fn external_traffic_policy_local_keeps_the_client_ip_and_short_circuits_pods() {
     );
 }
 
-#[test]
-fn cluster_policy_masquerades_outside_traffic() {
+fn cluster_policy_masquerades_outside_traffic(via: Via) {
     let cluster = Cluster::new(2);
     let mut world = World::new();
     world
         .service("web", json!({"type": "NodePort", "clusterIP": "10.96.0.10",
                                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}))
         .slice("web", http_slice_port(), vec![endpoint(0, ""), endpoint(1, "")]);
-    let mut backend = nft_backend(cluster.lab.node());
+    let mut backend = nft_backend(cluster.lab.node(), via);
     sync(&mut backend, &mut world);
     assert_eq!(
         answered(&spread(cluster.lab.client(), sock(NODE_IP, 30080), 40)),
@@ -158,8 +156,7 @@ fn cluster_policy_masquerades_outside_traffic() {
     );
 }
 
-#[test]
-fn load_balancer_source_ranges_admit_only_listed_clients() {
+fn load_balancer_source_ranges_admit_only_listed_clients(via: Via) {
     let cluster = Cluster::new(1);
     let spec = |range: &str| {
         json!({"type": "LoadBalancer", "clusterIP": "10.96.0.10", "loadBalancerSourceRanges": [range],
@@ -170,7 +167,7 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
     world
         .service("web", spec("192.168.77.0/24"))
         .slice("web", http_slice_port(), vec![endpoint(0, "")]);
-    let mut backend = nft_backend(cluster.lab.node());
+    let mut backend = nft_backend(cluster.lab.node(), via);
     sync(&mut backend, &mut world);
     let client = cluster.lab.client();
     assert_eq!(
@@ -195,8 +192,7 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
     );
 }
 
-#[test]
-fn client_ip_affinity_sticks_to_one_endpoint() {
+fn client_ip_affinity_sticks_to_one_endpoint(via: Via) {
     let cluster = Cluster::new(3);
     let mut world = World::new();
     world
@@ -204,7 +200,7 @@ fn client_ip_affinity_sticks_to_one_endpoint() {
                                "ports": [{"name": "http", "port": 80, "targetPort": 8080}],
                                "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}}}))
         .slice("web", http_slice_port(), vec![endpoint(0, ""), endpoint(1, "")]);
-    let mut backend = nft_backend(cluster.lab.node());
+    let mut backend = nft_backend(cluster.lab.node(), via);
     sync(&mut backend, &mut world);
     let vip = sock([10, 96, 0, 10], 80);
     let first = answered(&spread(cluster.lab.pod(2), vip, 30))
@@ -227,8 +223,7 @@ fn client_ip_affinity_sticks_to_one_endpoint() {
     );
 }
 
-#[test]
-fn udp_service_spreads_over_its_pods() {
+fn udp_service_spreads_over_its_pods(via: Via) {
     let lab = Lab::new(3).unwrap();
     let _udp: Vec<_> = (0..2)
         .map(|i| {
@@ -242,7 +237,7 @@ fn udp_service_spreads_over_its_pods() {
         .service("dns", json!({"type": "ClusterIP", "clusterIP": "10.96.0.53",
                                "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}))
         .slice("dns", json!([{"name": "dns", "port": 5353, "protocol": "UDP"}]), vec![endpoint(0, ""), endpoint(1, "")]);
-    let mut backend = nft_backend(lab.node());
+    let mut backend = nft_backend(lab.node(), via);
     sync(&mut backend, &mut world);
     assert_eq!(
         answered(&spread_udp(lab.pod(2), sock([10, 96, 0, 53], 53), 60)),
@@ -253,8 +248,7 @@ fn udp_service_spreads_over_its_pods() {
 /// Switching modes: the new mode's start removes the old one's rules (iptables cleanup for
 /// iptables -> nftables, the nftables table for nftables -> iptables), and traffic works
 /// after each switch.
-#[test]
-fn switching_between_iptables_and_nftables_both_ways() {
+fn switching_between_iptables_and_nftables_both_ways(via: Via) {
     let cluster = Cluster::new(2);
     let node = cluster.lab.node();
     let mut world = World::new();
@@ -275,10 +269,9 @@ fn switching_between_iptables_and_nftables_both_ways() {
         let out = node.command("iptables-nft-save").output().unwrap();
         String::from_utf8_lossy(&out.stdout).contains("KUBE-SERVICES")
     };
-    let nft_table = || {
-        let mut cli = NftCli::new(1).with_prefix(&["ip", "netns", "exec", node.name()]);
-        cli.read_back(IpFamily::V4).unwrap().is_some()
-    };
+    // Read and removed through the transport under test (nft cannot list the rules of
+    // verdict indirection).
+    let nft_table = || transport(node, via, 1).read_back(IpFamily::V4).unwrap().is_some();
     let works = || {
         assert_eq!(
             answered(&spread(cluster.lab.client(), sock(NODE_IP, 30080), 30)),
@@ -292,13 +285,12 @@ fn switching_between_iptables_and_nftables_both_ways() {
     let report = kpr_iptables::cleanup(&IptablesCli::in_netns(IpFamily::V4, Variant::Nft, node.name()));
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert!(!iptables_rules());
-    let mut nft = nft_backend(node);
+    let mut nft = nft_backend(node, via);
     nft.sync(&state.request(true)).unwrap();
     assert!(nft_table());
     works();
     // nftables -> iptables.
-    let mut cli = NftCli::new(1).with_prefix(&["ip", "netns", "exec", node.name()]);
-    assert!(cleanup(&mut cli, IpFamily::V4).unwrap());
+    assert!(cleanup(&mut *transport(node, via, 1), IpFamily::V4).unwrap());
     assert!(!nft_table());
     iptables().sync(&state.request(true)).unwrap();
     assert!(iptables_rules());
@@ -321,8 +313,7 @@ fn udp_from_fixed_port(ns: &Netns, to: SocketAddr) -> Result<String, String> {
 
 /// Stale UDP conntrack entries are deleted after the sync that removes their endpoint
 /// (kpr-conntrack's reconciler, called by the backend), so a long-lived flow moves.
-#[test]
-fn a_udp_flow_moves_when_its_endpoint_leaves() {
+fn a_udp_flow_moves_when_its_endpoint_leaves(via: Via) {
     let lab = Lab::new(3).unwrap();
     let _udp: Vec<_> = (0..2)
         .map(|i| {
@@ -339,8 +330,8 @@ fn a_udp_flow_moves_when_its_endpoint_leaves() {
     };
     let mut world = World::new();
     dns(vec![endpoint(0, "")], &mut world);
-    let mut backend =
-        nft_backend(lab.node()).with_conntrack(Box::new(kpr_conntrack::Reconciler::netlink(IpFamily::V4)));
+    let mut backend = nft_backend(lab.node(), via)
+        .with_conntrack(Box::new(kpr_conntrack::Reconciler::netlink(IpFamily::V4)));
     let node = lab.node();
     let mut sync_in_node = |world: &mut World| {
         let pending = world.pending();
@@ -359,8 +350,7 @@ fn a_udp_flow_moves_when_its_endpoint_leaves() {
 /// Cluster-IP traffic from outside the pod network is masqueraded (replies must come back
 /// through this node); a pod reaching itself through its Service is masqueraded too
 /// (hairpin), or its reply would bypass the DNAT's reverse translation.
-#[test]
-fn off_cluster_and_hairpin_traffic_to_a_cluster_ip_is_masqueraded() {
+fn off_cluster_and_hairpin_traffic_to_a_cluster_ip_is_masqueraded(via: Via) {
     let cluster = Cluster::new(1);
     cluster
         .lab
@@ -375,7 +365,7 @@ fn off_cluster_and_hairpin_traffic_to_a_cluster_ip_is_masqueraded() {
                                "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
         )
         .slice("web", http_slice_port(), vec![endpoint(0, "")]);
-    let mut backend = nft_backend(cluster.lab.node());
+    let mut backend = nft_backend(cluster.lab.node(), via);
     sync(&mut backend, &mut world);
     let vip = sock([10, 96, 0, 10], 80);
     assert_eq!(
@@ -406,8 +396,7 @@ fn off_cluster_and_hairpin_traffic_to_a_cluster_ip_is_masqueraded() {
 }
 
 /// `--nodeport-addresses`: NodePorts answer only on the node addresses inside the CIDRs.
-#[test]
-fn nodeport_addresses_limit_where_node_ports_answer() {
+fn nodeport_addresses_limit_where_node_ports_answer(via: Via) {
     let cluster = Cluster::new(1);
     let node = cluster.lab.node();
     // A second node address, outside the CIDR, reachable from the client.
@@ -422,9 +411,9 @@ fn nodeport_addresses_limit_where_node_ports_answer() {
         nodeport_addresses: kpr_iptables::NodePortAddresses::Cidrs(vec!["192.168.77.0/24".parse().unwrap()]),
         ..opts()
     };
-    let cli = NftCli::new(opts.affinity_capacity).with_prefix(&["ip", "netns", "exec", node.name()]);
+    let transport = transport(node, via, opts.affinity_capacity);
     let addresses = kpr_iptables::FixedAddresses(vec![IpAddr::V4(NODE_IP), "192.168.78.1".parse().unwrap()]);
-    let mut backend = NftablesBackend::new(opts, Box::new(cli))
+    let mut backend = NftablesBackend::new(opts, transport)
         .unwrap()
         .with_local_addresses(Box::new(addresses));
     let mut world = World::new();
@@ -451,8 +440,7 @@ fn nodeport_addresses_limit_where_node_ports_answer() {
 }
 
 /// The `ip6 kube-proxy` table carries IPv6 traffic the same way.
-#[test]
-fn ipv6_cluster_ip_and_node_port_carry_traffic() {
+fn ipv6_cluster_ip_and_node_port_carry_traffic(via: Via) {
     use kpr_netns::{CLUSTER_CIDR_V6, NODE_IP_V6, pod_ip_v6};
     let lab = Lab::new(3).unwrap();
     let _servers: Vec<_> = (0..2)
@@ -468,8 +456,8 @@ fn ipv6_cluster_ip_and_node_port_carry_traffic() {
         service_cidrs: vec!["fd00:96::/112".parse().unwrap()],
         ..NftablesOptions::default()
     };
-    let cli = NftCli::new(opts.affinity_capacity).with_prefix(&["ip", "netns", "exec", lab.node().name()]);
-    let mut backend = NftablesBackend::new(opts, Box::new(cli)).unwrap();
+    let transport = transport(lab.node(), via, opts.affinity_capacity);
+    let mut backend = NftablesBackend::new(opts, transport).unwrap();
     let mut world = World::with_family(IpFamily::V6);
     world
         .service("web", json!({"type": "NodePort", "clusterIP": "fd00:96::10", "ipFamilies": ["IPv6"],
@@ -495,8 +483,7 @@ fn ipv6_cluster_ip_and_node_port_carry_traffic() {
 
 /// Full syncs after the first rebuild the table in place, keeping the affinity sets and
 /// the endpoints' slots: a sticky client stays with its endpoint.
-#[test]
-fn client_ip_affinity_survives_full_syncs() {
+fn client_ip_affinity_survives_full_syncs(via: Via) {
     let cluster = Cluster::new(4);
     let mut world = World::new();
     world
@@ -504,7 +491,7 @@ fn client_ip_affinity_survives_full_syncs() {
                                "ports": [{"name": "http", "port": 80, "targetPort": 8080}],
                                "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}}}))
         .slice("web", http_slice_port(), vec![endpoint(0, ""), endpoint(1, ""), endpoint(2, "")]);
-    let mut backend = nft_backend(cluster.lab.node());
+    let mut backend = nft_backend(cluster.lab.node(), via);
     let pending = world.pending();
     assert!(backend.sync(&pending.request(false)).unwrap().full);
     let vip = sock([10, 96, 0, 10], 80);
@@ -518,3 +505,17 @@ fn client_ip_affinity_survives_full_syncs() {
         assert_eq!(answered(&spread(cluster.lab.pod(3), vip, 5)), [first[0].as_str()]);
     }
 }
+
+through_every_transport!(
+    external_traffic_policy_local_keeps_the_client_ip_and_short_circuits_pods,
+    cluster_policy_masquerades_outside_traffic,
+    load_balancer_source_ranges_admit_only_listed_clients,
+    client_ip_affinity_sticks_to_one_endpoint,
+    udp_service_spreads_over_its_pods,
+    switching_between_iptables_and_nftables_both_ways,
+    a_udp_flow_moves_when_its_endpoint_leaves,
+    off_cluster_and_hairpin_traffic_to_a_cluster_ip_is_masqueraded,
+    nodeport_addresses_limit_where_node_ports_answer,
+    ipv6_cluster_ip_and_node_port_carry_traffic,
+    client_ip_affinity_survives_full_syncs,
+);

@@ -81,3 +81,80 @@ pub fn nodeport_web(extra: Value) -> Value {
     }
     spec
 }
+
+/// Which transport a kernel test drives: `nft -f` (the oracle) or netlink (what the proxy
+/// runs). Kernel and traffic tests run through both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    Nft,
+    Netlink,
+    /// Netlink with verdict indirection (`NetlinkTransport::with_verdict_indirection`).
+    NetlinkIndirect,
+}
+
+/// A transport into `netns` (the netlink socket is opened inside it and stays there).
+pub fn transport(
+    netns: &kpr_netns::Netns,
+    via: Via,
+    affinity_capacity: u32,
+) -> Box<dyn kpr_nftables::Transport> {
+    match via {
+        Via::Nft => Box::new(kpr_nftables::NftCli::new(affinity_capacity).with_prefix(&[
+            "ip",
+            "netns",
+            "exec",
+            netns.name(),
+        ])),
+        Via::Netlink => {
+            Box::new(netns.run(|| kpr_nftables::NetlinkTransport::open(affinity_capacity).unwrap()))
+        }
+        Via::NetlinkIndirect => Box::new(netns.run(|| {
+            kpr_nftables::NetlinkTransport::open(affinity_capacity)
+                .unwrap()
+                .with_verdict_indirection()
+        })),
+    }
+}
+
+/// Makes each named `fn(Via)` two tests, `<name>::nft` and `<name>::netlink`.
+#[allow(unused_macros)] // golden and update tests share this module without kernel tests
+macro_rules! through_both_transports {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn nft() {
+                    super::$name(super::common::Via::Nft)
+                }
+                #[test]
+                fn netlink() {
+                    super::$name(super::common::Via::Netlink)
+                }
+            }
+        )*
+    };
+}
+
+/// Like `through_both_transports`, plus `<name>::netlink_indirect` (verdict indirection):
+/// for tests that check traffic rather than `nft list` text.
+#[allow(unused_macros)] // golden and update tests share this module without kernel tests
+macro_rules! through_every_transport {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn nft() {
+                    super::$name(super::common::Via::Nft)
+                }
+                #[test]
+                fn netlink() {
+                    super::$name(super::common::Via::Netlink)
+                }
+                #[test]
+                fn netlink_indirect() {
+                    super::$name(super::common::Via::NetlinkIndirect)
+                }
+            }
+        )*
+    };
+}

@@ -23,6 +23,7 @@ mod payloads;
 mod render;
 mod report;
 mod stats;
+mod targets;
 mod timed;
 
 use std::path::PathBuf;

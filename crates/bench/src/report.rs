@@ -13,6 +13,7 @@ use crate::load::{LoadResult, Outcome, Partial};
 use crate::machine::Machine;
 use crate::nftables::{NftRow, Spread};
 use crate::render::RenderStats;
+use crate::targets::targets_section;
 
 /// Everything measured for one cluster size.
 #[derive(Clone, Debug)]
@@ -237,6 +238,10 @@ pub fn document(
     }
     method_section(&mut out, settings);
     out.push_str(&commentary(rows));
+    if !nft_rows.is_empty() || !e2e_rows.is_empty() {
+        out.push('\n');
+        out.push_str(&targets_section(nft_rows, e2e_rows));
+    }
     out
 }
 

@@ -14,49 +14,19 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kpr_apiserver::{Options, TestApiServer};
 use kpr_netns::{eventually, pod_ip};
 use serde_json::json;
+use support::api::ApiCluster;
 use support::*;
-use tokio::runtime::Runtime;
 
-const API_ADDR: &str = "127.0.0.1:6443";
-
-/// A lab, a test API server listening inside its node namespace, and the kubeconfig for it.
-struct ApiCluster {
-    cluster: Cluster,
-    runtime: Runtime,
-    api: TestApiServer,
-    kubeconfig: tempfile::NamedTempFile,
+/// What these tests add to the shared API lab.
+trait ApiClusterExt {
+    fn serving_web(pods: usize, backends: &[usize], endpoints: &[usize]) -> Self;
+    fn restart_api(&self);
+    fn stop_api(&self);
 }
 
-impl ApiCluster {
-    fn new(pods: usize) -> Self {
-        let cluster = Cluster::new(pods);
-        let runtime = Runtime::new().unwrap();
-        let options = Options {
-            listen: API_ADDR.parse().unwrap(),
-            bookmark_interval: Duration::from_secs(5),
-            ..Options::default()
-        };
-        // Bound on a thread inside the node namespace, so the socket lives there.
-        let api = cluster
-            .node()
-            .run(|| runtime.block_on(TestApiServer::start_with(options)))
-            .unwrap();
-        let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-        api.write_kubeconfig(kubeconfig.path()).unwrap();
-        // A cluster has this node's Node: the proxy reads its node IP there at start-up (and
-        // would wait for it as upstream does).
-        api.apply(&node_object(json!([]))).unwrap();
-        Self {
-            cluster,
-            runtime,
-            api,
-            kubeconfig,
-        }
-    }
-
+impl ApiClusterExt for ApiCluster {
     /// [`ApiCluster::new`] with TCP backends on port 8080 in `backends`, and the API server
     /// holding Service `web` (on `WEB_VIP`) with ready endpoints on `endpoints`.
     fn serving_web(pods: usize, backends: &[usize], endpoints: &[usize]) -> Self {
@@ -65,15 +35,6 @@ impl ApiCluster {
         c.api.apply(&web_service(json!({}), "web", "10.96.0.10")).unwrap();
         c.api.apply(&web_slice("web", endpoints)).unwrap();
         c
-    }
-
-    fn start_proxy(&mut self, extra: &[&str]) {
-        let kubeconfig = format!("--kubeconfig={}", self.kubeconfig.path().display());
-        let args: Vec<&str> = [kubeconfig.as_str()]
-            .into_iter()
-            .chain(extra.iter().copied())
-            .collect();
-        self.cluster.start_proxy_with(&args, false);
     }
 
     fn restart_api(&self) {

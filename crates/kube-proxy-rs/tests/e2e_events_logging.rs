@@ -9,60 +9,38 @@ mod support;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event as ApiEvent;
-use kpr_apiserver::{Options, TestApiServer};
 use kpr_netns::eventually;
 use serde_json::{Value, json};
+use support::api::ApiCluster;
 use support::*;
-use tokio::runtime::Runtime;
 
-const API_ADDR: &str = "127.0.0.1:6443";
+/// The shared API lab (`support::api`), holding Service `web`.
+struct ApiLab(ApiCluster);
 
-/// A lab with a test API server listening inside its node namespace, holding Service `web`.
-struct ApiLab {
-    cluster: Cluster,
-    // Drives the API server's tasks; dropped after it.
-    _runtime: Runtime,
-    api: TestApiServer,
-    kubeconfig: tempfile::NamedTempFile,
+impl std::ops::Deref for ApiLab {
+    type Target = ApiCluster;
+    fn deref(&self) -> &ApiCluster {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ApiLab {
+    fn deref_mut(&mut self) -> &mut ApiCluster {
+        &mut self.0
+    }
 }
 
 impl ApiLab {
     fn new() -> Self {
-        let cluster = Cluster::new(1);
-        let runtime = Runtime::new().unwrap();
-        let options = Options {
-            listen: API_ADDR.parse().unwrap(),
-            ..Options::default()
-        };
-        // Bound on a thread inside the node namespace, so the socket lives there.
-        let api = cluster
-            .node()
-            .run(|| runtime.block_on(TestApiServer::start_with(options)))
-            .unwrap();
-        let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-        api.write_kubeconfig(kubeconfig.path()).unwrap();
-        api.apply(&node_object(json!([]))).unwrap();
+        let lab = ApiCluster::new(1);
         let web: Service = serde_json::from_value(json!({
             "metadata": {"name": "web", "namespace": "default"},
             "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
                      "ports": [{"name": "p", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
         }))
         .unwrap();
-        api.apply(&web).unwrap();
-        Self {
-            cluster,
-            _runtime: runtime,
-            api,
-            kubeconfig,
-        }
-    }
-
-    fn start_proxy(&mut self, extra: &[&str]) {
-        let kubeconfig = format!("--kubeconfig={}", self.kubeconfig.path().display());
-        let args: Vec<&str> = std::iter::once(kubeconfig.as_str())
-            .chain(extra.iter().copied())
-            .collect();
-        self.cluster.start_proxy_with(&args, false);
+        lab.api.apply(&web).unwrap();
+        Self(lab)
     }
 
     /// The events.k8s.io Events with this reason, once there is at least one.

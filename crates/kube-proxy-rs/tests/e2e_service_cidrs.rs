@@ -13,16 +13,14 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use kpr_apiserver::{Options, TestApiServer};
 use kpr_netns::{Backend, Netns, eventually, pod_ip};
 use serde_json::json;
+use support::api::ApiCluster;
 use support::*;
-use tokio::runtime::Runtime;
 
 /// Unallocated addresses inside 10.96.0.0/16 (the client answers on them).
 const FREE_A: &str = "10.96.7.7:80";
@@ -112,47 +110,14 @@ fn manifests_unallocated_cluster_ips_are_dropped_until_a_service_takes_them() {
 
 // === Through the test API server ===
 
-const API_ADDR: &str = "127.0.0.1:6443";
-
-/// A lab with the test API server inside its node namespace (as in `api_e2e.rs`).
-struct ApiCluster {
-    cluster: Cluster,
-    _runtime: Runtime,
-    api: TestApiServer,
-    kubeconfig: tempfile::NamedTempFile,
+/// What these tests add to the shared API lab (`support::api`).
+trait ApiClusterExt {
+    fn service(&self, name: &str, ip: &str, pods: &[usize]);
+    fn service_cidr(&self, cidrs: &[&str]);
+    fn lists_of_service_cidrs(&self) -> usize;
 }
 
-impl ApiCluster {
-    fn new(pods: usize) -> Self {
-        let cluster = Cluster::new(pods);
-        let runtime = Runtime::new().unwrap();
-        let options = Options {
-            listen: API_ADDR.parse().unwrap(),
-            bookmark_interval: Duration::from_secs(5),
-            ..Options::default()
-        };
-        let api = cluster
-            .node()
-            .run(|| runtime.block_on(TestApiServer::start_with(options)))
-            .unwrap();
-        let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-        api.write_kubeconfig(kubeconfig.path()).unwrap();
-        api.apply(&node_object(json!([]))).unwrap();
-        Self {
-            cluster,
-            _runtime: runtime,
-            api,
-            kubeconfig,
-        }
-    }
-
-    fn start_proxy(&mut self, extra: &[&str]) {
-        let kubeconfig = format!("--kubeconfig={}", self.kubeconfig.path().display());
-        let mut args = vec![kubeconfig.as_str()];
-        args.extend_from_slice(extra);
-        self.cluster.start_proxy_with(&args, false);
-    }
-
+impl ApiClusterExt for ApiCluster {
     fn service(&self, name: &str, ip: &str, pods: &[usize]) {
         let service: Service = serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "default"},

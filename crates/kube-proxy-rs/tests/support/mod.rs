@@ -3,6 +3,7 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test support: a panic fails the test
 
+pub mod api;
 pub mod families;
 
 use std::collections::BTreeMap;

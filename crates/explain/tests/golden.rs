@@ -172,20 +172,7 @@ fn ipt_explanations(state: &DesiredState) -> Vec<Explanation> {
 
 fn check_golden(name: &str, actual: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/{name}.txt"));
-    if std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1") {
-        std::fs::write(&path, actual).unwrap();
-        eprintln!("UPDATED (not compared): {}", path.display());
-        return;
-    }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}; UPDATE_GOLDEN=1 creates it", path.display()));
-    if expected != actual {
-        let diff = similar::TextDiff::from_lines(expected.as_str(), actual)
-            .unified_diff()
-            .header("expected", "actual")
-            .to_string();
-        panic!("golden mismatch for {name} (UPDATE_GOLDEN=1 to accept):\n{diff}");
-    }
+    kpr_world::golden::check(&path, actual);
 }
 
 fn all_text(explanations: &[Explanation]) -> String {

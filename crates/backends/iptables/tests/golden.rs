@@ -16,10 +16,11 @@ mod common;
 
 use std::net::IpAddr;
 
-use common::{check_golden, golden_diff};
+use common::check_golden;
 use kpr_iptables::{IptablesOptions, LocalDetector, NodePortAddresses, build, render_dry_run};
 use kpr_model::{Protocol, ServicePortName};
 use kpr_naming::ServiceChains;
+use kpr_world::golden::diff as golden_diff;
 use kpr_world::{World, ep};
 use serde_json::{Value, json};
 

@@ -23,6 +23,7 @@
 //! needs what no conversion produces (a name the API refuses, to test a backend's own
 //! defences) changes the converted value itself, in plain sight.
 
+pub mod golden;
 mod objects;
 mod shorthand;
 mod values;

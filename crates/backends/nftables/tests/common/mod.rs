@@ -14,30 +14,9 @@ pub fn golden_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
-/// Compares `actual` with `tests/golden/<name>.nft` byte for byte, or rewrites the file
-/// when `UPDATE_GOLDEN=1`.
+/// Compares `actual` with `tests/golden/<name>.nft` (see [`kpr_world::golden`]).
 pub fn check_golden(name: &str, actual: &str) {
-    let path = golden_dir().join(format!("{name}.nft"));
-    if std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1") {
-        std::fs::create_dir_all(golden_dir()).unwrap();
-        std::fs::write(&path, actual).unwrap();
-        eprintln!("UPDATED (not compared): {}", path.display());
-        return;
-    }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "cannot read {}: {e}; run with UPDATE_GOLDEN=1 to create it",
-            path.display()
-        )
-    });
-    if expected != actual {
-        let diff = similar::TextDiff::from_lines(expected.as_str(), actual)
-            .unified_diff()
-            .context_radius(3)
-            .header(&format!("{} (expected)", path.display()), "rendered (actual)")
-            .to_string();
-        panic!("golden mismatch for {name} (UPDATE_GOLDEN=1 to accept):\n{diff}");
-    }
+    kpr_world::golden::check(&golden_dir().join(format!("{name}.nft")), actual);
 }
 
 /// Options as a typical cluster runs: pods detected by the cluster CIDR, one Service CIDR.

@@ -1,12 +1,12 @@
-//! nftables mode: follows an address through our table as the kernel would (entry maps,
-//! no-endpoint maps, the shared chain an entry goes to, the endpoint map slots it draws
-//! from) and says what each step decides.
+//! nftables mode: follows an address through our table as the kernel would (the entry set
+//! holding it and its dispatch rule, the no-endpoint sets, the shared chain the entry goes
+//! to, the endpoint map slots it draws from) and says what each step decides.
 
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kpr_model::Protocol;
-use kpr_nftables::names::{ChainId, Choice, FixedChain, SetName, SharedChain};
+use kpr_nftables::names::{ChainId, Choice, EntryKind, FixedChain, SetName, SharedChain};
 
 use crate::nft_table::{Entry, GroupKey, NftTable, Verdict, addr_number, parse_chain_name};
 use crate::query::Query;
@@ -35,8 +35,7 @@ pub fn explain(table: &NftTable, local_addresses: &[IpAddr], query: &Query) -> V
             destination,
             Destination {
                 element,
-                entries: SetName::ServiceIps,
-                unreachable: SetName::NoEndpointServices,
+                kind: EntryKind::Address,
                 group: (Some(ip), port),
                 cluster_ip: table.cluster_ips.contains(&ip),
             },
@@ -55,8 +54,7 @@ pub fn explain(table: &NftTable, local_addresses: &[IpAddr], query: &Query) -> V
                 format!("NodePort {port}/{} on node address {ip}", proto.lower()),
                 Destination {
                     element: format!("{} . {port}", proto.lower()),
-                    entries: SetName::ServiceNodePorts,
-                    unreachable: SetName::NoEndpointNodePorts,
+                    kind: EntryKind::NodePort,
                     group: (None, port),
                     cluster_ip: false,
                 },
@@ -76,8 +74,7 @@ pub fn explain(table: &NftTable, local_addresses: &[IpAddr], query: &Query) -> V
 struct Destination {
     /// The entry's key as nft prints it.
     element: String,
-    entries: SetName,
-    unreachable: SetName,
+    kind: EntryKind,
     group: GroupKey,
     cluster_ip: bool,
 }
@@ -91,7 +88,7 @@ fn serves_node_ports(table: &NftTable, local_addresses: &[IpAddr], ip: IpAddr) -
 
 fn node_port_rule(table: &NftTable) -> String {
     if table.nodeport_ips.is_empty() {
-        "chain services: fib daddr type local ... meta l4proto . th dport vmap @service-nodeports (any local address but loopback)".into()
+        "chain service-dispatch: fib daddr type local ... goto nodeport-dispatch (any local address but loopback)".into()
     } else {
         let ips: Vec<String> = table.nodeport_ips.iter().map(ToString::to_string).collect();
         format!("set nodeport-ips: {} (--nodeport-addresses)", ips.join(", "))
@@ -115,58 +112,62 @@ fn destination_finding(
         objects: Vec::new(),
     };
     if let Some(entry) = entry {
-        finding.objects.push(format!(
-            "map {}: {} : {}",
-            dest.entries,
-            dest.element,
-            verdict_text(&entry.verdict)
-        ));
+        entry_objects(entry, &dest, dest.kind.dispatch_chain(), &mut finding);
     }
     if let Some(unreachable) = unreachable {
-        finding.objects.push(format!(
-            "map {}: {} : {}",
-            dest.unreachable,
-            dest.element,
-            verdict_text(&unreachable.verdict)
-        ));
-        finding.outcome = unreachable_outcome(&unreachable.verdict, &dest, entry.is_some());
+        let check = match dest.kind {
+            EntryKind::Address => FixedChain::ServiceEndpointsCheck,
+            EntryKind::NodePort => FixedChain::NodePortEndpointsCheck,
+        };
+        entry_objects(unreachable, &dest, check, &mut finding);
+        finding.outcome = unreachable_outcome(unreachable, &dest, entry.is_some());
     }
     if dest.cluster_ip {
         finding.decisions.push(
             "cluster IP: traffic not from the pod network (all traffic with masqueradeAll) is masqueraded (chain services: ip daddr @cluster-ips ... jump mark-for-masquerade)".into(),
         );
     }
-    if let Some(Entry {
-        verdict: Verdict::Goto(chain),
-        ..
-    }) = entry
-    {
-        follow(table, chain, dest.group, &mut finding);
+    if let Some(Verdict::Goto(chain)) = entry.and_then(Entry::verdict) {
+        follow(table, &chain, dest.group, &mut finding);
     }
     hairpin(table, &mut finding);
     finding
 }
 
-fn unreachable_outcome(verdict: &Verdict, dest: &Destination, has_entry: bool) -> Outcome {
-    let reject_chain = ChainId::Fixed(FixedChain::RejectChain).to_string();
-    match verdict {
-        Verdict::Goto(chain) if *chain == reject_chain => Outcome::Rejected(format!(
-            "the Service has no endpoints that can serve (map {}: goto {reject_chain}, checked in the filter hooks before DNAT)",
-            dest.unreachable
+/// The element of `entry` and the rule of `chain` that looks its set up.
+fn entry_objects(entry: &Entry, dest: &Destination, chain: FixedChain, finding: &mut Finding) {
+    finding
+        .objects
+        .push(format!("set {}: {}", entry.set, dest.element));
+    let key = match dest.group.0 {
+        Some(IpAddr::V4(_)) => "ip daddr . meta l4proto . th dport",
+        Some(IpAddr::V6(_)) => "ip6 daddr . meta l4proto . th dport",
+        None => "meta l4proto . th dport",
+    };
+    let verdict = entry.verdict().map_or("?".into(), |v| verdict_text(&v));
+    finding.objects.push(format!(
+        "chain {}: {key} @{} {verdict}",
+        chain.as_str(),
+        entry.set
+    ));
+}
+
+fn unreachable_outcome(entry: &Entry, dest: &Destination, has_entry: bool) -> Outcome {
+    let set = entry.set;
+    match entry.verdict() {
+        Some(Verdict::Goto(chain)) => Outcome::Rejected(format!(
+            "the Service has no endpoints that can serve (set {set}: goto {chain}, checked in the filter hooks before DNAT)"
         )),
-        Verdict::Drop if dest.cluster_ip => Outcome::Dropped(format!(
-            "internalTrafficPolicy Local and no endpoint on this node (map {}: drop)",
-            dest.unreachable
+        Some(Verdict::Drop) if dest.cluster_ip => Outcome::Dropped(format!(
+            "internalTrafficPolicy Local and no endpoint on this node (set {set}: drop)"
         )),
-        Verdict::Drop if has_entry => Outcome::Dropped(format!(
-            "externalTrafficPolicy Local and no endpoint on this node: traffic from outside the node is dropped (map {}: drop); pods and this node still reach the endpoints below",
-            dest.unreachable
+        Some(Verdict::Drop) if has_entry => Outcome::Dropped(format!(
+            "externalTrafficPolicy Local and no endpoint on this node: traffic from outside the node is dropped (set {set}: drop); pods and this node still reach the endpoints below"
         )),
-        Verdict::Drop => Outcome::Dropped(format!(
-            "externalTrafficPolicy Local and no endpoint on this node (map {}: drop)",
-            dest.unreachable
+        Some(Verdict::Drop) => Outcome::Dropped(format!(
+            "externalTrafficPolicy Local and no endpoint on this node (set {set}: drop)"
         )),
-        other => Outcome::Dropped(format!("unexpected verdict {}", verdict_text(other))),
+        None => Outcome::Dropped(format!("unexpected set {set}")),
     }
 }
 
@@ -174,7 +175,6 @@ fn verdict_text(verdict: &Verdict) -> String {
     match verdict {
         Verdict::Goto(chain) => format!("goto {chain}"),
         Verdict::Drop => "drop".into(),
-        Verdict::Other(text) => text.clone(),
     }
 }
 
@@ -243,7 +243,7 @@ fn follow(table: &NftTable, chain: &str, group: GroupKey, finding: &mut Finding)
                     endpoints,
                 }),
                 None => finding.decisions.push(
-                    "no endpoint on this node: other traffic falls through to the no-endpoint map and is dropped".into(),
+                    "no endpoint on this node: other traffic falls through to the no-endpoint set and is dropped".into(),
                 ),
             }
         }

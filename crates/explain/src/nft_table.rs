@@ -12,29 +12,46 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::IpNet;
 use kpr_model::{IpFamily, Protocol};
-use kpr_nfnetlink::{Data, Verdict as NlVerdict};
+use kpr_nfnetlink::Data;
 use kpr_nftables::names::{
-    ChainId, Choice, EndpointMap, FixedChain, KeySpace, PROTOCOLS, SetName, SharedChain,
+    ChainId, Choice, EndpointMap, EntryKind, FixedChain, KeySpace, PROTOCOLS, Refusal, SetName, SharedChain,
 };
 use kpr_nftables::{ElemKey, ElemValue, Element, Ruleset};
 
-/// Where a map element sends a packet.
+/// Where an entry sends a packet: decided by the set it is in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
     Goto(String),
     Drop,
-    /// Anything else (not written by kube-proxy-rs).
-    Other(String),
 }
 
-/// An entry element: the verdict and the Service port it belongs to, when recorded.
+/// An entry element: the set it is in (which says where it goes) and the Service port it
+/// belongs to, when recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
-    pub verdict: Verdict,
+    pub set: SetName,
     pub service: Option<String>,
 }
 
-/// An address, protocol and port (`service-ips`, `no-endpoint-services`, `firewall-ips`).
+impl Entry {
+    /// What the set's rule does with the packet (`None`: not an entry set).
+    pub fn verdict(&self) -> Option<Verdict> {
+        match self.set {
+            SetName::Entries { target, .. } => Some(Verdict::Goto(target.to_string())),
+            SetName::NoEndpoint {
+                refusal: Refusal::Reject,
+                ..
+            } => Some(Verdict::Goto(ChainId::Fixed(FixedChain::RejectChain).to_string())),
+            SetName::NoEndpoint {
+                refusal: Refusal::Drop,
+                ..
+            } => Some(Verdict::Drop),
+            _ => None,
+        }
+    }
+}
+
+/// An address, protocol and port (the `-ips` entry sets, `no-endpoint-*-ips`, `firewall-ips`).
 pub type AddrKey = (IpAddr, Protocol, u16);
 /// An endpoint map key without its slot: the entry's address (if keyed by address) and port.
 pub type GroupKey = (Option<IpAddr>, u16);
@@ -60,25 +77,10 @@ pub struct NftTable {
     pub foreign_elements: usize,
 }
 
-/// Every set name kpr-nftables can write.
+/// Every set name kpr-nftables declares whatever the Services (the entry sets, one per
+/// target chain, are parsed by [`parse_set_name`]).
 pub fn all_set_names() -> Vec<SetName> {
-    let mut names = vec![
-        SetName::ClusterIps,
-        SetName::ServiceCidrs,
-        SetName::NodePortIps,
-        SetName::ServiceIps,
-        SetName::ServiceNodePorts,
-        SetName::NoEndpointServices,
-        SetName::NoEndpointNodePorts,
-        SetName::FirewallIps,
-        SetName::FirewallAllow,
-        SetName::Hairpin,
-    ];
-    for map in endpoint_maps() {
-        names.push(SetName::Endpoints(map));
-        names.push(SetName::Affinity(map));
-    }
-    names
+    kpr_nftables::declared_sets()
 }
 
 fn endpoint_maps() -> impl Iterator<Item = EndpointMap> {
@@ -90,7 +92,17 @@ fn endpoint_maps() -> impl Iterator<Item = EndpointMap> {
 }
 
 pub fn parse_set_name(name: &str) -> Option<SetName> {
-    all_set_names().into_iter().find(|set| set.to_string() == name)
+    if let Some(set) = all_set_names().into_iter().find(|set| set.to_string() == name) {
+        return Some(set);
+    }
+    // `<shared chain>-ips` or `<shared chain>-nodeports`.
+    EntryKind::ALL.into_iter().find_map(|kind| {
+        let chain = name.strip_suffix(&format!("-{}", kind.suffix()))?;
+        let Some(ChainId::Shared(target)) = parse_chain_name(chain) else {
+            return None;
+        };
+        Some(SetName::Entries { kind, target })
+    })
 }
 
 /// `<map>-<count>[-t<timeout>]`.
@@ -175,27 +187,16 @@ impl NftTable {
     }
 
     fn add_model_element(&mut self, element: &Element, service: Option<String>) {
-        let verdict = |value: &Option<ElemValue>| match value {
-            Some(ElemValue::Goto(chain)) => Verdict::Goto(chain.to_string()),
-            Some(ElemValue::Drop) => Verdict::Drop,
-            other => Verdict::Other(format!("{other:?}")),
-        };
         let entry = Entry {
-            verdict: verdict(&element.value),
+            set: element.set,
             service,
         };
         match (&element.set, &element.key, &element.value) {
-            (SetName::ServiceIps, ElemKey::AddrProtoPort(a, p, n), _) => {
-                self.service_ips.insert((*a, *p, *n), entry);
+            (SetName::Entries { .. } | SetName::NoEndpoint { .. }, ElemKey::AddrProtoPort(a, p, n), _) => {
+                self.add_entry(Some(*a), *p, *n, entry);
             }
-            (SetName::NoEndpointServices, ElemKey::AddrProtoPort(a, p, n), _) => {
-                self.no_endpoint_services.insert((*a, *p, *n), entry);
-            }
-            (SetName::ServiceNodePorts, ElemKey::ProtoPort(p, n), _) => {
-                self.service_nodeports.insert((*p, *n), entry);
-            }
-            (SetName::NoEndpointNodePorts, ElemKey::ProtoPort(p, n), _) => {
-                self.no_endpoint_nodeports.insert((*p, *n), entry);
+            (SetName::Entries { .. } | SetName::NoEndpoint { .. }, ElemKey::ProtoPort(p, n), _) => {
+                self.add_entry(None, *p, *n, entry);
             }
             (
                 SetName::Endpoints(map),
@@ -228,6 +229,18 @@ impl NftTable {
             }
             _ => self.foreign_elements += 1,
         }
+    }
+
+    /// Files an entry by its key and set: an entry or its no-endpoint twin, of an address
+    /// (`addr`) or of a NodePort.
+    fn add_entry(&mut self, addr: Option<IpAddr>, proto: Protocol, port: u16, entry: Entry) {
+        let refused = matches!(entry.set, SetName::NoEndpoint { .. });
+        match (addr, refused) {
+            (Some(a), false) => self.service_ips.insert((a, proto, port), entry),
+            (Some(a), true) => self.no_endpoint_services.insert((a, proto, port), entry),
+            (None, false) => self.service_nodeports.insert((proto, port), entry),
+            (None, true) => self.no_endpoint_nodeports.insert((proto, port), entry),
+        };
     }
 
     /// The table from the kernel's dumps: chain names and each set's elements.
@@ -266,31 +279,26 @@ impl NftTable {
     ) -> Option<()> {
         let mut key = Fields::new(family, &element.key);
         let entry = || Entry {
-            verdict: match &element.data {
-                Some(Data::Verdict(NlVerdict::Goto(chain))) => Verdict::Goto(chain.clone()),
-                Some(Data::Verdict(NlVerdict::Drop)) => Verdict::Drop,
-                other => Verdict::Other(format!("{other:?}")),
-            },
+            set,
             service: element_comment(element),
         };
         match set {
-            SetName::ServiceIps | SetName::NoEndpointServices | SetName::FirewallIps => {
+            SetName::Entries { kind, .. } | SetName::NoEndpoint { kind, .. } => {
+                if element.data.is_some() {
+                    return None;
+                }
+                let addr = match kind {
+                    EntryKind::Address => Some(key.addr()?),
+                    EntryKind::NodePort => None,
+                };
+                let (proto, port) = (key.proto()?, key.port()?);
+                key.end()?;
+                self.add_entry(addr, proto, port, entry());
+            }
+            SetName::FirewallIps => {
                 let k = (key.addr()?, key.proto()?, key.port()?);
                 key.end()?;
-                match set {
-                    SetName::ServiceIps => self.service_ips.insert(k, entry()).map(|_| ()),
-                    SetName::NoEndpointServices => self.no_endpoint_services.insert(k, entry()).map(|_| ()),
-                    _ => self.firewall_ips.insert(k).then_some(()),
-                };
-            }
-            SetName::ServiceNodePorts | SetName::NoEndpointNodePorts => {
-                let k = (key.proto()?, key.port()?);
-                key.end()?;
-                if set == SetName::ServiceNodePorts {
-                    self.service_nodeports.insert(k, entry());
-                } else {
-                    self.no_endpoint_nodeports.insert(k, entry());
-                }
+                self.firewall_ips.insert(k);
             }
             SetName::Endpoints(map) => {
                 let addr = if map.space.keyed_by_address() {
@@ -545,16 +553,31 @@ mod tests {
         for set in all_set_names() {
             assert_eq!(parse_set_name(&set.to_string()), Some(set));
         }
-        assert_eq!(parse_set_name("my-set"), None);
+        let map = EndpointMap {
+            space: KeySpace::NodePort,
+            proto: Protocol::Udp,
+        };
+        let target = SharedChain::Masquerade {
+            choice: Choice {
+                map,
+                count: 4,
+                affinity: Some(60),
+            },
+        };
+        for kind in EntryKind::ALL {
+            let set = SetName::Entries { kind, target };
+            assert_eq!(parse_set_name(&set.to_string()), Some(set));
+        }
+        for foreign in ["my-set", "reject-chain-ips", "pick-foo-1-ips", "service-ips"] {
+            assert_eq!(parse_set_name(foreign), None, "{foreign}");
+        }
     }
 
     #[test]
     fn kernel_elements_decode_by_their_sets_layout() {
         let v4 = |s: &str| s.parse::<Ipv4Addr>().unwrap();
-        let entry = kpr_nfnetlink::Element::verdict(
-            Value::new().ipv4(v4("10.96.0.10")).proto(6).port(80).build(),
-            NlVerdict::Goto("pick-service-endpoints-tcp-1".into()),
-        );
+        let entry =
+            kpr_nfnetlink::Element::key(Value::new().ipv4(v4("10.96.0.10")).proto(6).port(80).build());
         let endpoint = kpr_nfnetlink::Element::mapping(
             Value::new().ipv4(v4("10.96.0.10")).port(80).host_u32(0).build(),
             Value::new().ipv4(v4("10.244.1.5")).port(8080).build(),
@@ -569,7 +592,7 @@ mod tests {
             IpFamily::V4,
             ["services".to_string()],
             &[
-                ("service-ips".into(), vec![entry]),
+                ("pick-service-endpoints-tcp-1-ips".into(), vec![entry]),
                 ("service-endpoints-tcp".into(), vec![endpoint]),
                 ("service-cidrs".into(), vec![cidr_end, cidr_start]),
                 ("cluster-ips".into(), vec![bad]),
@@ -578,8 +601,8 @@ mod tests {
         );
         let key = ("10.96.0.10".parse().unwrap(), Protocol::Tcp, 80);
         assert_eq!(
-            table.service_ips[&key].verdict,
-            Verdict::Goto("pick-service-endpoints-tcp-1".into())
+            table.service_ips[&key].verdict(),
+            Some(Verdict::Goto("pick-service-endpoints-tcp-1".into()))
         );
         let map = EndpointMap {
             space: KeySpace::Address,

@@ -116,7 +116,8 @@ fn explain_reads_the_nftables_table() {
         &web,
         0,
         &[
-            "map service-ips: 10.96.0.10 . tcp . 80 : goto pick-service-endpoints-tcp-2",
+            "set pick-service-endpoints-tcp-2-ips: 10.96.0.10 . tcp . 80",
+            "chain service-dispatch: ip daddr . meta l4proto . th dport @pick-service-endpoints-tcp-2-ips goto pick-service-endpoints-tcp-2",
             "map service-endpoints-tcp: 10.96.0.10 . 80 . 0 : ",
             "slot 1 of 2",
         ],
@@ -130,7 +131,10 @@ fn explain_reads_the_nftables_table() {
     assert_has(
         &empty,
         0,
-        &["map no-endpoint-services: 10.96.0.20 . tcp . 80 : goto reject-chain"],
+        &[
+            "set no-endpoint-reject-ips: 10.96.0.20 . tcp . 80",
+            "chain service-endpoints-check: ip daddr . meta l4proto . th dport @no-endpoint-reject-ips goto reject-chain",
+        ],
     );
     // nftables mode also rejects wrong ports of a cluster IP.
     let wrong_port = explain(&cluster, "10.96.0.10:81");

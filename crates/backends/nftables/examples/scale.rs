@@ -95,11 +95,6 @@ fn main() {
         Ok("nft") => {
             Box::new(NftCli::new(opts.affinity_capacity).with_prefix(&["ip", "netns", "exec", netns.name()]))
         }
-        Ok("netlink-indirect") => Box::new(netns.run(|| {
-            kpr_nftables::NetlinkTransport::open(opts.affinity_capacity)
-                .unwrap()
-                .with_verdict_indirection()
-        })),
         _ => Box::new(netns.run(|| kpr_nftables::NetlinkTransport::open(opts.affinity_capacity).unwrap())),
     };
     let mut backend = NftablesBackend::new(opts.clone(), transport).unwrap();
@@ -123,6 +118,13 @@ fn main() {
     if let Ok(path) = std::env::var("SCALE_DUMP") {
         std::fs::write(path, kpr_nftables::render_text(&ruleset, &opts)).unwrap();
     }
+    // T: how many dispatch rules (set lookups) a new connection may walk.
+    let targets = ruleset
+        .sets
+        .iter()
+        .filter(|set| matches!(set, kpr_nftables::names::SetName::Entries { .. }))
+        .count();
+    println!("entry sets, each one dispatch rule: {targets}");
     drop((ruleset, batches));
     println!(
         "RSS: {generation_rss:.0} MiB holding a full build, its batches and their text; {:.0} MiB after dropping them",

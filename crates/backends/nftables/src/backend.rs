@@ -24,12 +24,12 @@ use kpr_iptables::{AddressError, InterfaceAddresses, LocalAddresses};
 use kpr_model::{IpFamily, NamespacedName, ServicePortName};
 use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount};
 
-use crate::batch::{Batch, BatchCounts, FullStart, Ledger, stream_full};
+use crate::batch::{Batch, BatchCounts, FullStart, Ledger, Op, stream_full};
 use crate::build::{
-    Bundle, Context, Dest, Owner, build_from, fixed_chains, needs_local_addresses, node_bundle, port_bundle,
-    shared_rules,
+    Bundle, Context, Dest, Owner, build_from, dispatch_rules, fixed_chains, needs_local_addresses,
+    node_bundle, port_bundle, shared_rules,
 };
-use crate::names::ChainId;
+use crate::names::{ChainId, EntryKind};
 use crate::options::{NftablesOptions, OptionsError};
 use crate::transport::{Listing, Transport, TransportError};
 
@@ -269,7 +269,8 @@ impl NftablesBackend {
             .collect();
         let sets_ok = listing.sets
             == crate::build::declared_sets()
-                .iter()
+                .into_iter()
+                .chain(applied.ledger.entry_sets())
                 .map(|s| s.to_string())
                 .collect();
         let rules_ok = applied.baseline.as_ref().is_none_or(|baseline| {
@@ -296,7 +297,42 @@ impl NftablesBackend {
             full: false,
             index: 1,
             source,
-        })
+        })?;
+        self.rebaseline_rewritten(batch)
+    }
+
+    /// A partial sync that rewrote a dispatch chain changed rules the baseline holds: the
+    /// baseline takes their new text (read back at once where listing is cheap), or forgets
+    /// them until the next reconcile's listing, which compares their count meanwhile.
+    fn rebaseline_rewritten(&mut self, batch: &Batch) -> Result<(), SyncError> {
+        let rewritten: Vec<String> = batch
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::FlushChain(chain) => Some(chain.to_string()),
+                _ => None,
+            })
+            .collect();
+        if rewritten.is_empty() {
+            return Ok(());
+        }
+        let listing = if self.transport.cheap_read_back() {
+            self.transport
+                .read_back(self.opts.family)
+                .map_err(SyncError::ReadBack)?
+        } else {
+            None
+        };
+        let Some(baseline) = self.applied.as_mut().and_then(|a| a.baseline.as_mut()) else {
+            return Ok(());
+        };
+        for name in rewritten {
+            match listing.as_ref().and_then(|l| l.chains.get(&name)) {
+                Some(rules) => baseline.chains.insert(name, rules.clone()),
+                None => baseline.chains.remove(&name),
+            };
+        }
+        Ok(())
     }
 
     fn full_sync(
@@ -482,6 +518,13 @@ fn expected_shape(opts: &NftablesOptions, ledger: &Ledger) -> HashMap<String, us
         .into_iter()
         .map(|(chain, rules)| (ChainId::Fixed(chain).to_string(), rules.len()))
         .collect();
+    let entry_sets = ledger.entry_sets();
+    for kind in EntryKind::ALL {
+        shape.insert(
+            ChainId::Fixed(kind.dispatch_chain()).to_string(),
+            dispatch_rules(kind, &entry_sets, opts).len(),
+        );
+    }
     for chain in ledger.chains() {
         shape.insert(
             ChainId::Shared(chain).to_string(),

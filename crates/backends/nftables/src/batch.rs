@@ -2,16 +2,21 @@
 //! sync computes them.
 //!
 //! - A **full** sync deletes and recreates the table (removing whatever others added to
-//!   it), declares every set, writes the fixed chains and every shared chain in use, then
-//!   the elements. Large loads are split by element count ([`full_batches`]): the first
+//!   it), declares every set (the entry sets in use too), writes the fixed chains, every
+//!   shared chain in use and then the fixed rules (the dispatch rules go to shared
+//!   chains, which must exist first), then the elements. Large loads are split by element count ([`full_batches`]): the first
 //!   batch holds the table, the chains and the first elements; each further batch only
 //!   elements, endpoint maps before the entries that lead to them, so a Service becomes
 //!   reachable only once its endpoints are in.
 //! - A **partial** sync diffs the old and new bundles of the changed owners; the
-//!   [`Ledger`] counts what owners share (cluster IPs, hairpin addresses, shared chains):
-//!   chains that become used are created first, then element deletes, element adds (a
-//!   changed value is a delete and an add of the same key), and last the chains no longer
-//!   used.
+//!   [`Ledger`] counts what owners share (cluster IPs, hairpin addresses, shared chains,
+//!   entry sets): chains that become used are created first, then the entry sets that
+//!   become used and, when the entry sets in use changed, the dispatch chains rewritten
+//!   (flushed, one rule per set: no rule handle is ever needed); then element deletes,
+//!   element adds (a changed value, or an entry moving to another target's set, is a
+//!   delete and an add), and last the entry sets and chains no longer used. A new Service
+//!   whose target chain exists is element adds to plain sets and data maps only, which
+//!   the kernel commits without validating the table.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -19,9 +24,9 @@ use std::net::IpAddr;
 
 use kpr_model::IpFamily;
 
-use crate::build::{Bundle, Dest, Owner, Ruleset, shared_rules};
+use crate::build::{Bundle, Dest, Owner, Ruleset, dispatch_rules, shared_rules};
 use crate::model::{ElemKey, ElemValue, Element, Rule};
-use crate::names::{ChainId, SetName, SharedChain};
+use crate::names::{ChainId, EntryKind, SetName, SharedChain};
 use crate::options::NftablesOptions;
 use crate::render::{TABLE, chain_hook, element_text, family_word, rule_text, set_body};
 use crate::transport::Listing;
@@ -41,6 +46,8 @@ pub enum Op {
     AddRule(ChainId, Rule),
     /// Flush and delete a chain no element points at any more.
     DeleteChain(ChainId),
+    /// Delete an entry set no entry is in any more (its dispatch rule is gone first).
+    DeleteSet(SetName),
     /// Remove every rule of one of our chains (full syncs in place).
     FlushChain(ChainId),
     /// Remove every element of one of our sets (full syncs in place).
@@ -103,8 +110,8 @@ fn load_rank(set: SetName) -> u8 {
     match set {
         SetName::Endpoints(_) | SetName::Hairpin | SetName::Affinity(_) => 0,
         SetName::ServiceCidrs | SetName::NodePortIps | SetName::FirewallIps | SetName::FirewallAllow => 1,
-        SetName::ClusterIps | SetName::NoEndpointServices | SetName::NoEndpointNodePorts => 2,
-        SetName::ServiceIps | SetName::ServiceNodePorts => 3,
+        SetName::ClusterIps | SetName::NoEndpoint { .. } => 2,
+        SetName::Entries { .. } => 3,
     }
 }
 
@@ -166,13 +173,13 @@ pub fn stream_full<E>(
     for (chain, _) in &ruleset.fixed {
         batch.ops.push(Op::AddChain(ChainId::Fixed(*chain)));
     }
+    for chain in creation_order(shared) {
+        add_chain_ops(&mut batch.ops, chain, opts);
+    }
     for (chain, rules) in &ruleset.fixed {
         for rule in rules {
             batch.ops.push(Op::AddRule(ChainId::Fixed(*chain), rule.clone()));
         }
-    }
-    for chain in creation_order(shared) {
-        add_chain_ops(&mut batch.ops, chain, opts);
     }
     let mut pending = Pending::new();
     let mut room = max;
@@ -268,14 +275,16 @@ fn flush(batch: &mut Batch, pending: &mut Pending) {
 
 /// What the kernel holds beyond the bundles themselves: who holds each destination, and
 /// reference counts of what several owners share (cluster IPs of multi-port Services,
-/// endpoint addresses in `hairpin`, shared chains). Elements keyed by a destination are
-/// written by its holder alone, so they need no count.
+/// endpoint addresses in `hairpin`, shared chains, entry sets). Elements keyed by a
+/// destination are written by its holder alone, so they need no count.
 #[derive(Clone, Debug, Default)]
 pub struct Ledger {
     claims: HashMap<Dest, Owner>,
     cluster_ips: HashMap<IpAddr, u32>,
     hairpin: HashMap<IpAddr, u32>,
     chains: HashMap<SharedChain, u32>,
+    /// Owners with an entry in each entry set.
+    entry_sets: HashMap<SetName, u32>,
     /// Owners that wanted a destination another owner holds.
     contested: HashSet<Owner>,
     owned_elements: usize,
@@ -331,6 +340,9 @@ impl Ledger {
         for chain in bundle.chains.iter() {
             count_up(&mut self.chains, *chain);
         }
+        for set in bundle.entry_sets() {
+            count_up(&mut self.entry_sets, set);
+        }
         self.owned_elements +=
             bundle.entries.len() + bundle.slots.iter().map(|(_, e)| e.len()).sum::<usize>();
     }
@@ -353,6 +365,11 @@ impl Ledger {
         self.chains.keys().copied()
     }
 
+    /// The entry sets in use (each has its dispatch rule), in name order.
+    pub fn entry_sets(&self) -> BTreeSet<SetName> {
+        self.entry_sets.keys().copied().collect()
+    }
+
     /// Replaces the old bundles of some owners by their new ones; returns the batch that
     /// takes the kernel from the old to the new state, and whether a destination someone
     /// else wanted was released (a full sync then hands it over).
@@ -366,6 +383,7 @@ impl Ledger {
         let mut adds: BTreeMap<SetName, Vec<ElementAdd>> = BTreeMap::new();
         let mut shared_before: HashMap<(SetName, IpAddr), bool> = HashMap::new();
         let mut chains_before: HashMap<SharedChain, bool> = HashMap::new();
+        let mut sets_before: HashMap<SetName, bool> = HashMap::new();
         let mut released = false;
         for (owner, old, new) in replaced {
             for (bundle, up) in [(old, false), (new, true)] {
@@ -417,6 +435,19 @@ impl Ledger {
                 chains_before
                     .entry(*chain)
                     .or_insert(self.chains.contains_key(chain));
+            }
+            let entry_sets = |b: Option<&&Bundle>| b.map(|b| b.entry_sets()).unwrap_or_default();
+            let (old_sets, new_sets) = (entry_sets(old.as_ref()), entry_sets(new.as_ref()));
+            for set in new_sets.iter().chain(&old_sets) {
+                sets_before
+                    .entry(*set)
+                    .or_insert(self.entry_sets.contains_key(set));
+            }
+            for set in new_sets {
+                count_up(&mut self.entry_sets, set);
+            }
+            for set in old_sets {
+                count_down(&mut self.entry_sets, set);
             }
             if let Some(ip) = new_vip {
                 count_up(&mut self.cluster_ips, ip);
@@ -485,10 +516,28 @@ impl Ledger {
                 .map(|(c, _)| *c),
         );
         gone.reverse();
+        let changed_sets = |existed: bool| -> BTreeSet<SetName> {
+            sets_before
+                .iter()
+                .filter(|(set, before)| **before == existed && self.entry_sets.contains_key(set) != existed)
+                .map(|(set, _)| *set)
+                .collect()
+        };
+        let (new_sets, gone_sets) = (changed_sets(false), changed_sets(true));
 
         let mut batch = Batch::new(family);
         for chain in created {
             add_chain_ops(&mut batch.ops, chain, opts);
+        }
+        for set in &new_sets {
+            batch.ops.push(Op::AddSet(*set));
+        }
+        let in_use = self.entry_sets();
+        for kind in EntryKind::ALL {
+            let of_kind = |set: &SetName| matches!(set, SetName::Entries { kind: k, .. } if *k == kind);
+            if new_sets.iter().chain(&gone_sets).any(of_kind) {
+                rewrite_dispatch(&mut batch.ops, kind, &in_use, opts);
+            }
         }
         // Entries first, so nothing points at a slot while it is gone.
         let mut deletes: Vec<_> = deletes.into_iter().collect();
@@ -503,10 +552,29 @@ impl Ledger {
             elements.sort();
             batch.ops.push(Op::AddElements(set, elements));
         }
+        for set in gone_sets {
+            batch.ops.push(Op::DeleteSet(set));
+        }
         for chain in gone {
             batch.ops.push(Op::DeleteChain(ChainId::Shared(chain)));
         }
         (batch, released && !self.contested.is_empty())
+    }
+}
+
+/// Replaces the rules of `kind`'s dispatch chain by those for `entry_sets`: flushing the
+/// chain and adding all of them needs no rule handle. Rare (a new endpoint count, timeout
+/// or policy shape), and cheap to validate since no large verdict map is left.
+fn rewrite_dispatch(
+    ops: &mut Vec<Op>,
+    kind: EntryKind,
+    entry_sets: &BTreeSet<SetName>,
+    opts: &NftablesOptions,
+) {
+    let chain = ChainId::Fixed(kind.dispatch_chain());
+    ops.push(Op::FlushChain(chain));
+    for rule in dispatch_rules(kind, entry_sets, opts) {
+        ops.push(Op::AddRule(chain, rule));
     }
 }
 
@@ -546,11 +614,7 @@ fn diff<'a>(old: &'a [Element], new: &'a [Element]) -> (Vec<&'a Element>, Vec<&'
 
 fn set_kind(set: SetName) -> &'static str {
     match set {
-        SetName::ServiceIps
-        | SetName::ServiceNodePorts
-        | SetName::NoEndpointServices
-        | SetName::NoEndpointNodePorts
-        | SetName::Endpoints(_) => "map",
+        SetName::Endpoints(_) => "map",
         _ => "set",
     }
 }
@@ -599,6 +663,9 @@ pub fn batch_text(batch: &Batch, affinity_capacity: u32) -> String {
             Op::DeleteChain(chain) => {
                 let _ = writeln!(out, "flush chain {table} {chain}");
                 let _ = writeln!(out, "delete chain {table} {chain}");
+            }
+            Op::DeleteSet(set) => {
+                let _ = writeln!(out, "delete {} {table} {set}", set_kind(*set));
             }
             Op::AddElements(set, elements) => {
                 for chunk in elements.chunks(256) {

@@ -2,7 +2,9 @@
 //! of the table and one [`Bundle`] per Service port (plus one for the node) out.
 //!
 //! A bundle is everything one Service port adds to the kernel: elements of the shared
-//! maps and the shared chains those elements point at. Bundles are independent of each
+//! sets and maps, and the shared chains its entries lead to (an entry is an element of
+//! the set of its target chain, `<chain>-ips` or `<chain>-nodeports`; the dispatch chains
+//! hold one rule per such set in use, see [`dispatch_rules`]). Bundles are independent of each
 //! other, so a sync recomputes only the bundles of changed Services and sends the
 //! difference ([`crate::batch`]). The per-port decisions (which endpoints, REJECT or DROP)
 //! come from kpr-state's `PortPlan`, exactly as the iptables mode takes them.
@@ -18,7 +20,9 @@ use kpr_state::{DesiredState, PortPlan, Unreachable};
 use kpr_naming::text::Comment;
 
 use crate::model::{ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt, element_comment};
-use crate::names::{ChainId, Choice, EndpointMap, FixedChain, KeySpace, PROTOCOLS, SetName, SharedChain};
+use crate::names::{
+    ChainId, Choice, EndpointMap, EntryKind, FixedChain, KeySpace, PROTOCOLS, Refusal, SetName, SharedChain,
+};
 use crate::options::NftablesOptions;
 use crate::slots;
 
@@ -112,6 +116,15 @@ impl Bundle {
             .collect()
     }
 
+    /// The entry sets (`<chain>-ips`, `<chain>-nodeports`) this owner's entries are in.
+    pub fn entry_sets(&self) -> BTreeSet<SetName> {
+        self.entries
+            .iter()
+            .map(|e| e.set)
+            .filter(|set| matches!(set, SetName::Entries { .. }))
+            .collect()
+    }
+
     /// Every element this owner needs in the table, shared ones included.
     pub fn all_elements(&self) -> Vec<Element> {
         let mut out = self.owned_elements();
@@ -132,7 +145,9 @@ impl Bundle {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ruleset {
     pub family: IpFamily,
+    /// The fixed chains, the dispatch chains with a rule per entry set in use.
     pub fixed: Vec<(FixedChain, Vec<Rule>)>,
+    /// The declared sets, then the entry sets in use.
     pub sets: Vec<SetName>,
     pub bundles: BTreeMap<Owner, Bundle>,
 }
@@ -184,28 +199,33 @@ pub fn build_from(
         claimed.extend(bundle.dests.iter().copied());
         bundles.insert(owner, bundle);
     }
+    let entry_sets: BTreeSet<SetName> = bundles.values().flat_map(Bundle::entry_sets).collect();
+    let mut fixed = fixed_chains(opts);
+    for (chain, rules) in &mut fixed {
+        if let Some(kind) = EntryKind::ALL.into_iter().find(|k| k.dispatch_chain() == *chain) {
+            *rules = dispatch_rules(kind, &entry_sets, opts);
+        }
+    }
+    let mut sets = declared_sets();
+    sets.extend(entry_sets);
     Ruleset {
         family: opts.family,
-        fixed: fixed_chains(opts),
-        sets: declared_sets(),
+        fixed,
+        sets,
         bundles,
     }
 }
 
-/// Every set and map, declared by every full sync (empty ones cost nothing per Service).
+/// Every set and map whatever the Services, declared by every full sync (empty ones cost
+/// nothing per Service). The entry sets come and go with their target chains.
 pub fn declared_sets() -> Vec<SetName> {
-    let mut sets = vec![
-        SetName::ClusterIps,
-        SetName::ServiceCidrs,
-        SetName::NodePortIps,
-        SetName::ServiceIps,
-        SetName::ServiceNodePorts,
-        SetName::NoEndpointServices,
-        SetName::NoEndpointNodePorts,
-        SetName::FirewallIps,
-        SetName::FirewallAllow,
-        SetName::Hairpin,
-    ];
+    let mut sets = vec![SetName::ClusterIps, SetName::ServiceCidrs, SetName::NodePortIps];
+    for kind in EntryKind::ALL {
+        for refusal in Refusal::ALL {
+            sets.push(SetName::NoEndpoint { kind, refusal });
+        }
+    }
+    sets.extend([SetName::FirewallIps, SetName::FirewallAllow, SetName::Hairpin]);
     for proto in PROTOCOLS {
         for space in KeySpace::ALL {
             let map = EndpointMap { space, proto };
@@ -312,17 +332,11 @@ pub fn fixed_chains(opts: &NftablesOptions) -> Vec<(FixedChain, Vec<Rule>)> {
                     Rule::always(Stmt::MarkXor(mark)),
                     Rule::always(Stmt::Masquerade),
                 ],
-                F::ServiceEndpointsCheck => vec![Rule::always(Stmt::Vmap {
-                    key: Key::DestProtoPort,
-                    map: SetName::NoEndpointServices,
-                })],
-                F::NodePortEndpointsCheck => vec![Rule::new(
-                    nodeport_destination(opts),
-                    Stmt::Vmap {
-                        key: Key::ProtoPort,
-                        map: SetName::NoEndpointNodePorts,
-                    },
-                )],
+                // Rewritten by each sync with the entry sets in use (see `dispatch_rules`).
+                F::ServiceDispatch => dispatch_rules(EntryKind::Address, &BTreeSet::new(), opts),
+                F::NodePortDispatch => dispatch_rules(EntryKind::NodePort, &BTreeSet::new(), opts),
+                F::ServiceEndpointsCheck => refusal_rules(EntryKind::Address, Vec::new()),
+                F::NodePortEndpointsCheck => refusal_rules(EntryKind::NodePort, nodeport_destination(opts)),
                 F::FirewallCheck => vec![Rule::new(
                     vec![
                         Match::Lookup {
@@ -350,6 +364,64 @@ pub fn fixed_chains(opts: &NftablesOptions) -> Vec<(FixedChain, Vec<Rule>)> {
         .collect()
 }
 
+/// The key of an entry of `kind`, as the packet spells it.
+fn entry_key(kind: EntryKind) -> Key {
+    match kind {
+        EntryKind::Address => Key::DestProtoPort,
+        EntryKind::NodePort => Key::ProtoPort,
+    }
+}
+
+fn entry_lookup(kind: EntryKind, set: SetName) -> Match {
+    Match::Lookup {
+        key: entry_key(kind),
+        set,
+        negate: false,
+    }
+}
+
+/// The `*-endpoints-check` rules: destinations of `kind` without usable endpoints are
+/// rejected or dropped (the set lookup first: it is cheaper than `fib`).
+fn refusal_rules(kind: EntryKind, conditions: Vec<Match>) -> Vec<Rule> {
+    Refusal::ALL
+        .into_iter()
+        .map(|refusal| {
+            let mut matches = vec![entry_lookup(kind, SetName::NoEndpoint { kind, refusal })];
+            matches.extend(conditions.iter().cloned());
+            let stmt = match refusal {
+                Refusal::Reject => Stmt::Goto(ChainId::Fixed(FixedChain::RejectChain)),
+                Refusal::Drop => Stmt::Drop,
+            };
+            Rule::new(matches, stmt)
+        })
+        .collect()
+}
+
+/// The rules of `kind`'s dispatch chain: one per entry set of that kind in `entry_sets`
+/// (`<key> @<chain>-<suffix> goto <chain>`), in name order (entries are disjoint, so any
+/// order finds the same one). `service-dispatch` ends by handing NodePort candidates to
+/// `nodeport-dispatch`: `services` goes (not jumps) here, so a target chain falling
+/// through returns to the base chain exactly as the verdict maps it replaces did.
+pub fn dispatch_rules(kind: EntryKind, entry_sets: &BTreeSet<SetName>, opts: &NftablesOptions) -> Vec<Rule> {
+    let mut rules: Vec<Rule> = entry_sets
+        .iter()
+        .filter_map(|set| match set {
+            SetName::Entries { kind: k, target } if *k == kind => Some(Rule::new(
+                vec![entry_lookup(kind, *set)],
+                Stmt::Goto(ChainId::Shared(*target)),
+            )),
+            _ => None,
+        })
+        .collect();
+    if kind == EntryKind::Address {
+        rules.push(Rule::new(
+            nodeport_destination(opts),
+            Stmt::Goto(ChainId::Fixed(FixedChain::NodePortDispatch)),
+        ));
+    }
+    rules
+}
+
 fn services_rules(opts: &NftablesOptions) -> Vec<Rule> {
     let mut rules = Vec::new();
     // Cluster-IP traffic from outside the pod network is masqueraded so replies come back
@@ -367,17 +439,9 @@ fn services_rules(opts: &NftablesOptions) -> Vec<Rule> {
             jump(FixedChain::MarkForMasquerade),
         ));
     }
-    rules.push(Rule::always(Stmt::Vmap {
-        key: Key::DestProtoPort,
-        map: SetName::ServiceIps,
-    }));
-    rules.push(Rule::new(
-        nodeport_destination(opts),
-        Stmt::Vmap {
-            key: Key::ProtoPort,
-            map: SetName::ServiceNodePorts,
-        },
-    ));
+    rules.push(Rule::always(Stmt::Goto(ChainId::Fixed(
+        FixedChain::ServiceDispatch,
+    ))));
     rules
 }
 
@@ -498,11 +562,18 @@ pub fn needs_local_addresses(opts: &NftablesOptions) -> bool {
 
 // === per service port ===
 
-fn unreachable_value(u: Unreachable) -> ElemValue {
-    match u {
-        Unreachable::Reject => ElemValue::Goto(ChainId::Fixed(FixedChain::RejectChain)),
-        Unreachable::Drop => ElemValue::Drop,
-    }
+/// The set of destinations of `kind` refused as `u` says.
+fn refused(kind: EntryKind, u: Unreachable) -> SetName {
+    let refusal = match u {
+        Unreachable::Reject => Refusal::Reject,
+        Unreachable::Drop => Refusal::Drop,
+    };
+    SetName::NoEndpoint { kind, refusal }
+}
+
+/// The set of the entries of `kind` going to `target`.
+fn entries_to(kind: EntryKind, target: SharedChain) -> SetName {
+    SetName::Entries { kind, target }
 }
 
 struct PortBuilder<'h> {
@@ -523,8 +594,8 @@ impl PortBuilder<'_> {
     }
 
     /// An entry element (an entry or its `no-endpoint-*` twin), named after the port.
-    fn entry(&mut self, set: SetName, key: ElemKey, value: ElemValue) {
-        let element = Element::map(set, key, value).with_comment(self.comment.clone());
+    fn entry(&mut self, set: SetName, key: ElemKey) {
+        let element = Element::new(set, key).with_comment(self.comment.clone());
         self.out.entries.push(element);
     }
 
@@ -575,7 +646,7 @@ impl PortBuilder<'_> {
     }
 
     /// The entry chain for external traffic (NodePort, external IP, load-balancer IP).
-    fn external_entry(&mut self, plan: &PortPlan<'_>, space: KeySpace, key: GroupKey) -> Option<ChainId> {
+    fn external_entry(&mut self, plan: &PortPlan<'_>, space: KeySpace, key: GroupKey) -> Option<SharedChain> {
         let chain = if !plan.port.external_policy_local {
             let choice = self.endpoints(space, key, &plan.endpoints.cluster)?;
             SharedChain::Masquerade { choice }
@@ -596,7 +667,7 @@ impl PortBuilder<'_> {
             SharedChain::LocalPolicy { local, shortcut }
         };
         self.use_chain(chain);
-        Some(ChainId::Shared(chain))
+        Some(chain)
     }
 }
 
@@ -640,14 +711,10 @@ pub fn port_bundle(
             };
             if let Some(choice) = b.endpoints(KeySpace::Address, GroupKey::Address(vip, port.port), endpoints)
             {
-                b.entry(
-                    SetName::ServiceIps,
-                    dest(vip),
-                    ElemValue::Goto(ChainId::Shared(choice.chain())),
-                );
+                b.entry(entries_to(EntryKind::Address, choice.chain()), dest(vip));
             }
         }
-        Some(u) => b.entry(SetName::NoEndpointServices, dest(vip), unreachable_value(u)),
+        Some(u) => b.entry(refused(EntryKind::Address, u), dest(vip)),
     }
     for &addr in port.external_ips.iter().chain(&port.load_balancer_ips) {
         if !b.claim(Dest::Address(addr, proto, port_number)) {
@@ -656,10 +723,10 @@ pub fn port_bundle(
         if plan.uses_external_chain
             && let Some(entry) = b.external_entry(plan, KeySpace::Address, GroupKey::Address(addr, port.port))
         {
-            b.entry(SetName::ServiceIps, dest(addr), ElemValue::Goto(entry));
+            b.entry(entries_to(EntryKind::Address, entry), dest(addr));
         }
         if let Some(u) = plan.external_unreachable {
-            b.entry(SetName::NoEndpointServices, dest(addr), unreachable_value(u));
+            b.entry(refused(EntryKind::Address, u), dest(addr));
         }
     }
     if plan.uses_firewall_chain {
@@ -670,10 +737,10 @@ pub fn port_bundle(
         if plan.uses_external_chain
             && let Some(entry) = b.external_entry(plan, KeySpace::NodePort, GroupKey::Port(node_port))
         {
-            b.entry(SetName::ServiceNodePorts, key.clone(), ElemValue::Goto(entry));
+            b.entry(entries_to(EntryKind::NodePort, entry), key.clone());
         }
         if let Some(u) = plan.external_unreachable {
-            b.entry(SetName::NoEndpointNodePorts, key, unreachable_value(u));
+            b.entry(refused(EntryKind::NodePort, u), key);
         }
     }
     b.out.entries.sort();

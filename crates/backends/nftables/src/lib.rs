@@ -1,6 +1,6 @@
 //! nftables proxy mode, built for scale: a constant number of kernel objects per Service
-//! (elements of shared maps, never a set or a chain of its own) and syncs that send only
-//! what changed.
+//! (elements of shared sets and maps, never a set or a chain of its own) and syncs that
+//! send only what changed.
 //!
 //! # Why this object design
 //!
@@ -17,21 +17,32 @@
 //! transaction's or the table's set list. Chains are hashed, so shared chains cost little,
 //! but a chain per endpoint multiplies objects by the endpoint count. D3 keeps the table's
 //! sets and chains fixed, or shared by every Service of the same shape, and puts each
-//! Service in as map elements.
+//! Service in as set and map elements. No element holds a verdict: adding a `goto`
+//! element to a verdict map makes the kernel re-validate every element of every verdict
+//! map the base chains reach before it commits (linear in Services), while an element of
+//! a plain set or a data map is committed without any validation.
 //!
 //! # The table (`ip kube-proxy`, `ip6 kube-proxy`: upstream's names)
 //!
 //! Fixed, whatever the cluster: upstream's base chains and check chains (same names,
-//! hooks and priorities, so the layout reads like upstream's), and these maps and sets:
+//! hooks and priorities, so the layout reads like upstream's), the dispatch chains, and
+//! these maps and sets:
 //!
-//! - `service-ips` (`addr . proto . port : verdict`) and `service-nodeports`
-//!   (`proto . port : verdict`): the entry of every cluster IP, external IP, load-balancer IP
-//!   and NodePort, pointing at a shared chain;
+//! - the entries: every cluster IP, external IP and load-balancer IP (`addr . proto .
+//!   port`) and NodePort (`proto . port`) is an element of the plain set of the shared
+//!   chain it goes to, `<chain>-ips` or `<chain>-nodeports` (these sets come and go with
+//!   their targets, see below). `services` goes to `service-dispatch`, which holds one rule
+//!   per such set (`ip daddr . meta l4proto . th dport @pick-service-endpoints-tcp-3-ips
+//!   goto pick-service-endpoints-tcp-3`) and ends by going to `nodeport-dispatch` for
+//!   NodePort destinations, one rule per `-nodeports` set. Entries are disjoint (a
+//!   destination has one holder), so rule order does not matter;
 //! - endpoint maps, one per key space and protocol: `service-endpoints-<proto>`
 //!   (`addr . port . slot : endpoint addr . port`), `nodeport-endpoints-<proto>`
 //!   (`port . slot : ...`) and their `-shortcut-` twins holding the cluster-wide endpoints of
 //!   `externalTrafficPolicy: Local` Services for pod and host traffic;
-//! - `no-endpoint-services` / `no-endpoint-nodeports` (`: goto reject-chain` or `: drop`),
+//! - `no-endpoint-reject-ips` / `no-endpoint-drop-ips` and their `-nodeports` twins:
+//!   destinations without usable endpoints, looked up by fixed rules of the
+//!   `*-endpoints-check` chains (`goto reject-chain` or `drop`);
 //!   `cluster-ips` (wrong ports rejected), `service-cidrs` (unallocated cluster IPs
 //!   dropped; the CIDRs of the ServiceCIDR objects in the desired state plus any fixed in the
 //!   options, outermost networks only since an interval set refuses overlaps), `nodeport-ips` (with `--nodeport-addresses`), `firewall-ips` +
@@ -41,7 +52,9 @@
 //! - `affinity-<endpoint map>`: dynamic sets remembering `client . key . slot` for ClientIP
 //!   affinity, with per-element timeouts.
 //!
-//! Shared chains, created when the first entry needs them and deleted with the last:
+//! Shared chains, created when the first entry needs them and deleted with the last (a
+//! chain some entry goes to directly also has its entry set and dispatch rule, created
+//! and deleted with it):
 //!
 //! - `pick-<map>-<M>`: `dnat to <key> . numgen random mod M map @<map>`: uniform among the
 //!   M slots of the entry's key. One chain per distinct endpoint count, not per Service.
@@ -58,7 +71,8 @@
 //!   the packet falls through and `no-endpoint-*` drops it.
 //!
 //! Per Service port: one `cluster-ips` element, one entry per destination (cluster IP,
-//! each external address, the NodePort) or its `no-endpoint-*` element, M endpoint-map
+//! each external address, the NodePort: an element of its target's entry set) or its
+//! `no-endpoint-*` element, M endpoint-map
 //! elements per entry (2M for Local external entries), one `hairpin` element per distinct
 //! endpoint IP (shared by every Service using it), and `firewall-*` elements per source range. No chain, no set. Cluster-IP
 //! masquerading of non-pod traffic is one rule in `services` for all Services
@@ -146,12 +160,12 @@ pub use batch::{
 };
 pub use build::{
     Bundle, Context, Dest, GroupKey, Owner, Ruleset, SlotGroup, build, build_from, declared_sets,
-    fixed_chains, node_bundle, port_bundle, shared_rules,
+    dispatch_rules, fixed_chains, node_bundle, port_bundle, shared_rules,
 };
 pub use model::{
     ELEMENT_COMMENT_MAX_BYTES, ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt, element_comment,
 };
-pub use netlink::{GenerationLog, NetlinkTransport, VerdictIds, lower as lower_batch, rule_exprs};
+pub use netlink::{GenerationLog, NetlinkTransport, lower as lower_batch, rule_exprs};
 pub use options::{DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, NftablesOptions, OptionsError};
 pub use render::{TABLE, render_text, rule_text};
 pub use slots::assign as assign_slots;

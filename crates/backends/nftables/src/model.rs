@@ -73,11 +73,6 @@ pub enum Stmt {
     Drop,
     /// ICMP port unreachable (TCP too), as upstream's `reject`.
     Reject,
-    /// `<key> vmap @map`.
-    Vmap {
-        key: Key,
-        map: SetName,
-    },
     /// `numgen random mod <n> vmap { i : goto <targets[i]> }`: the random pick of a
     /// sticky chain (an anonymous map inside a shared chain, so one per distinct count).
     RandomGoto(Vec<ChainId>),
@@ -140,11 +135,10 @@ pub enum ElemKey {
     PortSlot(u16, u16),
 }
 
-/// The value of a map element.
+/// The value of a map element. Only endpoint maps have values: entries are elements of
+/// plain sets (one per target chain), so no element ever holds a verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ElemValue {
-    Goto(ChainId),
-    Drop,
     Endpoint(SocketAddr),
 }
 

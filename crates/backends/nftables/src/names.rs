@@ -3,7 +3,9 @@
 //! No name in the table comes from an API object: sets, maps and chains are named from
 //! literals of this file and numbers (endpoint counts, slots, timeouts). So no Service,
 //! namespace or port name can ever reach nft text or a netlink attribute, and a name can be
-//! lowered to netlink as the same string the text form uses.
+//! lowered to netlink as the same string the text form uses. The longest name the
+//! enums can spell (a `local-...-via-...` entry set with 5-digit counts and timeouts) stays
+//! far below nf_tables' 255 bytes ([`NAME_MAX_BYTES`], checked by a test).
 
 use std::fmt;
 
@@ -76,6 +78,58 @@ impl fmt::Display for EndpointMap {
     }
 }
 
+/// nf_tables' limit on table, chain and set names (`NFT_NAME_MAXLEN` 256, with its NUL).
+pub const NAME_MAX_BYTES: usize = 255;
+
+/// What an entry is keyed by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EntryKind {
+    /// `daddr . l4proto . dport`: cluster IPs, external IPs, load-balancer IPs.
+    Address,
+    /// `l4proto . dport`: NodePorts, on any node address that accepts them.
+    NodePort,
+}
+
+impl EntryKind {
+    pub const ALL: [EntryKind; 2] = [Self::Address, Self::NodePort];
+
+    /// The last word of the kind's set names.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::Address => "ips",
+            Self::NodePort => "nodeports",
+        }
+    }
+
+    /// The chain that looks entries of this kind up, one rule per target.
+    pub fn dispatch_chain(self) -> FixedChain {
+        match self {
+            Self::Address => FixedChain::ServiceDispatch,
+            Self::NodePort => FixedChain::NodePortDispatch,
+        }
+    }
+}
+
+/// What happens to new connections to a destination without usable endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Refusal {
+    /// `goto reject-chain`: ICMP port unreachable (no endpoint anywhere).
+    Reject,
+    /// `drop` (a Local policy and no endpoint on this node).
+    Drop,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 2] = [Self::Reject, Self::Drop];
+
+    fn word(self) -> &'static str {
+        match self {
+            Self::Reject => "reject",
+            Self::Drop => "drop",
+        }
+    }
+}
+
 /// Every set and map of the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SetName {
@@ -85,14 +139,14 @@ pub enum SetName {
     ServiceCidrs,
     /// Node addresses accepting NodePorts (only with `--nodeport-addresses`).
     NodePortIps,
-    /// `addr . proto . port : verdict`: the entry for every cluster IP and external address.
-    ServiceIps,
-    /// `proto . port : verdict`: the entry for every NodePort.
-    ServiceNodePorts,
-    /// `addr . proto . port : reject | drop` for destinations without usable endpoints.
-    NoEndpointServices,
-    /// `proto . port : reject | drop` for NodePorts without usable endpoints.
-    NoEndpointNodePorts,
+    /// `<target>-ips` (`addr . proto . port`) or `<target>-nodeports` (`proto . port`): the
+    /// entries going to one shared chain. A plain set, not a verdict map: adding an
+    /// element makes the kernel validate nothing (see the crate docs). It exists while
+    /// some entry goes to `target`; its dispatch chain holds one rule looking it up.
+    Entries { kind: EntryKind, target: SharedChain },
+    /// `no-endpoint-<reject|drop>-<ips|nodeports>`: destinations without usable endpoints,
+    /// refused before DNAT by the `*-endpoints-check` chains (fixed rules).
+    NoEndpoint { kind: EntryKind, refusal: Refusal },
     /// Load-balancer destinations with source ranges.
     FirewallIps,
     /// `addr . proto . port . source-range`: the sources each of them accepts.
@@ -111,10 +165,10 @@ impl fmt::Display for SetName {
             Self::ClusterIps => "cluster-ips",
             Self::ServiceCidrs => "service-cidrs",
             Self::NodePortIps => "nodeport-ips",
-            Self::ServiceIps => "service-ips",
-            Self::ServiceNodePorts => "service-nodeports",
-            Self::NoEndpointServices => "no-endpoint-services",
-            Self::NoEndpointNodePorts => "no-endpoint-nodeports",
+            Self::Entries { kind, target } => return write!(f, "{target}-{}", kind.suffix()),
+            Self::NoEndpoint { kind, refusal } => {
+                return write!(f, "no-endpoint-{}-{}", refusal.word(), kind.suffix());
+            }
             Self::FirewallIps => "firewall-ips",
             Self::FirewallAllow => "firewall-allow",
             Self::Hairpin => "hairpin",
@@ -137,6 +191,8 @@ pub enum FixedChain {
     NatOutput,
     NatPostrouting,
     Services,
+    ServiceDispatch,
+    NodePortDispatch,
     MarkForMasquerade,
     Masquerading,
     ServiceEndpointsCheck,
@@ -147,7 +203,7 @@ pub enum FixedChain {
 }
 
 impl FixedChain {
-    pub const ALL: [FixedChain; 16] = [
+    pub const ALL: [FixedChain; 18] = [
         Self::FilterPreroutingPreDnat,
         Self::FilterOutputPreDnat,
         Self::FilterInput,
@@ -157,6 +213,8 @@ impl FixedChain {
         Self::NatOutput,
         Self::NatPostrouting,
         Self::Services,
+        Self::ServiceDispatch,
+        Self::NodePortDispatch,
         Self::MarkForMasquerade,
         Self::Masquerading,
         Self::ServiceEndpointsCheck,
@@ -177,6 +235,8 @@ impl FixedChain {
             Self::NatOutput => "nat-output",
             Self::NatPostrouting => "nat-postrouting",
             Self::Services => "services",
+            Self::ServiceDispatch => "service-dispatch",
+            Self::NodePortDispatch => "nodeport-dispatch",
             Self::MarkForMasquerade => "mark-for-masquerade",
             Self::Masquerading => "masquerading",
             Self::ServiceEndpointsCheck => "service-endpoints-check",
@@ -425,6 +485,39 @@ mod tests {
             SetName::Affinity(map(KeySpace::NodePort)).to_string(),
             "affinity-nodeport-endpoints-tcp"
         );
+    }
+
+    #[test]
+    fn entry_sets_are_named_after_their_target_and_fit_nf_tables() {
+        let most = |space| Choice {
+            map: EndpointMap {
+                space,
+                proto: Protocol::Sctp,
+            },
+            count: u16::MAX,
+            affinity: Some(u32::MAX),
+        };
+        let longest = SetName::Entries {
+            kind: EntryKind::NodePort,
+            target: SharedChain::LocalPolicy {
+                local: Some(most(KeySpace::NodePort)),
+                shortcut: Some(most(KeySpace::NodePortShortcut)),
+            },
+        };
+        assert!(longest.to_string().len() <= NAME_MAX_BYTES, "{longest}");
+        let pick = SetName::Entries {
+            kind: EntryKind::Address,
+            target: SharedChain::Pick {
+                map: map(KeySpace::Address),
+                count: 3,
+            },
+        };
+        assert_eq!(pick.to_string(), "pick-service-endpoints-tcp-3-ips");
+        let refused = SetName::NoEndpoint {
+            kind: EntryKind::NodePort,
+            refusal: Refusal::Drop,
+        };
+        assert_eq!(refused.to_string(), "no-endpoint-drop-nodeports");
     }
 
     #[test]

@@ -30,7 +30,6 @@
 //! (iptables-nft, firewalld) lists rules and set names, never elements, after each such
 //! commit.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -46,7 +45,7 @@ use nl::{
 
 use crate::batch::{Batch, Op};
 use crate::model::{ElemKey, ElemValue, Key, Match, Rule, Slot, Stmt};
-use crate::names::{ChainId, ChainType, EndpointMap, HookPoint, SetName};
+use crate::names::{ChainId, ChainType, EndpointMap, EntryKind, HookPoint, SetName};
 use crate::render::TABLE;
 use crate::transport::{Listing, Transport, TransportError};
 
@@ -107,8 +106,6 @@ pub struct NetlinkTransport {
     generations: Arc<GenerationLog>,
     /// The foreign-commit count this transport has already answered for.
     foreign_seen: u64,
-    /// Verdict indirection (see [`VerdictIds`]), when enabled.
-    verdict_ids: Option<VerdictIds>,
 }
 
 impl std::fmt::Debug for NetlinkTransport {
@@ -137,22 +134,12 @@ impl NetlinkTransport {
             affinity_capacity,
             generations,
             foreign_seen: 0,
-            verdict_ids: None,
         })
     }
 
-    /// Writes the entry maps with verdict indirection (see [`VerdictIds`]): a new Service
-    /// then adds no jump element, which spares the kernel's whole-table validation. Off
-    /// by default: `nft list` then shows entries as numbers, not `goto <chain>`.
-    pub fn with_verdict_indirection(mut self) -> Self {
-        self.verdict_ids = Some(VerdictIds::default());
-        self
-    }
-
-    /// The nfnetlink batch `batch` lowers to now (for tests and tools; changes nothing).
+    /// The nfnetlink batch `batch` lowers to (for tests and tools; changes nothing).
     pub fn lower(&self, batch: &Batch) -> nl::Batch {
-        let mut ids = self.verdict_ids.clone();
-        lower_with(batch, self.affinity_capacity, ids.as_mut())
+        lower(batch, self.affinity_capacity)
     }
 
     /// The socket, for dumps in tests and tools.
@@ -163,9 +150,7 @@ impl NetlinkTransport {
 
 impl Transport for NetlinkTransport {
     fn apply(&mut self, batch: &Batch) -> Result<(), TransportError> {
-        // Should the kernel refuse it, the ids handed out here are wrong until the table
-        // is recreated, which is what the backend does after a failed sync.
-        let lowered = lower_with(batch, self.affinity_capacity, self.verdict_ids.as_mut());
+        let lowered = self.lower(batch);
         if lowered.is_empty() {
             return Ok(());
         }
@@ -212,8 +197,7 @@ impl Transport for NetlinkTransport {
                 .push(text.join("; "));
         }
         for set in sets {
-            let internal = self.verdict_ids.is_some() && is_verdict_map(&set.name);
-            if set.flags & ANONYMOUS_SET != 0 || internal {
+            if set.flags & ANONYMOUS_SET != 0 {
                 continue;
             }
             listing.sets.insert(set.name.clone());
@@ -249,187 +233,41 @@ fn table(family: IpFamily) -> Table {
     Table::new(nl_family(family), TABLE)
 }
 
-/// Verdict indirection: the entry maps (`service-ips`, `service-nodeports`,
-/// `no-endpoint-*`) map to a number instead of a verdict, and a small map per entry map,
-/// `<map>-verdicts`, maps each number to its `goto <chain>` (or `drop`). One per entry map,
-/// as the kernel validates every target of a verdict map against every hook that looks
-/// it up (a DNAT chain must not be reachable from a filter hook). Why: adding a
-/// jump/goto element to a verdict map makes the kernel re-validate every element of every
-/// verdict map the base chains reach at commit (~8 ms at 50k Services, measured); with
-/// indirection only a new distinct target (a new endpoint count, say) adds one. Ids are
-/// handed out as targets first appear and taken back when their chain is deleted; a
-/// recreated or flushed table starts over.
-#[derive(Clone, Debug, Default)]
-pub struct VerdictIds {
-    ids: HashMap<(SetName, Verdict), u32>,
-    next: u32,
-}
-
-/// The transport's own map of the verdict ids of entry map `set`.
-fn verdict_map(set: SetName) -> String {
-    format!("{set}-verdicts")
-}
-
-/// Whether `name` is one of the transport's verdict-id maps.
-fn is_verdict_map(name: &str) -> bool {
-    crate::build::declared_sets()
-        .iter()
-        .any(|set| indirect(*set) && verdict_map(*set) == name)
-}
-
-/// Whether `set` is an entry map that verdict indirection rewrites.
-fn indirect(set: SetName) -> bool {
-    matches!(
-        set,
-        SetName::ServiceIps
-            | SetName::ServiceNodePorts
-            | SetName::NoEndpointServices
-            | SetName::NoEndpointNodePorts
-    )
-}
-
-fn verdict_ids_set(set: SetName) -> Set {
-    Set::map(verdict_map(set), vec![Field::Mark], SetData::Verdict)
-}
-
-fn id_key(id: u32) -> Vec<u8> {
-    Value::new().host_u32(id).build()
-}
-
-impl VerdictIds {
-    /// The id of `verdict`, and whether it is new (its `verdict-ids` element must be added).
-    fn id(&mut self, set: SetName, verdict: Verdict) -> (u32, bool) {
-        if let Some(id) = self.ids.get(&(set, verdict.clone())) {
-            return (*id, false);
-        }
-        self.next += 1;
-        self.ids.insert((set, verdict), self.next);
-        (self.next, true)
-    }
-
-    fn clear(&mut self) {
-        self.ids.clear();
-    }
-
-    /// Takes back the ids leading to `chain`: (entry map, id).
-    fn release(&mut self, chain: &str) -> Vec<(SetName, u32)> {
-        let target = Verdict::Goto(chain.to_string());
-        let released: Vec<(SetName, u32)> = self
-            .ids
-            .iter()
-            .filter(|((_, verdict), _)| *verdict == target)
-            .map(|((set, _), id)| (*set, *id))
-            .collect();
-        for (set, _) in &released {
-            self.ids.remove(&(*set, target.clone()));
-        }
-        released
-    }
-
-    fn forget(&mut self, set: SetName) {
-        self.ids.retain(|(of, _), _| *of != set);
-    }
-}
-
 /// The table's comment, as [`crate::batch_text`] writes it for nft.
 fn table_comment() -> Vec<u8> {
     nl::comment_userdata("rules for kube-proxy").unwrap_or_default()
 }
 
-/// The nfnetlink batch of `batch` (entry maps holding verdicts).
+/// The nfnetlink batch of `batch`.
 pub fn lower(batch: &Batch, affinity_capacity: u32) -> nl::Batch {
-    lower_with(batch, affinity_capacity, None)
-}
-
-fn verdict_of(value: &ElemValue) -> Option<Verdict> {
-    match value {
-        ElemValue::Goto(chain) => Some(Verdict::Goto(chain.to_string())),
-        ElemValue::Drop => Some(Verdict::Drop),
-        ElemValue::Endpoint(_) => None,
-    }
-}
-
-/// `batch` lowered, with verdict indirection when `ids` is given.
-fn lower_with(batch: &Batch, affinity_capacity: u32, mut ids: Option<&mut VerdictIds>) -> nl::Batch {
     let family = batch.family;
     let table = table(family);
     let mut out = nl::Batch::new();
-    let indirection = ids.is_some();
     for op in &batch.ops {
         match op {
             Op::AddTable => out.add_table_with_userdata(&table, &table_comment()),
-            Op::DeleteTable => {
-                out.delete_table(&table);
-                if let Some(ids) = ids.as_deref_mut() {
-                    ids.clear();
-                }
-            }
-            Op::AddSet(set) if indirection && indirect(*set) => {
-                out.add_set(&table, &verdict_ids_set(*set));
-                let mut declared = set_of(family, *set, affinity_capacity);
-                declared.data = Some(SetData::Value(vec![Field::Mark]));
-                out.add_set(&table, &declared);
-            }
+            Op::DeleteTable => out.delete_table(&table),
             Op::AddSet(set) => out.add_set(&table, &set_of(family, *set, affinity_capacity)),
             Op::AddChain(chain) => out.add_chain(&table, &chain_of(*chain)),
             Op::AddRule(chain, rule) => {
-                let exprs = lower_rule(family, rule, &mut out, &table, indirection);
+                let exprs = lower_rule(family, rule, &mut out, &table);
                 out.add_rule(&table, &chain.to_string(), &exprs);
             }
             Op::DeleteChain(chain) => {
                 let name = chain.to_string();
                 out.flush_chain(&table, &name);
-                // No entry uses the chain any more (the model deletes them first).
-                let released = ids
-                    .as_deref_mut()
-                    .map(|ids| ids.release(&name))
-                    .unwrap_or_default();
-                for (set, id) in released {
-                    out.delete_elements(&table, &verdict_map(set), &[nl::Element::key(id_key(id))]);
-                }
                 out.delete_chain(&table, &name);
             }
+            Op::DeleteSet(set) => out.delete_set(&table, &set.to_string()),
             Op::FlushChain(chain) => out.flush_chain(&table, &chain.to_string()),
-            Op::FlushSet(set) => {
-                out.flush_set(&table, &set.to_string());
-                if let Some(ids) = ids.as_deref_mut().filter(|_| indirect(*set)) {
-                    out.flush_set(&table, &verdict_map(*set));
-                    ids.forget(*set);
-                }
-            }
+            Op::FlushSet(set) => out.flush_set(&table, &set.to_string()),
             Op::DeleteChainByHandle(handle) => out.delete_chain_by_handle(&table, *handle),
             Op::DeleteSetByHandle(handle) => out.delete_set_by_handle(&table, *handle),
             Op::AddElements(set, elements) => {
-                let lowered: Vec<nl::Element> = match ids.as_deref_mut() {
-                    Some(ids) if indirect(*set) => {
-                        let mut fresh = Vec::new();
-                        let mut lowered = Vec::with_capacity(elements.len());
-                        for (key, value, comment) in elements {
-                            for element in elements_of(key, value.as_ref(), comment.as_ref()) {
-                                let Some(verdict) = value.as_ref().and_then(verdict_of) else {
-                                    lowered.push(element);
-                                    continue;
-                                };
-                                let (id, new) = ids.id(*set, verdict.clone());
-                                if new {
-                                    fresh.push(nl::Element::verdict(id_key(id), verdict));
-                                }
-                                lowered.push(nl::Element {
-                                    data: Some(nl::Data::Value(id_key(id))),
-                                    ..element
-                                });
-                            }
-                        }
-                        if !fresh.is_empty() {
-                            out.add_elements(&table, &verdict_map(*set), &fresh);
-                        }
-                        lowered
-                    }
-                    _ => elements
-                        .iter()
-                        .flat_map(|(key, value, comment)| elements_of(key, value.as_ref(), comment.as_ref()))
-                        .collect(),
-                };
+                let lowered: Vec<nl::Element> = elements
+                    .iter()
+                    .flat_map(|(key, value, comment)| elements_of(key, value.as_ref(), comment.as_ref()))
+                    .collect();
                 out.add_elements(&table, &set.to_string(), &lowered);
             }
             Op::DeleteElements(set, keys) => {
@@ -460,12 +298,10 @@ fn set_of(family: IpFamily, set: SetName, affinity_capacity: u32) -> Set {
             interval: true,
             ..Set::new(name, vec![a])
         },
-        SetName::ServiceIps | SetName::NoEndpointServices => {
-            Set::map(name, vec![a, proto, port], SetData::Verdict)
-        }
-        SetName::ServiceNodePorts | SetName::NoEndpointNodePorts => {
-            Set::map(name, vec![proto, port], SetData::Verdict)
-        }
+        SetName::Entries { kind, .. } | SetName::NoEndpoint { kind, .. } => match kind {
+            EntryKind::Address => Set::new(name, vec![a, proto, port]),
+            EntryKind::NodePort => Set::new(name, vec![proto, port]),
+        },
         SetName::FirewallIps => Set::new(name, vec![a, proto, port]),
         SetName::FirewallAllow => Set {
             interval: true,
@@ -699,8 +535,6 @@ fn plain_elements_of(key: &ElemKey, value: Option<&ElemValue>) -> Vec<nl::Elemen
     };
     let element = match value {
         None => nl::Element::key(bytes),
-        Some(ElemValue::Goto(chain)) => nl::Element::verdict(bytes, Verdict::Goto(chain.to_string())),
-        Some(ElemValue::Drop) => nl::Element::verdict(bytes, Verdict::Drop),
         Some(ElemValue::Endpoint(ep)) => {
             nl::Element::mapping(bytes, addr(Value::new(), ep.ip()).port(ep.port()).build())
         }
@@ -714,8 +548,6 @@ fn plain_elements_of(key: &ElemKey, value: Option<&ElemValue>) -> Vec<nl::Elemen
 struct Lowering {
     family: IpFamily,
     exprs: Vec<Expr>,
-    /// Entry maps hold verdict ids (see [`VerdictIds`]).
-    indirection: bool,
 }
 
 fn r(index: u8) -> Register {
@@ -847,19 +679,6 @@ impl Lowering {
         }
     }
 
-    /// How many registers `key` takes from register 0 on.
-    fn key_registers(&self, key: Key) -> u8 {
-        let a = self.addr_regs();
-        match key {
-            Key::DestProtoPort => a + 2,
-            Key::ProtoPort => 2,
-            Key::DestProtoPortSource => 2 * a + 2,
-            Key::SourceDest => 2 * a,
-            Key::AffinityEntry { map, .. } if map.space.keyed_by_address() => 2 * a + 2,
-            Key::AffinityEntry { .. } => a + 2,
-        }
-    }
-
     fn net(&mut self, net: &IpNet, source: bool, negate: bool) {
         if source {
             self.saddr(0);
@@ -987,23 +806,6 @@ impl Lowering {
                     code,
                 });
             }
-            Stmt::Vmap { key, map } => {
-                self.key(*key);
-                if self.indirection && indirect(*map) {
-                    // The register right after the key (nft 1.0.6 cannot list the rule
-                    // when the id lands elsewhere).
-                    let id = r(self.key_registers(*key));
-                    self.lookup(*map, Some(id), false);
-                    self.exprs.push(Expr::Lookup {
-                        set: verdict_map(*map),
-                        sreg: id,
-                        dreg: Some(Register::Verdict),
-                        invert: false,
-                    });
-                } else {
-                    self.lookup(*map, Some(Register::Verdict), false);
-                }
-            }
             Stmt::RandomGoto(targets) => {
                 let elements: Vec<nl::Element> = (0u32..)
                     .zip(targets)
@@ -1070,20 +872,13 @@ impl Lowering {
 pub fn rule_exprs(family: IpFamily, rule: &Rule) -> Vec<Expr> {
     let table = table(family);
     let mut scratch = nl::Batch::new();
-    lower_rule(family, rule, &mut scratch, &table, false)
+    lower_rule(family, rule, &mut scratch, &table)
 }
 
-fn lower_rule(
-    family: IpFamily,
-    rule: &Rule,
-    batch: &mut nl::Batch,
-    table: &Table,
-    indirection: bool,
-) -> Vec<Expr> {
+fn lower_rule(family: IpFamily, rule: &Rule, batch: &mut nl::Batch, table: &Table) -> Vec<Expr> {
     let mut lowering = Lowering {
         family,
         exprs: Vec::new(),
-        indirection,
     };
     for m in &rule.matches {
         lowering.matches(m);

@@ -14,7 +14,7 @@ use kpr_naming::text::Comment;
 
 use crate::build::Ruleset;
 use crate::model::{ElemKey, ElemValue, Key, Match, Rule, Slot, Stmt};
-use crate::names::{ChainId, EndpointMap, SetName};
+use crate::names::{ChainId, EndpointMap, EntryKind, SetName};
 use crate::options::NftablesOptions;
 
 /// The table's name in both families (upstream's, so either proxy removes the other's table).
@@ -52,12 +52,10 @@ pub fn set_body(family: IpFamily, set: SetName, affinity_capacity: u32) -> Strin
     match set {
         SetName::ClusterIps | SetName::NodePortIps => format!("type {addr} ;"),
         SetName::ServiceCidrs => format!("type {addr} ; flags interval ;"),
-        SetName::ServiceIps | SetName::NoEndpointServices => {
-            format!("type {addr} . inet_proto . inet_service : verdict ;")
-        }
-        SetName::ServiceNodePorts | SetName::NoEndpointNodePorts => {
-            "type inet_proto . inet_service : verdict ;".to_string()
-        }
+        SetName::Entries { kind, .. } | SetName::NoEndpoint { kind, .. } => match kind {
+            EntryKind::Address => format!("type {addr} . inet_proto . inet_service ;"),
+            EntryKind::NodePort => "type inet_proto . inet_service ;".to_string(),
+        },
         SetName::FirewallIps => format!("type {addr} . inet_proto . inet_service ;"),
         SetName::FirewallAllow => {
             format!("type {addr} . inet_proto . inet_service . {addr} ; flags interval ;")
@@ -169,10 +167,6 @@ fn stmt(out: &mut String, family: IpFamily, s: &Stmt) {
         Stmt::Return => out.push_str("return"),
         Stmt::Drop => out.push_str("drop"),
         Stmt::Reject => out.push_str("reject"),
-        Stmt::Vmap { key, map } => {
-            key_expr(out, family, *key);
-            let _ = write!(out, " vmap @{map}");
-        }
         Stmt::RandomGoto(targets) => {
             let _ = write!(out, "numgen random mod {} vmap {{ ", targets.len());
             for (i, target) in targets.iter().enumerate() {
@@ -262,10 +256,6 @@ pub fn element_text(out: &mut String, key: &ElemKey, value: Option<&ElemValue>, 
     }
     match value {
         None => {}
-        Some(ElemValue::Goto(chain)) => {
-            let _ = write!(out, " : goto {chain}");
-        }
-        Some(ElemValue::Drop) => out.push_str(" : drop"),
         Some(ElemValue::Endpoint(ep)) => {
             let _ = write!(out, " : {} . {}", ep.ip(), ep.port());
         }

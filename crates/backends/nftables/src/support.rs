@@ -8,8 +8,11 @@
 use kpr_model::Protocol;
 
 use crate::batch::{Batch, Op};
-use crate::build::{declared_sets, fixed_chains, shared_rules};
-use crate::names::{ChainId, EndpointMap, KeySpace, SetName, SharedChain};
+use std::collections::BTreeSet;
+
+use crate::build::{declared_sets, dispatch_rules, fixed_chains, shared_rules};
+use crate::model::Stmt;
+use crate::names::{ChainId, EndpointMap, EntryKind, KeySpace, SetName, SharedChain};
 use crate::options::NftablesOptions;
 use crate::transport::{Transport, TransportError};
 
@@ -47,10 +50,16 @@ fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
     };
     let mut dnat = Vec::new();
     let mut sticky = Vec::new();
+    let mut entry_sets = BTreeSet::new();
     for proto in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
-        for space in [KeySpace::Address, KeySpace::NodePort] {
+        for (space, kind) in [
+            (KeySpace::Address, EntryKind::Address),
+            (KeySpace::NodePort, EntryKind::NodePort),
+        ] {
             let map = EndpointMap { space, proto };
-            shared(&mut dnat, SharedChain::Pick { map, count: 2 }, opts);
+            let pick = SharedChain::Pick { map, count: 2 };
+            shared(&mut dnat, pick, opts);
+            entry_sets.insert(SetName::Entries { kind, target: pick });
             for slot in 0..2 {
                 shared(
                     &mut sticky,
@@ -73,6 +82,17 @@ fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
             );
         }
     }
+    let mut dispatch: Vec<Op> = entry_sets.iter().map(|set| Op::AddSet(*set)).collect();
+    for kind in EntryKind::ALL {
+        let chain = ChainId::Fixed(kind.dispatch_chain());
+        // The target rules only: the fixed ones were probed with the fixed chains.
+        dispatch.extend(
+            dispatch_rules(kind, &entry_sets, opts)
+                .into_iter()
+                .filter(|rule| matches!(rule.stmt, Stmt::Goto(ChainId::Shared(_))))
+                .map(|rule| Op::AddRule(chain, rule)),
+        );
+    }
     vec![
         (
             "nf_tables with nat and filter base chains (kernel >= 5.13, nft >= 1.0)",
@@ -80,7 +100,7 @@ fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
                 .chain(fixed.iter().map(|(c, _)| Op::AddChain(ChainId::Fixed(*c))))
                 .collect(),
         ),
-        ("sets and verdict maps with concatenated keys", of(plain)),
+        ("sets with concatenated keys", of(plain)),
         (
             "concatenated interval sets (loadBalancerSourceRanges)",
             vec![Op::AddSet(SetName::FirewallAllow)],
@@ -101,6 +121,7 @@ fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
                 .collect(),
         ),
         ("DNAT to a concatenation looked up in a map", dnat),
+        ("a goto per set of entries (dispatch rules)", dispatch),
         ("set updates from the packet path (ClientIP affinity)", sticky),
     ]
 }

@@ -34,7 +34,7 @@ fn clusterip_without_endpoints_rejects() {
     world.service("web", clusterip("10.96.0.10", http_port()));
     let text = render(&mut world, &options());
     assert!(text.contains(
-        "add element ip kube-proxy no-endpoint-services { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto reject-chain }"
+        "add element ip kube-proxy no-endpoint-reject-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }"
     ));
     assert!(
         !text.contains("add chain ip kube-proxy pick-"),
@@ -47,7 +47,11 @@ fn clusterip_without_endpoints_rejects() {
 fn clusterip_with_three_endpoints_is_elements_only() {
     let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6"), ep("10.244.3.7")]);
     let text = render(&mut world, &options());
-    assert!(text.contains("service-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-3 }"));
+    assert!(
+        text.contains(
+            "pick-service-endpoints-tcp-3-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }"
+        )
+    );
     assert!(text.contains(
         "add rule ip kube-proxy pick-service-endpoints-tcp-3 dnat to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp"
     ));
@@ -99,16 +103,17 @@ fn nodeport_with_cluster_policy_masquerades() {
         vec![ep("10.244.1.5"), ep("10.244.2.6")],
     );
     let text = render(&mut world, &options());
-    assert!(text.contains(
-        "service-nodeports { tcp . 30080 comment \"default/web:http\" : goto masq-nodeport-endpoints-tcp-2 }"
-    ));
+    assert!(
+        text.contains("masq-nodeport-endpoints-tcp-2-nodeports { tcp . 30080 comment \"default/web:http\" }")
+    );
     assert!(text.contains("add rule ip kube-proxy masq-nodeport-endpoints-tcp-2 jump mark-for-masquerade"));
     assert!(
         text.contains(
             "nodeport-endpoints-tcp { 30080 . 0 : 10.244.1.5 . 8080, 30080 . 1 : 10.244.2.6 . 8080 }"
         )
     );
-    assert!(text.contains("add rule ip kube-proxy services fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports"));
+    assert!(text.contains("add rule ip kube-proxy service-dispatch fib daddr type local ip daddr != 127.0.0.0/8 goto nodeport-dispatch"));
+    assert!(text.contains("add rule ip kube-proxy nodeport-dispatch meta l4proto . th dport @masq-nodeport-endpoints-tcp-2-nodeports goto masq-nodeport-endpoints-tcp-2"));
     check_golden("nodeport", &text);
 }
 
@@ -132,7 +137,11 @@ fn nodeport_addresses_use_the_nodeport_ips_set() {
         elements_of(&text, "nodeport-ips"),
         "add element ip kube-proxy nodeport-ips { 192.168.77.1 }"
     );
-    assert!(text.contains("add rule ip kube-proxy services ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports"));
+    assert!(
+        text.contains(
+            "add rule ip kube-proxy service-dispatch ip daddr @nodeport-ips goto nodeport-dispatch"
+        )
+    );
     check_golden("nodeport_addresses", &text);
 }
 
@@ -152,7 +161,7 @@ fn external_traffic_policy_local() {
     let text = render(&mut world, &options());
     let chain = "local-nodeport-endpoints-tcp-1-via-nodeport-shortcut-tcp-3";
     assert!(text.contains(&format!(
-        "service-nodeports {{ tcp . 30080 comment \"default/web:http\" : goto {chain} }}"
+        "{chain}-nodeports {{ tcp . 30080 comment \"default/web:http\" }}"
     )));
     assert!(text.contains(&format!(
         "add rule ip kube-proxy {chain} ip saddr 10.244.0.0/16 goto pick-nodeport-shortcut-tcp-3"
@@ -165,7 +174,7 @@ fn external_traffic_policy_local() {
     )));
     assert!(
         text.contains(
-            "203.0.113.9 . tcp . 80 comment \"default/web:http\" : goto local-service-endpoints-tcp-1-via-service-shortcut-tcp-3"
+            "local-service-endpoints-tcp-1-via-service-shortcut-tcp-3-ips { 203.0.113.9 . tcp . 80 comment \"default/web:http\" }"
         )
     );
     check_golden("external_traffic_policy_local", &text);
@@ -178,9 +187,11 @@ fn external_traffic_policy_local_without_local_endpoints_drops_outside_traffic()
         .service("web", nodeport_web(json!({"externalTrafficPolicy": "Local"})))
         .slice("web", http_slice_port(), vec![ep("10.244.2.6")]);
     let text = render(&mut world, &options());
-    assert!(text.contains("no-endpoint-nodeports { tcp . 30080 comment \"default/web:http\" : drop }"));
+    assert!(text.contains("no-endpoint-drop-nodeports { tcp . 30080 comment \"default/web:http\" }"));
     // Pods and the node still reach the Service through the NodePort.
-    assert!(text.contains("service-nodeports { tcp . 30080 comment \"default/web:http\" : goto local-none-via-nodeport-shortcut-tcp-1 }"));
+    assert!(text.contains(
+        "local-none-via-nodeport-shortcut-tcp-1-nodeports { tcp . 30080 comment \"default/web:http\" }"
+    ));
     check_golden("external_traffic_policy_local_no_local", &text);
 }
 
@@ -201,9 +212,7 @@ fn internal_traffic_policy_local() {
     none.service("web", json!({"type": "ClusterIP", "clusterIP": "10.96.0.10", "internalTrafficPolicy": "Local", "ports": http_port()}))
         .slice("web", http_slice_port(), vec![ep("10.244.2.6")]);
     let text = render(&mut none, &options());
-    assert!(
-        text.contains("no-endpoint-services { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : drop }")
-    );
+    assert!(text.contains("no-endpoint-drop-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }"));
 }
 
 #[test]
@@ -242,7 +251,9 @@ fn clientip_affinity() {
         )
         .slice("web", http_slice_port(), vec![ep("10.244.1.5"), ep("10.244.2.6")]);
     let text = render(&mut world, &options());
-    assert!(text.contains("service-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto sticky-service-endpoints-tcp-2-t60 }"));
+    assert!(text.contains(
+        "sticky-service-endpoints-tcp-2-t60-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }"
+    ));
     assert!(text.contains("add rule ip kube-proxy slot-service-endpoints-tcp-1-t60 update @affinity-service-endpoints-tcp { ip saddr . ip daddr . tcp dport . numgen random mod 1 offset 1 timeout 60s }"));
     check_golden("clientip_affinity", &text);
 }
@@ -265,7 +276,7 @@ fn udp_and_sctp_use_their_own_maps() {
     let text = render(&mut world, &options());
     assert!(
         text.contains(
-            "10.96.0.53 . udp . 53 comment \"default/dns:dns\" : goto pick-service-endpoints-udp-1"
+            "pick-service-endpoints-udp-1-ips { 10.96.0.53 . udp . 53 comment \"default/dns:dns\" }"
         )
     );
     assert!(text.contains("service-endpoints-sctp { 10.96.0.53 . 9 . 0 : 10.244.1.5 . 99 }"));
@@ -322,9 +333,11 @@ fn ipv6_uses_the_ip6_table() {
         ..options()
     };
     let text = render(&mut world, &opts);
-    assert!(text.contains("service-ips { fd00:96::10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-1 }"));
+    assert!(text.contains(
+        "pick-service-endpoints-tcp-1-ips { fd00:96::10 . tcp . 80 comment \"default/web:http\" }"
+    ));
     assert!(text.contains("add element ip6 kube-proxy service-cidrs { fd00:96::/112 }"));
-    assert!(text.contains("ip6 daddr != ::1 meta l4proto"));
+    assert!(text.contains("ip6 daddr != ::1 goto nodeport-dispatch"));
     check_golden("ipv6_nodeport", &text);
 }
 
@@ -378,10 +391,10 @@ fn both_traffic_policies_local() {
     // the NodePort's short-circuit.
     assert!(
         text.contains(
-            "10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-1"
+            "pick-service-endpoints-tcp-1-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }"
         )
     );
-    assert!(text.contains("tcp . 30080 comment \"default/web:http\" : goto local-nodeport-endpoints-tcp-1-via-nodeport-shortcut-tcp-2"));
+    assert!(text.contains("local-nodeport-endpoints-tcp-1-via-nodeport-shortcut-tcp-2-nodeports { tcp . 30080 comment \"default/web:http\" }"));
     check_golden("both_traffic_policies_local", &text);
 }
 
@@ -390,16 +403,11 @@ fn nodeport_without_endpoints_rejects_everywhere() {
     let mut world = World::new();
     world.service("web", nodeport_web(json!({"externalIPs": ["203.0.113.9"]})));
     let text = render(&mut world, &options());
+    assert!(text.contains("no-endpoint-reject-nodeports { tcp . 30080 comment \"default/web:http\" }"));
+    assert!(text.contains("no-endpoint-reject-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\", 203.0.113.9 . tcp . 80 comment \"default/web:http\" }"));
     assert!(
-        text.contains(
-            "no-endpoint-nodeports { tcp . 30080 comment \"default/web:http\" : goto reject-chain }"
-        )
-    );
-    assert!(text.contains("203.0.113.9 . tcp . 80 comment \"default/web:http\" : goto reject-chain"));
-    assert_eq!(
-        elements_of(&text, "service-ips"),
-        "",
-        "no entry without endpoints"
+        !text.contains(" goto pick-") && !text.contains(" goto masq-"),
+        "no entry set, no dispatch rule without endpoints:\n{text}"
     );
     check_golden("nodeport_0_endpoints", &text);
 }

@@ -73,12 +73,26 @@ fn first_sync_then_element_changes_and_a_quiet_reconcile(via: Via) {
     let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
     let mut backend = new_backend(&netns, options(), via);
     assert!(sync(&mut backend, &mut world).full);
-    let listed = nft(&netns, &["list", "table", "ip", "kube-proxy"]);
+    let listed = nft(
+        &netns,
+        &[
+            "list",
+            "set",
+            "ip",
+            "kube-proxy",
+            "pick-service-endpoints-tcp-2-ips",
+        ],
+    );
     assert!(
-        listed.contains(
-            "10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-2"
-        ),
+        listed.contains("10.96.0.10 . tcp . 80 comment \"default/web:http\""),
         "{listed}"
+    );
+    let dispatch = nft(&netns, &["list", "chain", "ip", "kube-proxy", "service-dispatch"]);
+    assert!(
+        dispatch.contains(
+            "ip daddr . meta l4proto . th dport @pick-service-endpoints-tcp-2-ips goto pick-service-endpoints-tcp-2"
+        ),
+        "{dispatch}"
     );
 
     world.slice(
@@ -100,6 +114,19 @@ fn first_sync_then_element_changes_and_a_quiet_reconcile(via: Via) {
     assert!(
         chains.contains("pick-service-endpoints-tcp-3") && !chains.contains("pick-service-endpoints-tcp-2"),
         "{chains}"
+    );
+    // The new count's set and dispatch rule replaced the old ones in the same transaction.
+    let sets = nft(&netns, &["list", "sets", "ip"]);
+    assert!(
+        sets.contains("set pick-service-endpoints-tcp-3-ips")
+            && !sets.contains("pick-service-endpoints-tcp-2-ips"),
+        "{sets}"
+    );
+    let dispatch = nft(&netns, &["list", "chain", "ip", "kube-proxy", "service-dispatch"]);
+    assert!(
+        dispatch.contains("@pick-service-endpoints-tcp-3-ips goto pick-service-endpoints-tcp-3")
+            && !dispatch.contains("tcp-2"),
+        "{dispatch}"
     );
 
     // Nothing changed: the read-back matches, nothing is rewritten.
@@ -455,6 +482,71 @@ fn a_partial_sync_sends_one_netlink_transaction_of_element_changes_only() {
     assert!(!listed.contains("10.244.2.6"), "{listed}");
 }
 
+/// nf_tables' data type of verdict maps (`NFT_DATA_VERDICT`).
+const VERDICT_DATA: u32 = 0xffff_ff00;
+
+/// The issue this model answers: a new Service whose target chain exists must not make the
+/// kernel re-validate the table, so its transaction may hold only element adds to sets
+/// without verdicts (an added `goto` element is what triggers the validation).
+#[test]
+fn a_new_service_whose_target_exists_is_plain_set_element_adds_only() {
+    let netns = Netns::new("nlnewsvc").unwrap();
+    let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
+    let (mut backend, sent) = recording_backend(&netns);
+    assert!(sync(&mut backend, &mut world).full);
+    sent.lock().unwrap().clear();
+
+    world.service("api", clusterip("10.96.0.20", http_port())).slice(
+        "api",
+        http_slice_port(),
+        vec![ep("10.244.1.8"), ep("10.244.2.9")],
+    );
+    assert!(!sync(&mut backend, &mut world).full);
+    let batches = sent.lock().unwrap().clone();
+    assert_eq!(batches.len(), 1, "one transaction and no read-back: {batches:?}");
+    let ops = &batches[0];
+    assert!(
+        ops.iter()
+            .all(|op| op.starts_with("add ") && op.contains(" element(s) to set ")),
+        "only element adds: {ops:?}"
+    );
+    let written: Vec<&str> = ops.iter().filter_map(|op| op.rsplit(' ').next()).collect();
+    assert!(
+        written.contains(&"pick-service-endpoints-tcp-2-ips"),
+        "the entry goes to its target's set: {ops:?}"
+    );
+    let table = kpr_nfnetlink::Table::new(kpr_nfnetlink::Family::Ip, "kube-proxy");
+    let mut socket = netns.run(|| kpr_nfnetlink::Socket::open().unwrap());
+    let sets = socket.sets(&table).unwrap();
+    for name in &written {
+        let set = sets.iter().find(|s| s.name == *name).unwrap();
+        assert_ne!(
+            set.data.map(|(kind, _)| kind),
+            Some(VERDICT_DATA),
+            "{name} holds verdicts"
+        );
+    }
+    assert!(
+        sets.iter()
+            .all(|s| s.data.map(|(kind, _)| kind) != Some(VERDICT_DATA)),
+        "no verdict map is left in the table"
+    );
+    let listed = nft(
+        &netns,
+        &[
+            "list",
+            "set",
+            "ip",
+            "kube-proxy",
+            "pick-service-endpoints-tcp-2-ips",
+        ],
+    );
+    assert!(
+        listed.contains("10.96.0.20 . tcp . 80 comment \"default/api:http\""),
+        "{listed}"
+    );
+}
+
 #[test]
 fn a_quiet_netlink_sync_lists_nothing_and_a_foreign_commit_is_noticed_and_repaired() {
     let netns = Netns::new("nlgen").unwrap();
@@ -564,7 +656,10 @@ fn netlink_writes_what_nft_writes() {
         "5.6.7.8 . tcp . 80 . 192.0.2.0/24",
         "10.96.0.53 . 9 . 0 : 10.244.1.5 . 99",
         "iifname \"veth*\"",
-        "10.96.0.40 . tcp . 80 comment \"default/empty:http\" : goto reject-chain",
+        "set no-endpoint-reject-ips",
+        "10.96.0.40 . tcp . 80 comment \"default/empty:http\"",
+        "@pick-service-endpoints-tcp-1-ips goto pick-service-endpoints-tcp-1",
+        "goto nodeport-dispatch",
         "10.96.0.0/16",
         "comment \"rules for kube-proxy\"",
     ] {

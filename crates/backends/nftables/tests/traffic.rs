@@ -269,8 +269,7 @@ fn switching_between_iptables_and_nftables_both_ways(via: Via) {
         let out = node.command("iptables-nft-save").output().unwrap();
         String::from_utf8_lossy(&out.stdout).contains("KUBE-SERVICES")
     };
-    // Read and removed through the transport under test (nft cannot list the rules of
-    // verdict indirection).
+    // Read and removed through the transport under test.
     let nft_table = || transport(node, via, 1).read_back(IpFamily::V4).unwrap().is_some();
     let works = || {
         assert_eq!(
@@ -506,7 +505,7 @@ fn client_ip_affinity_survives_full_syncs(via: Via) {
     }
 }
 
-through_every_transport!(
+through_both_transports!(
     external_traffic_policy_local_keeps_the_client_ip_and_short_circuits_pods,
     cluster_policy_masquerades_outside_traffic,
     load_balancer_source_ranges_admit_only_listed_clients,

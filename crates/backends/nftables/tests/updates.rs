@@ -91,10 +91,15 @@ fn one_endpoint_added_appends_a_slot_and_repoints_the_entry() {
         [
             "add chain ip kube-proxy pick-service-endpoints-tcp-3",
             "add rule ip kube-proxy pick-service-endpoints-tcp-3 dnat to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp",
-            "delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 }",
+            "add set ip kube-proxy pick-service-endpoints-tcp-3-ips { type ipv4_addr . inet_proto . inet_service ; }",
+            "flush chain ip kube-proxy service-dispatch",
+            "add rule ip kube-proxy service-dispatch ip daddr . meta l4proto . th dport @pick-service-endpoints-tcp-3-ips goto pick-service-endpoints-tcp-3",
+            "add rule ip kube-proxy service-dispatch fib daddr type local ip daddr != 127.0.0.0/8 goto nodeport-dispatch",
+            "delete element ip kube-proxy pick-service-endpoints-tcp-2-ips { 10.96.0.10 . tcp . 80 }",
             "add element ip kube-proxy hairpin { 10.244.3.7 . 10.244.3.7 }",
             "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 2 : 10.244.3.7 . 8080 }",
-            "add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-3 }",
+            "add element ip kube-proxy pick-service-endpoints-tcp-3-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }",
+            "delete set ip kube-proxy pick-service-endpoints-tcp-2-ips",
             "flush chain ip kube-proxy pick-service-endpoints-tcp-2",
             "delete chain ip kube-proxy pick-service-endpoints-tcp-2",
         ]
@@ -112,11 +117,16 @@ fn one_endpoint_removed_moves_the_last_slot_into_the_hole() {
         [
             "add chain ip kube-proxy pick-service-endpoints-tcp-2",
             "add rule ip kube-proxy pick-service-endpoints-tcp-2 dnat to ip daddr . tcp dport . numgen random mod 2 map @service-endpoints-tcp",
-            "delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 }",
+            "add set ip kube-proxy pick-service-endpoints-tcp-2-ips { type ipv4_addr . inet_proto . inet_service ; }",
+            "flush chain ip kube-proxy service-dispatch",
+            "add rule ip kube-proxy service-dispatch ip daddr . meta l4proto . th dport @pick-service-endpoints-tcp-2-ips goto pick-service-endpoints-tcp-2",
+            "add rule ip kube-proxy service-dispatch fib daddr type local ip daddr != 127.0.0.0/8 goto nodeport-dispatch",
+            "delete element ip kube-proxy pick-service-endpoints-tcp-3-ips { 10.96.0.10 . tcp . 80 }",
             "delete element ip kube-proxy hairpin { 10.244.2.6 . 10.244.2.6 }",
             "delete element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1, 10.96.0.10 . 80 . 2 }",
             "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1 : 10.244.3.7 . 8080 }",
-            "add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-2 }",
+            "add element ip kube-proxy pick-service-endpoints-tcp-2-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }",
+            "delete set ip kube-proxy pick-service-endpoints-tcp-3-ips",
             "flush chain ip kube-proxy pick-service-endpoints-tcp-3",
             "delete chain ip kube-proxy pick-service-endpoints-tcp-3",
         ]
@@ -153,14 +163,11 @@ fn a_new_service_with_a_known_count_is_elements_only() {
         .slice("api", http_slice_port(), vec![ep("10.244.1.8"), ep("10.244.2.9")]);
     let (batch, text) = h.partial();
     assert!(
-        !batch
-            .ops
-            .iter()
-            .any(|op| matches!(op, Op::AddChain(_) | Op::DeleteChain(_))),
-        "{text}"
+        batch.ops.iter().all(|op| matches!(op, Op::AddElements(..))),
+        "element adds only: no chain, set or rule\n{text}"
     );
     assert!(text.contains(
-        "add element ip kube-proxy service-ips { 10.96.0.20 . tcp . 80 comment \"default/api:http\" : goto pick-service-endpoints-tcp-2 }"
+        "add element ip kube-proxy pick-service-endpoints-tcp-2-ips { 10.96.0.20 . tcp . 80 comment \"default/api:http\" }"
     ));
     assert!(text.contains("add element ip kube-proxy cluster-ips { 10.96.0.20 }"));
     assert_eq!(batch.counts().elements_added, 6, "{text}");
@@ -181,9 +188,13 @@ fn a_deleted_service_takes_its_elements_and_unused_chains() {
     assert_eq!(
         lines(&text),
         [
-            "delete element ip kube-proxy service-ips { 10.96.0.20 . tcp . 80 }",
+            "flush chain ip kube-proxy service-dispatch",
+            "add rule ip kube-proxy service-dispatch ip daddr . meta l4proto . th dport @pick-service-endpoints-tcp-2-ips goto pick-service-endpoints-tcp-2",
+            "add rule ip kube-proxy service-dispatch fib daddr type local ip daddr != 127.0.0.0/8 goto nodeport-dispatch",
+            "delete element ip kube-proxy pick-service-endpoints-tcp-1-ips { 10.96.0.20 . tcp . 80 }",
             "delete element ip kube-proxy cluster-ips { 10.96.0.20 }",
             "delete element ip kube-proxy service-endpoints-tcp { 10.96.0.20 . 80 . 0 }",
+            "delete set ip kube-proxy pick-service-endpoints-tcp-1-ips",
             "flush chain ip kube-proxy pick-service-endpoints-tcp-1",
             "delete chain ip kube-proxy pick-service-endpoints-tcp-1",
         ],
@@ -200,7 +211,7 @@ fn a_policy_change_repoints_the_entry() {
         json!({"type": "ClusterIP", "clusterIP": "10.96.0.10", "internalTrafficPolicy": "Local", "ports": http_port()}),
     );
     let (_, text) = h.partial();
-    assert!(text.contains("add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-service-endpoints-tcp-1 }"), "{text}");
+    assert!(text.contains("add element ip kube-proxy pick-service-endpoints-tcp-1-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }"), "{text}");
     assert!(
         text.contains("delete element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1 }"),
         "{text}"
@@ -209,11 +220,13 @@ fn a_policy_change_repoints_the_entry() {
     h.world.slice("web", http_slice_port(), vec![ep("10.244.2.6")]);
     let (_, text) = h.partial();
     assert!(
-        text.contains("add element ip kube-proxy no-endpoint-services { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : drop }"),
+        text.contains("add element ip kube-proxy no-endpoint-drop-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }"),
         "{text}"
     );
     assert!(
-        text.contains("delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 }"),
+        text.contains(
+            "delete element ip kube-proxy pick-service-endpoints-tcp-1-ips { 10.96.0.10 . tcp . 80 }"
+        ),
         "{text}"
     );
 }
@@ -258,7 +271,7 @@ fn large_cold_loads_are_split_by_element_count() {
     let ops: Vec<&Op> = batches.iter().flat_map(|b| &b.ops).collect();
     let first_entry = ops
         .iter()
-        .position(|op| matches!(op, Op::AddElements(SetName::ServiceIps, _)))
+        .position(|op| matches!(op, Op::AddElements(SetName::Entries { .. }, _)))
         .unwrap();
     let last_endpoint = ops
         .iter()
@@ -319,7 +332,9 @@ fn a_contested_destination_stays_with_its_holder_until_released() {
         "b may not touch a's destination:\n{text}"
     );
     assert!(
-        text.contains("10.96.0.20 . tcp . 80 comment \"default/b:http\" : goto pick-service-endpoints-tcp-1"),
+        text.contains(
+            "pick-service-endpoints-tcp-1-ips { 10.96.0.20 . tcp . 80 comment \"default/b:http\" }"
+        ),
         "{text}"
     );
 
@@ -327,7 +342,7 @@ fn a_contested_destination_stays_with_its_holder_until_released() {
     let (_, text) = h.partial();
     assert!(
         text.contains(
-            "delete element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80, 203.0.113.9 . tcp . 80 }"
+            "delete element ip kube-proxy masq-service-endpoints-tcp-1-ips { 203.0.113.9 . tcp . 80 }"
         ),
         "{text}"
     );
@@ -341,7 +356,7 @@ fn a_contested_destination_stays_with_its_holder_until_released() {
     let text: String = batches.iter().map(|b| kpr_nftables::batch_text(b, 1)).collect();
     assert!(
         text.contains(
-            "203.0.113.9 . tcp . 80 comment \"default/b:http\" : goto masq-service-endpoints-tcp-1"
+            "masq-service-endpoints-tcp-1-ips { 203.0.113.9 . tcp . 80 comment \"default/b:http\" }"
         ),
         "{text}"
     );
@@ -457,7 +472,7 @@ fn an_in_place_full_sync_flushes_ours_and_deletes_the_rest_by_handle() {
     let listing = kpr_nftables::parse_listing(
         br#"{"nftables": [{"metainfo": {}}, {"table": {"family": "ip", "name": "kube-proxy", "handle": 1}},
             {"chain": {"name": "services", "handle": 5}}, {"chain": {"name": "x\"; delete table ip filter", "handle": 77}},
-            {"map": {"name": "service-ips", "handle": 6}}, {"set": {"name": "affinity-service-endpoints-tcp", "handle": 7}},
+            {"set": {"name": "cluster-ips", "handle": 6}}, {"set": {"name": "affinity-service-endpoints-tcp", "handle": 7}},
             {"set": {"name": "intruder", "handle": 78}}]}"#,
     )
     .unwrap();
@@ -480,7 +495,7 @@ fn an_in_place_full_sync_flushes_ours_and_deletes_the_rest_by_handle() {
         [
             "add table ip kube-proxy { comment \"rules for kube-proxy\" ; }",
             "flush chain ip kube-proxy services",
-            "flush map ip kube-proxy service-ips",
+            "flush set ip kube-proxy cluster-ips",
             "delete chain ip kube-proxy handle 77",
             "delete set ip kube-proxy handle 78",
             "add set ip kube-proxy cluster-ips { type ipv4_addr ; }",

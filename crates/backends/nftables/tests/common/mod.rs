@@ -67,8 +67,6 @@ pub fn nodeport_web(extra: Value) -> Value {
 pub enum Via {
     Nft,
     Netlink,
-    /// Netlink with verdict indirection (`NetlinkTransport::with_verdict_indirection`).
-    NetlinkIndirect,
 }
 
 /// A transport into `netns` (the netlink socket is opened inside it and stays there).
@@ -87,11 +85,6 @@ pub fn transport(
         Via::Netlink => {
             Box::new(netns.run(|| kpr_nftables::NetlinkTransport::open(affinity_capacity).unwrap()))
         }
-        Via::NetlinkIndirect => Box::new(netns.run(|| {
-            kpr_nftables::NetlinkTransport::open(affinity_capacity)
-                .unwrap()
-                .with_verdict_indirection()
-        })),
     }
 }
 
@@ -108,30 +101,6 @@ macro_rules! through_both_transports {
                 #[test]
                 fn netlink() {
                     super::$name(super::common::Via::Netlink)
-                }
-            }
-        )*
-    };
-}
-
-/// Like `through_both_transports`, plus `<name>::netlink_indirect` (verdict indirection):
-/// for tests that check traffic rather than `nft list` text.
-#[allow(unused_macros)] // golden and update tests share this module without kernel tests
-macro_rules! through_every_transport {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[test]
-                fn nft() {
-                    super::$name(super::common::Via::Nft)
-                }
-                #[test]
-                fn netlink() {
-                    super::$name(super::common::Via::Netlink)
-                }
-                #[test]
-                fn netlink_indirect() {
-                    super::$name(super::common::Via::NetlinkIndirect)
                 }
             }
         )*

@@ -4,6 +4,14 @@
 //!
 //! `cargo run -p kpr-nftables --example scale -- <services> <endpoints per service> [changes]`
 //! (needs root and nft). Not a test: it asserts nothing about speed.
+//!
+//! `SCALE_DISTINCT=<k>` gives service `i` `m - i % k` endpoints, so k distinct endpoint
+//! counts: k entry sets, hence k dispatch rules a new connection may walk (default 1).
+//! Last, two rarer changes are timed: a Service with an external IP added and deleted
+//! again (its target `masq-...` and entry set come and go, the dispatch chain is
+//! rewritten each time, the pick chain exists), and new Services with endpoint counts no
+//! other Service has (each also creates a pick chain, whose DNAT map binding makes the
+//! kernel walk that endpoint map).
 
 #![allow(clippy::unwrap_used)]
 
@@ -37,6 +45,20 @@ fn endpoints(i: usize, m: usize, generation: usize) -> Vec<serde_json::Value> {
             }
         })
         .collect()
+}
+
+/// How many distinct endpoint counts the initial Services have (`SCALE_DISTINCT`).
+fn distinct_counts(m: usize) -> usize {
+    std::env::var("SCALE_DISTINCT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .clamp(1, m)
+}
+
+/// The endpoint count of initial service `i`.
+fn count_of(i: usize, m: usize) -> usize {
+    m - i % distinct_counts(m)
 }
 
 fn add_service(world: &mut World, i: usize, m: usize, generation: usize) {
@@ -78,6 +100,36 @@ fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples[index]
 }
 
+/// Builds, batches and renders the full table once without the kernel (timed, RSS shown).
+fn dry_build(state: &kpr_state::DesiredState, opts: &NftablesOptions) -> (Duration, usize) {
+    let started = Instant::now();
+    let ruleset = build(state, opts, &[]);
+    let batches = full_batches(&ruleset, opts, opts.max_batch_elements);
+    let text: usize = batches
+        .iter()
+        .map(|b| kpr_nftables::batch_text(b, opts.affinity_capacity).len())
+        .sum();
+    let generation = started.elapsed();
+    let generation_rss = rss_mib();
+    // To time nft alone on the same input: SCALE_DUMP=<path> writes it as one script.
+    if let Ok(path) = std::env::var("SCALE_DUMP") {
+        std::fs::write(path, kpr_nftables::render_text(&ruleset, opts)).unwrap();
+    }
+    // T: how many dispatch rules (set lookups) a new connection may walk.
+    let targets = ruleset
+        .sets
+        .iter()
+        .filter(|set| matches!(set, kpr_nftables::names::SetName::Entries { .. }))
+        .count();
+    println!("entry sets, each one dispatch rule: {targets}");
+    drop((ruleset, batches));
+    println!(
+        "RSS: {generation_rss:.0} MiB holding a full build, its batches and their text; {:.0} MiB after dropping them",
+        rss_mib()
+    );
+    (generation, text)
+}
+
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().unwrap()).collect();
     let (n, m, changes) = (
@@ -101,35 +153,17 @@ fn main() {
 
     let mut world = World::new();
     for i in 0..n {
-        add_service(&mut world, i, m, 0);
+        add_service(&mut world, i, count_of(i, m), 0);
     }
     let pending = world.pending();
     let world_rss = rss_mib();
-    let started = Instant::now();
-    let ruleset = build(&pending.state, &opts, &[]);
-    let batches = full_batches(&ruleset, &opts, opts.max_batch_elements);
-    let text: usize = batches
-        .iter()
-        .map(|b| kpr_nftables::batch_text(b, opts.affinity_capacity).len())
-        .sum();
-    let generation = started.elapsed();
-    let generation_rss = rss_mib();
-    // To time nft alone on the same input: SCALE_DUMP=<path> writes it as one script.
-    if let Ok(path) = std::env::var("SCALE_DUMP") {
-        std::fs::write(path, kpr_nftables::render_text(&ruleset, &opts)).unwrap();
-    }
-    // T: how many dispatch rules (set lookups) a new connection may walk.
-    let targets = ruleset
-        .sets
-        .iter()
-        .filter(|set| matches!(set, kpr_nftables::names::SetName::Entries { .. }))
-        .count();
-    println!("entry sets, each one dispatch rule: {targets}");
-    drop((ruleset, batches));
-    println!(
-        "RSS: {generation_rss:.0} MiB holding a full build, its batches and their text; {:.0} MiB after dropping them",
-        rss_mib()
-    );
+    // SCALE_SKIP_DRY=1 leaves the separate dry build out, so the RSS after the cold sync
+    // holds no memory the allocator kept from it (the "state" column of the crate docs).
+    let (generation, text) = if std::env::var("SCALE_SKIP_DRY").is_ok() {
+        (Duration::ZERO, 0)
+    } else {
+        dry_build(&pending.state, &opts)
+    };
     let started = Instant::now();
     let report = backend.sync(&pending.request(false)).unwrap();
     let cold = started.elapsed();
@@ -154,7 +188,7 @@ fn main() {
         world.slice(
             &format!("svc{i}"),
             json!([{"name": "http", "port": 8080}]),
-            endpoints(i, m, k + 1),
+            endpoints(i, count_of(i, m), k + 1),
         );
         let pending = world.pending();
         let started = Instant::now();
@@ -165,11 +199,38 @@ fn main() {
     }
     let mut new_service = Vec::new();
     for k in 0..changes {
-        add_service(&mut world, n + k, m, 0);
+        add_service(&mut world, n + k, count_of(k, m), 0);
         let pending = world.pending();
         let started = Instant::now();
         backend.sync(&pending.request(false)).unwrap();
         new_service.push(started.elapsed());
+    }
+    let mut rewrite = Vec::new();
+    for k in 0..changes.min(20) {
+        let name = format!("ext{k}");
+        world
+            .service(
+                &name,
+                json!({"type": "ClusterIP", "clusterIP": service_ip(n + changes + 100 + k),
+                       "externalIPs": ["203.0.113.9"],
+                       "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+            )
+            .slice(&name, json!([{"name": "http", "port": 8080}]), endpoints(k, m, 0));
+        for _ in 0..2 {
+            let pending = world.pending();
+            let started = Instant::now();
+            backend.sync(&pending.request(false)).unwrap();
+            rewrite.push(started.elapsed());
+            world.delete_service(&name);
+        }
+    }
+    let mut new_target = Vec::new();
+    for k in 0..changes.min(20) {
+        add_service(&mut world, n + changes + k, m + 1 + k, 0);
+        let pending = world.pending();
+        let started = Instant::now();
+        backend.sync(&pending.request(false)).unwrap();
+        new_target.push(started.elapsed());
     }
     println!(
         "one endpoint change: p50 {:?} p99 {:?} (elements+rules written {:?}); one new service: p50 {:?} p99 {:?}; peak RSS {:.0} MiB",
@@ -179,5 +240,17 @@ fn main() {
         percentile(&mut new_service, 0.5),
         percentile(&mut new_service, 0.99),
         peak_rss_mib()
+    );
+    println!(
+        "an external IP's target added or removed (entry set, dispatch rewrite): p50 {:?} p99 {:?} ({} samples)",
+        percentile(&mut rewrite, 0.5),
+        percentile(&mut rewrite, 0.99),
+        rewrite.len()
+    );
+    println!(
+        "one new service with a new endpoint count (pick chain, entry set, dispatch rewrite): p50 {:?} p99 {:?} ({} samples)",
+        percentile(&mut new_target, 0.5),
+        percentile(&mut new_target, 0.99),
+        new_target.len()
     );
 }

@@ -105,28 +105,48 @@
 //!
 //! # Measured here (`examples/scale.rs`, release build, one run each)
 //!
-//! 10 endpoints per Service, in a throw-away namespace, 100 changes each, the same run for
-//! both transports; "cold" is the backend's whole first sync (build + lowering + kernel);
-//! "state" is what the backend keeps between syncs (RSS after the cold sync minus RSS
-//! with the test's own World; the example's peak RSS is dominated by that World and by a
-//! separate dry build it measures):
+//! 10 endpoints per Service (one endpoint count, so T = 1 dispatch rule, see below), in a
+//! throw-away namespace, 100 changes each, on a shared 2-core machine (load 3-6: p99s are
+//! noisy); "cold" is the backend's whole first sync (build + lowering + kernel); "state" is
+//! what the backend keeps between syncs (RSS after the cold sync minus RSS with the test's
+//! own World, run with `SCALE_SKIP_DRY=1` so no memory kept from the example's separate dry
+//! build counts):
 //!
 //! | Services | transport | cold full sync | one endpoint change p50/p99 | one new Service p50/p99 | state |
 //! |---:|---|---:|---:|---:|---:|
-//! | 1k | netlink | 49 ms | 29 / 98 us | 0.12 / 0.26 ms | ~3 MiB |
-//! | 1k | `nft -f` | 0.21 s | 15.9 / 31.5 ms | 4.5 / 6.4 ms | ~4 MiB |
-//! | 10k | netlink | 0.48 s | 34 / 107 us | 0.82 / 4.5 ms | ~23 MiB |
-//! | 10k | `nft -f` | 2.25 s | 19.8 / 27.9 ms | 11.8 / 24.5 ms | ~21 MiB |
-//! | 50k | netlink | 2.55 s (56 batches of 20k elements) | 58 / 135 us | 8.0 / 24.2 ms | ~121 MiB |
-//! | 50k | `nft -f` | 12.1 s | 19.7 / 27.8 ms | 26.2 / 48.1 ms | ~111 MiB |
+//! | 1k | netlink | 35 ms | 19 / 64 us | 26 / 69 us | ~5 MiB |
+//! | 1k | `nft -f` | 0.18 s | 15.9 / 36.2 ms | 3.2 / 4.1 ms | ~3 MiB |
+//! | 10k | netlink | 0.42 s | 25 / 97 us | 35 / 94 us | ~23 MiB |
+//! | 10k | `nft -f` | 1.37 s | 15.5 / 39.0 ms | 3.4 / 14.1 ms | ~23 MiB |
+//! | 50k | netlink | 2.66 s (56 batches of 20k elements) | 32 / 69 us | 42 / 191 us | ~121 MiB |
+//! | 50k | `nft -f` | 7.2 s | 15.8 / 21.1 ms | 3.1 / 3.9 ms | ~121 MiB |
 //!
 //! A replaced endpoint is 4 element operations (one transaction) at any scale. A new
-//! Service adds a `goto` element to `service-ips`, and the kernel then re-validates every
-//! element of every verdict map the base chains reach before it commits: linear in
-//! Services, hence 8 ms at 50k. [`NetlinkTransport::with_verdict_indirection`] removes it
-//! (50k: 56 / 124 us; 10k: 47 / 100 us) but nft 1.0.6 cannot list such rules, so it is off;
-//! the lasting fix is in the object model (a set of entries per target chain, one rule
-//! each, instead of one verdict map).
+//! Service whose target chain exists is element adds to plain sets and data maps only,
+//! which the kernel commits without validating anything: flat in Services. While entries
+//! were `goto` elements of one verdict map, each new Service made the kernel re-validate
+//! every element of every verdict map the base chains reach before it committed (same
+//! runs, netlink: 0.70 / 5.0 ms at 10k, 8.7 / 13.1 ms at 50k; 7.8 / 15.8 ms in another).
+//!
+//! Rarer changes (netlink, 10k / 50k, p50 / p99): a target set coming or going (an external
+//! IP's `masq-...` target, the pick chain existing) rewrites the dispatch chain: 0.18 / 1.4
+//! ms and 0.20 / 4.3 ms (0.2-0.3 ms p99 on a quieter run), including the read-back of the
+//! rewritten chain's rules; it was 0.69 / 4.7 ms and 6.1 / 15.9 ms with the verdict map. A
+//! Service with an endpoint count no other Service has also needs a new pick chain: binding
+//! its DNAT map lookup walks the whole endpoint map in the kernel (`nf_tables_bind_set`
+//! checks every element of a map bound in a new chain), 7.8 / 14.8 ms at 10k and 96 / 112
+//! ms at 50k x 10 endpoints, as before this model (6.8 / 19.8 ms and 134 / 189 ms).
+//!
+//! Per packet: the first packet of a connection walks the dispatch rules in name order
+//! until its entry's set matches, one hash lookup each (~30 ns per rule walked, measured
+//! with connects to a VIP behind the last of T rules: T = 1000 added ~30 us to a ~15 us
+//! loopback connect, T = 10 nothing measurable). T is the number of entry sets in use:
+//! 1 in the benchmark shape (plus the NodePort hand-over rule for NodePort traffic); in
+//! general one per distinct (protocol, endpoint count) of cluster IPs, times affinity
+//! timeouts, plus one per external-policy shape (masquerade or Local with its local and
+//! cluster counts), so bounded by the number of Service ports and in practice by the
+//! spread of replica counts (tens to a few hundred). Later packets never reach the nat
+//! chains.
 //!
 //! # Not here
 //!

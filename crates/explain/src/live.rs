@@ -78,8 +78,11 @@ fn read_nftables(family: IpFamily) -> Result<Option<NftTable>, String> {
             .map_err(|e| fail(&format!("the elements of {}", set.name), e))?;
         contents.push((set.name, elements));
     }
+    let rules = socket.rules(&table, None).map_err(|e| fail("the rules", e))?;
     let names = chains.into_iter().map(|c| c.chain.name);
-    Ok(Some(NftTable::from_kernel(family, names, &contents)))
+    Ok(Some(
+        NftTable::from_kernel(family, names, &contents).with_rules(&rules),
+    ))
 }
 
 fn read_iptables(family: IpFamily, local: &[IpAddr], query: &Query) -> Result<Option<Section>, String> {

@@ -112,14 +112,14 @@ fn destination_finding(
         objects: Vec::new(),
     };
     if let Some(entry) = entry {
-        entry_objects(entry, &dest, dest.kind.dispatch_chain(), &mut finding);
+        entry_objects(table, entry, &dest, dest.kind.dispatch_chain(), &mut finding);
     }
     if let Some(unreachable) = unreachable {
         let check = match dest.kind {
             EntryKind::Address => FixedChain::ServiceEndpointsCheck,
             EntryKind::NodePort => FixedChain::NodePortEndpointsCheck,
         };
-        entry_objects(unreachable, &dest, check, &mut finding);
+        entry_objects(table, unreachable, &dest, check, &mut finding);
         finding.outcome = unreachable_outcome(unreachable, &dest, entry.is_some());
     }
     if dest.cluster_ip {
@@ -135,7 +135,13 @@ fn destination_finding(
 }
 
 /// The element of `entry` and the rule of `chain` that looks its set up.
-fn entry_objects(entry: &Entry, dest: &Destination, chain: FixedChain, finding: &mut Finding) {
+fn entry_objects(
+    table: &NftTable,
+    entry: &Entry,
+    dest: &Destination,
+    chain: FixedChain,
+    finding: &mut Finding,
+) {
     finding
         .objects
         .push(format!("set {}: {}", entry.set, dest.element));
@@ -150,6 +156,13 @@ fn entry_objects(entry: &Entry, dest: &Destination, chain: FixedChain, finding: 
         chain.as_str(),
         entry.set
     ));
+    if !table.looks_up(chain, entry.set) {
+        finding.decisions.push(format!(
+            "chain {} has no rule looking up set {}: this entry decides nothing (the next reconcile repairs it)",
+            chain.as_str(),
+            entry.set
+        ));
+    }
 }
 
 fn unreachable_outcome(entry: &Entry, dest: &Destination, has_entry: bool) -> Outcome {

@@ -60,6 +60,9 @@ pub type GroupKey = (Option<IpAddr>, u16);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NftTable {
     pub chains: BTreeSet<String>,
+    /// (chain, set) for every set a rule of a fixed chain looks up: an entry set counts
+    /// only while its dispatch rule is there.
+    pub lookups: BTreeSet<(String, String)>,
     pub service_ips: BTreeMap<AddrKey, Entry>,
     pub service_nodeports: BTreeMap<(Protocol, u16), Entry>,
     pub no_endpoint_services: BTreeMap<AddrKey, Entry>,
@@ -173,8 +176,17 @@ impl NftTable {
     /// entry elements' comments, as in the kernel.
     pub fn from_ruleset(ruleset: &Ruleset) -> Self {
         let mut table = Self::default();
-        for (fixed, _) in &ruleset.fixed {
+        for (fixed, rules) in &ruleset.fixed {
             table.chains.insert(fixed.as_str().to_string());
+            for rule in rules {
+                for m in &rule.matches {
+                    if let kpr_nftables::Match::Lookup { set, .. } = m {
+                        table
+                            .lookups
+                            .insert((fixed.as_str().to_string(), set.to_string()));
+                    }
+                }
+            }
         }
         for bundle in ruleset.bundles.values() {
             table.chains.extend(bundle.chains.iter().map(ToString::to_string));
@@ -229,6 +241,24 @@ impl NftTable {
             }
             _ => self.foreign_elements += 1,
         }
+    }
+
+    /// Whether a rule of `chain` looks `set` up.
+    pub fn looks_up(&self, chain: FixedChain, set: SetName) -> bool {
+        self.lookups
+            .contains(&(chain.as_str().to_string(), set.to_string()))
+    }
+
+    /// Records the set lookups of the kernel's rules (see [`NftTable::lookups`]).
+    pub fn with_rules(mut self, rules: &[kpr_nfnetlink::RuleInfo]) -> Self {
+        for rule in rules {
+            for expr in &rule.exprs {
+                if let kpr_nfnetlink::Expr::Lookup { set, .. } = expr {
+                    self.lookups.insert((rule.chain.clone(), set.clone()));
+                }
+            }
+        }
+        self
     }
 
     /// Files an entry by its key and set: an entry or its no-endpoint twin, of an address

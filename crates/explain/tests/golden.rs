@@ -258,6 +258,31 @@ fn nftables_explanations() {
     check_golden("nftables", &all_text(&explanations));
 }
 
+/// An entry counts only through its dispatch rule: one that no rule looks up is said to
+/// decide nothing (a foreign edit the next reconcile repairs).
+#[test]
+fn an_entry_without_its_dispatch_rule_is_reported() {
+    let opts = NftablesOptions::default();
+    let mut table = NftTable::from_ruleset(&kpr_nftables::build(&cluster(), &opts, &local_addresses()));
+    let query = Query::parse("10.96.0.10:80").unwrap();
+    let said = |table: &NftTable| {
+        let findings = nft::explain(table, &local_addresses(), &query);
+        findings[0].decisions.join("\n")
+    };
+    assert!(!said(&table).contains("no rule looking up"), "{}", said(&table));
+    let dispatch = (
+        "service-dispatch".to_string(),
+        "pick-service-endpoints-tcp-3-ips".to_string(),
+    );
+    assert!(table.lookups.remove(&dispatch), "{:?}", table.lookups);
+    assert!(
+        said(&table)
+            .contains("chain service-dispatch has no rule looking up set pick-service-endpoints-tcp-3-ips"),
+        "{}",
+        said(&table)
+    );
+}
+
 #[test]
 fn iptables_explanations() {
     let explanations = ipt_explanations(&cluster());

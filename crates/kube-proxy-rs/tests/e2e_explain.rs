@@ -127,6 +127,11 @@ fn explain_reads_the_nftables_table() {
         "only one mode's objects: {}",
         web.out
     );
+    assert!(
+        !web.out.contains("no rule looking up"),
+        "the dispatch rules are read from the kernel too: {}",
+        web.out
+    );
     let empty = explain(&cluster, "10.96.0.20:80");
     assert_has(
         &empty,

@@ -10,11 +10,12 @@
 //! - **Reconcile**: the table is read back (without elements) and compared with what we
 //!   wrote: chain and set names (the live entry sets included), rule counts (the dispatch
 //!   chains': one per live entry set), and the rules' text against the last listing that
-//!   matched (a partial sync that rewrote a dispatch chain updates that chain's text). Any difference makes this sync full, which removes foreign rules and
-//!   restores ours. When: a transport that can tell whether anyone else committed
-//!   (netlink: the ruleset generation, one request per sync) reads back only then, at any
-//!   sync; else a sync with nothing changed (the sync period's tick) reads back, and under
-//!   steady churn once per reconcile period.
+//!   matched (a partial sync that rewrote a dispatch chain updates that chain's text).
+//!   Any difference makes this sync full, which removes foreign rules and restores ours.
+//!   When: a transport that can tell whether anyone else committed (netlink: the ruleset
+//!   generation, one request per sync) reads back only then, at any sync; else a sync with
+//!   nothing changed (the sync period's tick) reads back, and under steady churn once per
+//!   reconcile period.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;

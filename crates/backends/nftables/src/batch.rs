@@ -4,8 +4,9 @@
 //! - A **full** sync deletes and recreates the table (removing whatever others added to
 //!   it), declares every set (the entry sets in use too), writes the fixed chains, every
 //!   shared chain in use and then the fixed rules (the dispatch rules go to shared
-//!   chains, which must exist first), then the elements. Large loads are split by element count ([`full_batches`]): the first
-//!   batch holds the table, the chains and the first elements; each further batch only
+//!   chains, which must exist first), then the elements. Large loads are split by element
+//!   count ([`full_batches`]): the first batch holds the table, the chains and the first
+//!   elements; each further batch only
 //!   elements, endpoint maps before the entries that lead to them, so a Service becomes
 //!   reachable only once its endpoints are in.
 //! - A **partial** sync diffs the old and new bundles of the changed owners; the

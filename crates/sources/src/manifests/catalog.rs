@@ -23,6 +23,7 @@
 //! every object of that file meanwhile would drop live traffic.
 
 use std::collections::BTreeMap;
+use std::hash::{BuildHasher as _, RandomState};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -78,6 +79,8 @@ impl Snapshot {
 pub struct ManifestCatalog {
     node_name: Option<String>,
     rules: ValidationRules,
+    /// The key of every file's [`Fingerprint`].
+    fingerprint_keys: RandomState,
     files: BTreeMap<PathBuf, FileEntry>,
     published: BTreeMap<ObjectKey, ManifestObject>,
     /// Files seen empty that defined objects before, and since when.
@@ -88,11 +91,38 @@ pub struct ManifestCatalog {
 
 #[derive(Debug, Default)]
 struct FileEntry {
-    /// Kept so that an unchanged file is recognised without parsing it.
-    bytes: Vec<u8>,
+    /// So that an unchanged file is recognised without parsing it.
+    fingerprint: Fingerprint,
     objects: BTreeMap<ObjectKey, Placed>,
     /// The size last reported as over the cap, so an oversized file is reported once per size.
     oversized: Option<u64>,
+}
+
+/// A file's length and a keyed 64-bit hash of its bytes: recognises an unchanged file
+/// without keeping its bytes (93 MB for 50k Services x 10 endpoints). The key is random
+/// per process (std's SipHash `RandomState`), so nobody can craft a changed file that
+/// passes for the old one; an accidental match of length and hash is a 2^-64 chance.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Fingerprint {
+    len: usize,
+    hash: u64,
+}
+
+impl Fingerprint {
+    fn of(bytes: &[u8], keys: &RandomState) -> Self {
+        if bytes.is_empty() {
+            // Equal to the default, which files that were never read start with.
+            return Self::default();
+        }
+        Self {
+            len: bytes.len(),
+            hash: keys.hash_one(bytes),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// An object and its position in its file (see [`super::Placement`]).
@@ -109,6 +139,7 @@ impl ManifestCatalog {
         Self {
             node_name,
             rules: ValidationRules::default(),
+            fingerprint_keys: RandomState::new(),
             files: BTreeMap::new(),
             published: BTreeMap::new(),
             emptied_at: BTreeMap::new(),
@@ -192,8 +223,9 @@ impl ManifestCatalog {
                 return false;
             }
         };
+        let fingerprint = Fingerprint::of(&bytes, &self.fingerprint_keys);
         if let Some(entry) = self.files.get_mut(&path)
-            && entry.bytes == bytes
+            && entry.fingerprint == fingerprint
         {
             entry.oversized = None;
             self.emptied_at.remove(&path);
@@ -218,8 +250,9 @@ impl ManifestCatalog {
                 keep_last_good(file, previous, events)
             }
         };
+        drop(bytes);
         let entry = FileEntry {
-            bytes,
+            fingerprint,
             objects,
             oversized: None,
         };
@@ -251,7 +284,10 @@ impl ManifestCatalog {
 
     /// True while a file that defined something has been empty for less than the grace.
     fn still_being_written(&mut self, path: &Path, bytes: &[u8], taken_at: Instant) -> bool {
-        let was_filled = self.files.get(path).is_some_and(|entry| !entry.bytes.is_empty());
+        let was_filled = self
+            .files
+            .get(path)
+            .is_some_and(|entry| !entry.fingerprint.is_empty());
         if !bytes.is_empty() || !was_filled {
             self.emptied_at.remove(path);
             return false;

@@ -17,13 +17,14 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kpr_model::{ObjectKind, RejectReason, Rejection};
-use serde::de::{DeserializeOwned, DeserializeSeed};
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use tracing::{debug, warn};
 
 use super::object::{ManifestObject, ObjectKey, shown_path};
 
 mod bounded;
+mod stream;
 
 /// Where Services and EndpointSlices without `metadata.namespace` live, as with `kubectl apply`.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -62,27 +63,8 @@ pub struct Placement {
 
 /// Parses one file. `node_name` selects the only Node that is kept (none when `None`).
 pub fn parse_manifest(path: &Path, bytes: &[u8], node_name: Option<&str>) -> ParsedFile {
-    let documents = match read_documents(path, bytes) {
-        Ok(documents) => documents,
-        Err(rejection) => return ParsedFile::Malformed(rejection),
-    };
-    let mut decoder = FileDecoder {
-        path,
-        node_name,
-        out: FileObjects::default(),
-        next_ordinal: 0,
-    };
-    for (index, document) in documents.into_iter().enumerate() {
-        decoder.decode(&format!("document {}", index + 1), document, None);
-    }
-    ParsedFile::Documents(decoder.out)
-}
-
-// === Documents ===
-
-fn read_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, Rejection> {
     if let Err(error) = std::str::from_utf8(bytes) {
-        return Err(Rejection::new(
+        return ParsedFile::Malformed(Rejection::new(
             ObjectKind::Manifest,
             shown_path(path),
             "file",
@@ -93,53 +75,26 @@ fn read_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, Rejection> {
             ),
         ));
     }
-    if path.extension().is_some_and(|ext| ext == "json") {
-        json_documents(path, bytes)
+    let decoder = Decoder { path, node_name };
+    let mut outcomes = Vec::new();
+    let each =
+        |number, document| decoder.finish_document(&stream::document_label(number), document, &mut outcomes);
+    let read = if path.extension().is_some_and(|ext| ext == "json") {
+        stream::json_documents(bytes, &decoder, each)
     } else {
-        yaml_documents(path, bytes)
+        stream::yaml_documents(bytes, &decoder, each)
+    };
+    match read {
+        // A syntax error anywhere makes the whole file malformed, also for YAML whose aliases
+        // expand it beyond its budget.
+        Err(error) => ParsedFile::Malformed(malformed_file(path, &error)),
+        Ok(()) => ParsedFile::Documents(replay(path, outcomes)),
     }
 }
 
-/// YAML documents, each converted to JSON values the way the API server sees them.
-/// A syntax error anywhere makes the whole file malformed, and so does a file whose aliases
-/// expand it beyond its budget.
-fn yaml_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, Rejection> {
-    let mut documents = Vec::new();
-    let budget = bounded::budget_for(bytes.len());
-    for document in serde_yaml_ng::Deserializer::from_slice(bytes) {
-        match (bounded::BoundedValue { budget: &budget }).deserialize(document) {
-            Ok(value) => documents.push(value),
-            Err(error) => {
-                let position = error.location().map(|at| (at.line(), at.column()));
-                return Err(malformed_file(path, documents.len() + 1, position, &error));
-            }
-        }
-    }
-    Ok(documents)
-}
-
-/// A JSON file may hold one object or a stream of them, as kubectl accepts.
-fn json_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, Rejection> {
-    let mut documents = Vec::new();
-    for document in serde_json::Deserializer::from_slice(bytes).into_iter::<Value>() {
-        match document {
-            Ok(value) => documents.push(value),
-            Err(error) => {
-                let position = Some((error.line(), error.column()));
-                return Err(malformed_file(path, documents.len() + 1, position, &error));
-            }
-        }
-    }
-    Ok(documents)
-}
-
-fn malformed_file(
-    path: &Path,
-    document: usize,
-    position: Option<(usize, usize)>,
-    error: &dyn std::fmt::Display,
-) -> Rejection {
-    let field = match position {
+fn malformed_file(path: &Path, error: &stream::SyntaxError) -> Rejection {
+    let document = error.document;
+    let field = match error.position {
         Some((line, column)) => format!("document {document} (line {line}, column {column})"),
         None => format!("document {document}"),
     };
@@ -148,7 +103,10 @@ fn malformed_file(
         shown_path(path),
         field,
         RejectReason::Malformed,
-        format!("not valid YAML/JSON, keeping what this file defined before: {error}"),
+        format!(
+            "not valid YAML/JSON, keeping what this file defined before: {}",
+            error.message
+        ),
     )
 }
 
@@ -184,42 +142,75 @@ struct Inherited<'a> {
     api_version: &'a str,
 }
 
-struct FileDecoder<'a> {
-    path: &'a Path,
-    node_name: Option<&'a str>,
-    out: FileObjects,
-    /// The next object's [`Placement::ordinal`].
-    next_ordinal: usize,
+/// What decoding one document or list item produced, in file order. Kept as a record and
+/// replayed once the file is read, because a list item is decoded before its list is known
+/// to be one (see `stream`): only the documents that count are replayed.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    Object {
+        label: String,
+        key: ObjectKey,
+        object: ManifestObject,
+    },
+    /// A document that never became a nameable object.
+    RejectedDocument(Rejection),
+    /// A nameable object whose document is refused: its previous good version stays.
+    RejectedObject { key: ObjectKey, rejection: Rejection },
 }
 
-impl FileDecoder<'_> {
-    fn decode(&mut self, label: &str, document: Value, inherited: Option<Inherited<'_>>) {
+/// Turns documents into [`Outcome`]s; knows the file only to name it.
+pub(super) struct Decoder<'a> {
+    path: &'a Path,
+    node_name: Option<&'a str>,
+}
+
+impl Decoder<'_> {
+    /// A document as `stream` read it: a plain value, or a mapping whose items were read
+    /// (and mostly decoded) one by one.
+    fn finish_document(&self, label: &str, document: stream::Document, out: &mut Vec<Outcome>) {
+        let (fields, items) = match document {
+            stream::Document::Plain(value) => return self.decode(label, value, None, out),
+            stream::Document::Listed { fields, items } => (fields, items),
+        };
+        let list = match (string_field(&fields, "kind"), string_field(&fields, "apiVersion")) {
+            (Some(kind), Some(api_version)) => list_item_kind(kind).map(|item_kind| (item_kind, api_version)),
+            _ => None,
+        };
+        let Some((item_kind, api_version)) = list else {
+            // Not a list after all (or not even typed): decoded as a whole, where the API types
+            // ignore `items` and a missing kind is rejected as usual.
+            return self.decode(label, Value::Object(fields), None, out);
+        };
+        let inherited = item_kind.map(|kind| Inherited { kind, api_version });
+        for (index, item) in items.into_iter().enumerate() {
+            match item {
+                stream::Item::Decoded(outcomes) => out.extend(outcomes),
+                stream::Item::Deferred(value) => {
+                    self.decode(&stream::item_label(label, index), value, inherited, out);
+                }
+            }
+        }
+    }
+
+    fn decode(&self, label: &str, document: Value, inherited: Option<Inherited<'_>>, out: &mut Vec<Outcome>) {
         let map = match &document {
             // An empty document (e.g. a trailing `---`) defines nothing.
             Value::Null => return,
             Value::Object(map) => map,
             other => {
                 let found = json_type(other);
-                self.reject_document(
-                    label,
-                    "",
-                    RejectReason::Malformed,
-                    format!("expected an object, found {found}"),
-                );
+                let detail = format!("expected an object, found {found}");
+                out.push(self.rejected_document(label, "", RejectReason::Malformed, detail));
                 return;
             }
         };
         let Some(kind) = string_field(map, "kind").or(inherited.map(|i| i.kind)) else {
-            self.reject_document(label, "kind", RejectReason::MissingField, "no kind".into());
+            out.push(self.rejected_document(label, "kind", RejectReason::MissingField, "no kind".into()));
             return;
         };
         let Some(api_version) = string_field(map, "apiVersion").or(inherited.map(|i| i.api_version)) else {
-            self.reject_document(
-                label,
-                "apiVersion",
-                RejectReason::MissingField,
-                format!("{kind} without apiVersion"),
-            );
+            let detail = format!("{kind} without apiVersion");
+            out.push(self.rejected_document(label, "apiVersion", RejectReason::MissingField, detail));
             return;
         };
         let (kind, api_version) = (kind.to_owned(), api_version.to_owned());
@@ -228,15 +219,16 @@ impl FileDecoder<'_> {
                 kind,
                 api_version: &api_version,
             });
-            self.decode_list(label, document, inherited);
+            self.decode_list(label, document, inherited, out);
             return;
         }
         let Some((object_kind, supported_version)) = supported_kind(&kind) else {
             debug!(file = %shown_path(self.path), document = label, kind, "ignoring a kind the proxy does not use");
             return;
         };
-        let Some(key) = self.identity(label, object_kind, map) else {
-            return;
+        let key = match self.identity(label, object_kind, map) {
+            Ok(key) => key,
+            Err(rejection) => return out.push(rejection),
         };
         if object_kind == ObjectKind::Node && self.node_name != Some(&*key.id.name) {
             debug!(file = %shown_path(self.path), node = %key, "ignoring a Node that is not this node");
@@ -245,51 +237,57 @@ impl FileDecoder<'_> {
         if api_version != supported_version {
             let detail =
                 format!("{kind} in apiVersion {api_version:?} is not supported, use {supported_version:?}");
-            self.reject_object(label, key, "apiVersion", RejectReason::InvalidValue, detail);
+            out.push(self.rejected_object(label, key, "apiVersion", RejectReason::InvalidValue, detail));
             return;
         }
-        match typed(object_kind, document, &key) {
-            Ok(object) => self.insert(label, key, object),
-            Err((field, detail)) => self.reject_object(label, key, &field, RejectReason::Malformed, detail),
-        }
+        out.push(match typed(object_kind, document, &key) {
+            Ok(object) => Outcome::Object {
+                label: label.to_owned(),
+                key,
+                object,
+            },
+            Err((field, detail)) => self.rejected_object(label, key, &field, RejectReason::Malformed, detail),
+        });
     }
 
-    fn decode_list(&mut self, label: &str, mut document: Value, inherited: Option<Inherited<'_>>) {
+    fn decode_list(
+        &self,
+        label: &str,
+        mut document: Value,
+        inherited: Option<Inherited<'_>>,
+        out: &mut Vec<Outcome>,
+    ) {
         let items = match document.get_mut("items").map(Value::take) {
             None | Some(Value::Null) => return,
             Some(Value::Array(items)) => items,
             Some(other) => {
                 let found = json_type(&other);
-                self.reject_document(
-                    label,
-                    "items",
-                    RejectReason::Malformed,
-                    format!("expected a list, found {found}"),
-                );
+                let detail = format!("expected a list, found {found}");
+                out.push(self.rejected_document(label, "items", RejectReason::Malformed, detail));
                 return;
             }
         };
         for (index, item) in items.into_iter().enumerate() {
-            self.decode(&format!("{label}, items[{index}]"), item, inherited);
+            self.decode(&stream::item_label(label, index), item, inherited, out);
         }
     }
 
     /// (kind, namespace, name) read from the raw document, so an object whose body does not
     /// decode can still be named, and its last good version kept.
-    fn identity(&mut self, label: &str, kind: ObjectKind, map: &Map<String, Value>) -> Option<ObjectKey> {
+    fn identity(
+        &self,
+        label: &str,
+        kind: ObjectKind,
+        map: &Map<String, Value>,
+    ) -> Result<ObjectKey, Outcome> {
         let metadata = map.get("metadata");
         let name = metadata
             .and_then(|m| m.get("name"))
             .and_then(Value::as_str)
             .filter(|n| !n.is_empty());
         let Some(name) = name else {
-            self.reject_document(
-                label,
-                "metadata.name",
-                RejectReason::MissingField,
-                format!("{kind} without a name"),
-            );
-            return None;
+            let detail = format!("{kind} without a name");
+            return Err(self.rejected_document(label, "metadata.name", RejectReason::MissingField, detail));
         };
         let namespace = match kind {
             ObjectKind::Node | ObjectKind::ServiceCidr => "",
@@ -299,48 +297,60 @@ impl FileDecoder<'_> {
                 .filter(|ns| !ns.is_empty())
                 .unwrap_or(DEFAULT_NAMESPACE),
         };
-        Some(ObjectKey::new(kind, namespace, name))
+        Ok(ObjectKey::new(kind, namespace, name))
     }
 
-    fn insert(&mut self, label: &str, key: ObjectKey, object: ManifestObject) {
-        if self.out.objects.insert(key.clone(), object).is_some() {
-            warn!(file = %shown_path(self.path), document = label, object = %key, "object defined twice in one file; the later document wins");
-        }
-        let placement = Placement {
-            ordinal: self.next_ordinal,
-            label: label.to_owned(),
-        };
-        self.next_ordinal += 1;
-        self.out.placements.insert(key.clone(), placement);
-        // A good document after a bad one for the same object settles it.
-        self.out.failed.remove(&key);
-    }
-
-    /// A document that never became a nameable object.
-    fn reject_document(&mut self, label: &str, field: &str, reason: RejectReason, detail: String) {
+    fn rejected_document(&self, label: &str, field: &str, reason: RejectReason, detail: String) -> Outcome {
         let field = if field.is_empty() {
             label.to_owned()
         } else {
             format!("{label}: {field}")
         };
         let rejection = Rejection::new(ObjectKind::Manifest, shown_path(self.path), field, reason, detail);
-        self.out.rejections.push(rejection);
+        Outcome::RejectedDocument(rejection)
     }
 
-    /// A nameable object whose document is refused: its previous good version stays.
-    fn reject_object(
-        &mut self,
+    fn rejected_object(
+        &self,
         label: &str,
         key: ObjectKey,
         field: &str,
         reason: RejectReason,
         detail: String,
-    ) {
+    ) -> Outcome {
         let detail = format!("{detail} (in {}, {label})", shown_path(self.path));
         let rejection = Rejection::new(key.kind, key.display_name(), field, reason, detail);
-        self.out.rejections.push(rejection);
-        self.out.failed.insert(key);
+        Outcome::RejectedObject { key, rejection }
     }
+}
+
+/// The file's objects from its outcomes in file order: a later document for the same
+/// object wins, and settles an earlier failure; ordinals count objects in file order.
+fn replay(path: &Path, outcomes: Vec<Outcome>) -> FileObjects {
+    let mut out = FileObjects::default();
+    let mut next_ordinal = 0;
+    for outcome in outcomes {
+        match outcome {
+            Outcome::Object { label, key, object } => {
+                if out.objects.insert(key.clone(), object).is_some() {
+                    warn!(file = %shown_path(path), document = label, object = %key, "object defined twice in one file; the later document wins");
+                }
+                let placement = Placement {
+                    ordinal: next_ordinal,
+                    label,
+                };
+                next_ordinal += 1;
+                out.placements.insert(key.clone(), placement);
+                out.failed.remove(&key);
+            }
+            Outcome::RejectedDocument(rejection) => out.rejections.push(rejection),
+            Outcome::RejectedObject { key, rejection } => {
+                out.rejections.push(rejection);
+                out.failed.insert(key);
+            }
+        }
+    }
+    out
 }
 
 /// Decodes into the API type; on failure, the field path and why.

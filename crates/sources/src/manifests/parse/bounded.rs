@@ -33,7 +33,7 @@ pub(super) struct BoundedValue<'b> {
 }
 
 impl BoundedValue<'_> {
-    fn spend<E: de::Error>(self, cost: usize) -> Result<(), E> {
+    pub(super) fn spend<E: de::Error>(self, cost: usize) -> Result<(), E> {
         let left = self.budget.get();
         if cost > left {
             return Err(E::custom(
@@ -141,7 +141,7 @@ impl<'de> Visitor<'de> for BoundedValue<'_> {
 }
 
 /// A mapping key, read as a string the way `serde_json::Value` reads keys.
-struct BoundedKey<'b>(BoundedValue<'b>);
+pub(super) struct BoundedKey<'b>(pub(super) BoundedValue<'b>);
 
 impl<'de> DeserializeSeed<'de> for BoundedKey<'_> {
     type Value = String;
@@ -163,3 +163,45 @@ impl Visitor<'_> for BoundedKey<'_> {
         Ok(value.to_owned())
     }
 }
+
+/// Implements every `Visitor` method except `visit_seq` and `visit_map` by building the
+/// value with [`BoundedValue`] and wrapping it with `$wrap`: for visitors that treat only
+/// lists or mappings specially and take any other value as it is.
+macro_rules! forward_to_bounded_value {
+    ($wrap:expr) => {
+        fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Self::Value, E> {
+            serde::de::Visitor::visit_bool(self.bounded, v).map($wrap)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            serde::de::Visitor::visit_i64(self.bounded, v).map($wrap)
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            serde::de::Visitor::visit_u64(self.bounded, v).map($wrap)
+        }
+        fn visit_i128<E: serde::de::Error>(self, v: i128) -> Result<Self::Value, E> {
+            serde::de::Visitor::visit_i128(self.bounded, v).map($wrap)
+        }
+        fn visit_u128<E: serde::de::Error>(self, v: u128) -> Result<Self::Value, E> {
+            serde::de::Visitor::visit_u128(self.bounded, v).map($wrap)
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            serde::de::Visitor::visit_f64(self.bounded, v).map($wrap)
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            serde::de::Visitor::visit_str(self.bounded, v).map($wrap)
+        }
+        fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+            serde::de::Visitor::visit_string(self.bounded, v).map($wrap)
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            serde::de::Visitor::visit_none(self.bounded).map($wrap)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            serde::de::Visitor::visit_unit(self.bounded).map($wrap)
+        }
+        fn visit_some<D: serde::de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    };
+}
+pub(super) use forward_to_bounded_value;

@@ -519,3 +519,78 @@ fn service_cidrs_are_cluster_scoped_and_read_from_lists_too() {
         (ObjectKind::ServiceCidr, "old", "apiVersion")
     );
 }
+
+/// Items are read one at a time (`stream`): those naming their own type are decoded at
+/// once, those leaning on the list's wait for the list's `kind`, which JSON writes last.
+/// Whatever the order of reading, objects count and win in file order.
+#[test]
+fn list_items_keep_file_order_whether_decoded_at_once_or_after_the_list_kind() {
+    let list = r#"{
+        "apiVersion": "v1",
+        "items": [
+            {"metadata": {"name": "a"}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "b"}},
+            {"metadata": {"name": "a"}, "spec": {"type": "NodePort"}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "c"}, "spec": "bad"}
+        ],
+        "kind": "ServiceList"
+    }"#;
+    let file = parse_at("/m/list.json", list);
+    assert_eq!(keys(&file), ["Service default/a", "Service default/b"]);
+    let a = service(&file, "default", "a");
+    assert_eq!(a.spec.as_ref().and_then(|s| s.type_.as_deref()), Some("NodePort"));
+    let placement = |name: &str| {
+        let placement = &file.placements[&ObjectKey::new(ObjectKind::Service, "default", name)];
+        (placement.ordinal, placement.label.clone())
+    };
+    assert_eq!(placement("b"), (1, "document 1, items[1]".to_owned()));
+    assert_eq!(placement("a"), (2, "document 1, items[2]".to_owned()));
+    let refused = only_rejection(&file);
+    assert_eq!(
+        (refused.object.as_str(), refused.field.as_str()),
+        ("default/c", "spec")
+    );
+    assert!(
+        file.failed
+            .contains(&ObjectKey::new(ObjectKind::Service, "default", "c"))
+    );
+}
+
+/// Only lists lend their items: the items of any other document count for nothing, and
+/// the document is what its own kind says.
+#[test]
+fn items_of_a_document_that_is_not_a_list_are_ignored() {
+    let yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n\
+                items:\n- {apiVersion: v1, kind: Service, metadata: {name: hidden}}\n\
+                ---\n\
+                apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n\
+                items:\n- {apiVersion: v1, kind: Service, metadata: {name: hidden-too}, spec: 1}\n\
+                ---\n\
+                items:\n- {apiVersion: v1, kind: Service, metadata: {name: no-kind-above}}\n";
+    let file = parse(yaml);
+    assert_eq!(keys(&file), ["Service default/a"]);
+    let refused = only_rejection(&file);
+    assert_eq!(
+        (refused.kind, refused.field.as_str()),
+        (ObjectKind::Manifest, "document 3: kind")
+    );
+}
+
+/// `items` that is not a list is refused in a list and ignored elsewhere, also when a
+/// later `items` key replaces an earlier list.
+#[test]
+fn a_list_whose_items_are_not_a_list_is_refused() {
+    let file = parse_at(
+        "/m/l.json",
+        r#"{"apiVersion": "v1", "items": [{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"}}],
+            "items": "replaced", "kind": "List"}"#,
+    );
+    assert!(file.objects.is_empty(), "{:?}", keys(&file));
+    let refused = only_rejection(&file);
+    assert_eq!(refused.field, "document 1: items");
+    assert!(
+        refused.detail.contains("expected a list, found a string"),
+        "{}",
+        refused.detail
+    );
+}

@@ -9,9 +9,12 @@
 //! counts: k entry sets, hence k dispatch rules a new connection may walk (default 1).
 //! Last, two rarer changes are timed: a Service with an external IP added and deleted
 //! again (its target `masq-...` and entry set come and go, the dispatch chain is
-//! rewritten each time, the pick chain exists), and new Services with endpoint counts no
+//! rewritten each time, the pick chain exists), new Services with endpoint counts no
 //! other Service has (each also creates a pick chain, whose DNAT map binding makes the
-//! kernel walk that endpoint map).
+//! kernel walk the endpoint map it binds), count changes of existing Services to a count
+//! others have (their slots move if endpoint maps are per count), and new ClientIP
+//! affinity Services with a timeout no other Service has (a sticky chain and one slot
+//! chain per endpoint, each binding an endpoint map).
 
 #![allow(clippy::unwrap_used)]
 
@@ -62,18 +65,22 @@ fn count_of(i: usize, m: usize) -> usize {
 }
 
 fn add_service(world: &mut World, i: usize, m: usize, generation: usize) {
+    add_service_with(world, i, m, generation, json!({}));
+}
+
+/// Like [`add_service`], with `extra` merged into the Service's spec.
+fn add_service_with(world: &mut World, i: usize, m: usize, generation: usize, extra: serde_json::Value) {
     let name = format!("svc{i}");
-    world
-        .service(
-            &name,
-            json!({"type": "ClusterIP", "clusterIP": service_ip(i),
-                               "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
-        )
-        .slice(
-            &name,
-            json!([{"name": "http", "port": 8080}]),
-            endpoints(i, m, generation),
-        );
+    let mut spec = json!({"type": "ClusterIP", "clusterIP": service_ip(i),
+                          "ports": [{"name": "http", "port": 80, "targetPort": 8080}]});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    world.service(&name, spec).slice(
+        &name,
+        json!([{"name": "http", "port": 8080}]),
+        endpoints(i, m, generation),
+    );
 }
 
 fn peak_rss_mib() -> f64 {
@@ -232,6 +239,43 @@ fn main() {
         backend.sync(&pending.request(false)).unwrap();
         new_target.push(started.elapsed());
     }
+    // Count changes to a count other Services have: the first makes the count m - 1 exist
+    // (untimed), then each timed one moves one more Service from m to m - 1 endpoints.
+    let mut count_change = Vec::new();
+    let mut count_written = Vec::new();
+    for k in 0..=changes.min(20) {
+        let i = (k * 7919 + 13) % n;
+        // Its last endpoint goes (its first may also change back: the endpoint changes
+        // above replaced some first endpoints).
+        let mut fewer = endpoints(i, m, 0);
+        fewer.truncate(m.max(2) - 1);
+        world.slice(&format!("svc{i}"), json!([{"name": "http", "port": 8080}]), fewer);
+        let pending = world.pending();
+        let started = Instant::now();
+        let report = backend.sync(&pending.request(false)).unwrap();
+        if k > 0 {
+            count_change.push(started.elapsed());
+            count_written.push(report.tables[0].written);
+        }
+    }
+    // New ClientIP affinity Services, each with a timeout no other Service has: a sticky
+    // chain and m slot chains each.
+    let mut new_sticky = Vec::new();
+    for k in 0..changes.min(20) {
+        let timeout = 1000 + k;
+        add_service_with(
+            &mut world,
+            n + 2 * changes + 100 + k,
+            m,
+            0,
+            json!({"sessionAffinity": "ClientIP",
+                   "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": timeout}}}),
+        );
+        let pending = world.pending();
+        let started = Instant::now();
+        backend.sync(&pending.request(false)).unwrap();
+        new_sticky.push(started.elapsed());
+    }
     println!(
         "one endpoint change: p50 {:?} p99 {:?} (elements+rules written {:?}); one new service: p50 {:?} p99 {:?}; peak RSS {:.0} MiB",
         percentile(&mut one_change, 0.5),
@@ -252,5 +296,18 @@ fn main() {
         percentile(&mut new_target, 0.5),
         percentile(&mut new_target, 0.99),
         new_target.len()
+    );
+    println!(
+        "one count change to an existing count: p50 {:?} p99 {:?} (elements+rules written {:?}, {} samples)",
+        percentile(&mut count_change, 0.5),
+        percentile(&mut count_change, 0.99),
+        &count_written[..count_written.len().min(5)],
+        count_change.len()
+    );
+    println!(
+        "one new ClientIP service with a new timeout (sticky chain, {m} slot chains): p50 {:?} p99 {:?} ({} samples)",
+        percentile(&mut new_sticky, 0.5),
+        percentile(&mut new_sticky, 0.99),
+        new_sticky.len()
     );
 }

@@ -288,16 +288,16 @@ fn choose(
     finding: &mut Finding,
 ) -> Vec<Endpoint> {
     let chain = choice.chain();
-    let map = SetName::Endpoints(choice.map);
+    let map = choice.endpoints();
     finding.objects.push(format!(
         "chain {chain}: dnat to <key> . numgen random mod {} map @{map}",
         choice.count
     ));
     if let Some(timeout) = choice.affinity {
         finding.decisions.push(format!(
-            "sessionAffinity ClientIP, timeout {timeout} s: a client keeps its slot (set {}; chains {chain}, slot-{}-<k>-t{timeout})",
+            "sessionAffinity ClientIP, timeout {timeout} s: a client keeps its slot (set {}; chains {chain}, slot-{}-<k>)",
             SetName::Affinity(choice.map),
-            choice.map
+            choice.endpoints()
         ));
     }
     let prefix = match group.0 {
@@ -306,7 +306,7 @@ fn choose(
     };
     let mut endpoints = Vec::new();
     for slot in 0..choice.count {
-        match table.endpoints.get(&(choice.map, group, slot)) {
+        match table.endpoints.get(&(choice, group, slot)) {
             Some(addr) => {
                 finding
                     .objects

@@ -67,7 +67,8 @@ pub struct NftTable {
     pub service_nodeports: BTreeMap<(Protocol, u16), Entry>,
     pub no_endpoint_services: BTreeMap<AddrKey, Entry>,
     pub no_endpoint_nodeports: BTreeMap<(Protocol, u16), Entry>,
-    pub endpoints: BTreeMap<(EndpointMap, GroupKey, u16), SocketAddr>,
+    /// By endpoint map (one per choice: key space, count, affinity), key and slot.
+    pub endpoints: BTreeMap<(Choice, GroupKey, u16), SocketAddr>,
     pub cluster_ips: BTreeSet<IpAddr>,
     /// Inclusive address ranges.
     pub service_cidrs: Vec<(IpAddr, IpAddr)>,
@@ -97,6 +98,12 @@ fn endpoint_maps() -> impl Iterator<Item = EndpointMap> {
 pub fn parse_set_name(name: &str) -> Option<SetName> {
     if let Some(set) = all_set_names().into_iter().find(|set| set.to_string() == name) {
         return Some(set);
+    }
+    // `<map>-<M>[-t<T>]`: an endpoint map (printed back the same way: no leading zeros).
+    if let Some(map) = parse_choice(name).map(Choice::endpoints)
+        && map.to_string() == name
+    {
+        return Some(map);
     }
     // `<shared chain>-ips` or `<shared chain>-nodeports`.
     EntryKind::ALL.into_iter().find_map(|kind| {
@@ -144,11 +151,13 @@ pub fn parse_chain_name(name: &str) -> Option<ChainId> {
         let choice = parse_choice(rest).filter(|c| c.affinity.is_some())?;
         choice.chain()
     } else if let Some(rest) = name.strip_prefix("slot-") {
-        let choice = parse_choice(rest)?;
+        let (choice, slot) = rest.rsplit_once('-')?;
+        let choice = parse_choice(choice)?;
         SharedChain::Slot {
             map: choice.map,
-            slot: choice.count,
+            count: choice.count,
             timeout: choice.affinity?,
+            slot: slot.parse().ok()?,
         }
     } else if let Some(rest) = name.strip_prefix("masq-") {
         SharedChain::Masquerade {
@@ -211,14 +220,14 @@ impl NftTable {
                 self.add_entry(None, *p, *n, entry);
             }
             (
-                SetName::Endpoints(map),
+                SetName::Endpoints(choice),
                 ElemKey::AddrPortSlot(a, port, slot),
                 Some(ElemValue::Endpoint(ep)),
             ) => {
-                self.endpoints.insert((*map, (Some(*a), *port), *slot), *ep);
+                self.endpoints.insert((*choice, (Some(*a), *port), *slot), *ep);
             }
-            (SetName::Endpoints(map), ElemKey::PortSlot(port, slot), Some(ElemValue::Endpoint(ep))) => {
-                self.endpoints.insert((*map, (None, *port), *slot), *ep);
+            (SetName::Endpoints(choice), ElemKey::PortSlot(port, slot), Some(ElemValue::Endpoint(ep))) => {
+                self.endpoints.insert((*choice, (None, *port), *slot), *ep);
             }
             (SetName::ClusterIps, ElemKey::Addr(a), _) => {
                 self.cluster_ips.insert(*a);
@@ -330,8 +339,8 @@ impl NftTable {
                 key.end()?;
                 self.firewall_ips.insert(k);
             }
-            SetName::Endpoints(map) => {
-                let addr = if map.space.keyed_by_address() {
+            SetName::Endpoints(choice) => {
+                let addr = if choice.map.space.keyed_by_address() {
                     Some(key.addr()?)
                 } else {
                     None
@@ -344,7 +353,7 @@ impl NftTable {
                 let mut value = Fields::new(family, value);
                 let endpoint = SocketAddr::new(value.addr()?, value.port()?);
                 value.end()?;
-                self.endpoints.insert((map, (addr, port), slot), endpoint);
+                self.endpoints.insert((choice, (addr, port), slot), endpoint);
             }
             SetName::ClusterIps | SetName::NodePortIps => {
                 let addr = key.addr()?;
@@ -534,8 +543,9 @@ mod tests {
             sticky.chain(),
             SharedChain::Slot {
                 map,
-                slot: 3,
+                count: 7,
                 timeout: 60,
+                slot: 3,
             },
             SharedChain::Masquerade { choice: sticky },
             SharedChain::LocalPolicy {
@@ -558,6 +568,8 @@ mod tests {
             "pick-foo-1",
             "KUBE-SERVICES",
             "pick-service-endpoints-tcp-1-t5",
+            "slot-service-endpoints-tcp-2-t60-03",
+            "slot-service-endpoints-tcp-2-3",
         ] {
             assert_eq!(parse_chain_name(foreign), None, "{foreign}");
         }
@@ -598,7 +610,27 @@ mod tests {
             let set = SetName::Entries { kind, target };
             assert_eq!(parse_set_name(&set.to_string()), Some(set));
         }
-        for foreign in ["my-set", "reject-chain-ips", "pick-foo-1-ips", "service-ips"] {
+        let SharedChain::Masquerade { choice } = target else {
+            unreachable!()
+        };
+        for map in [
+            choice.endpoints(),
+            Choice {
+                affinity: None,
+                ..choice
+            }
+            .endpoints(),
+        ] {
+            assert_eq!(parse_set_name(&map.to_string()), Some(map));
+        }
+        for foreign in [
+            "my-set",
+            "reject-chain-ips",
+            "pick-foo-1-ips",
+            "service-ips",
+            "service-endpoints-tcp",
+            "service-endpoints-tcp-03",
+        ] {
             assert_eq!(parse_set_name(foreign), None, "{foreign}");
         }
     }
@@ -623,7 +655,7 @@ mod tests {
             ["services".to_string()],
             &[
                 ("pick-service-endpoints-tcp-1-ips".into(), vec![entry]),
-                ("service-endpoints-tcp".into(), vec![endpoint]),
+                ("service-endpoints-tcp-1".into(), vec![endpoint]),
                 ("service-cidrs".into(), vec![cidr_end, cidr_start]),
                 ("cluster-ips".into(), vec![bad]),
                 ("somebody-elses".into(), Vec::new()),
@@ -634,9 +666,13 @@ mod tests {
             table.service_ips[&key].verdict(),
             Some(Verdict::Goto("pick-service-endpoints-tcp-1".into()))
         );
-        let map = EndpointMap {
-            space: KeySpace::Address,
-            proto: Protocol::Tcp,
+        let map = Choice {
+            map: EndpointMap {
+                space: KeySpace::Address,
+                proto: Protocol::Tcp,
+            },
+            count: 1,
+            affinity: None,
         };
         assert_eq!(
             table.endpoints[&(map, (Some(key.0), 80), 0)],

@@ -118,7 +118,7 @@ fn explain_reads_the_nftables_table() {
         &[
             "set pick-service-endpoints-tcp-2-ips: 10.96.0.10 . tcp . 80",
             "chain service-dispatch: ip daddr . meta l4proto . th dport @pick-service-endpoints-tcp-2-ips goto pick-service-endpoints-tcp-2",
-            "map service-endpoints-tcp: 10.96.0.10 . 80 . 0 : ",
+            "map service-endpoints-tcp-2: 10.96.0.10 . 80 . 0 : ",
             "slot 1 of 2",
         ],
     );

@@ -8,7 +8,7 @@
 //!   recomputed; the [`Ledger`] turns their difference into one batch. The kernel is not
 //!   listed on this path.
 //! - **Reconcile**: the table is read back (without elements) and compared with what we
-//!   wrote: chain and set names (the live entry sets included), rule counts (the dispatch
+//!   wrote: chain and set names (the live entry sets and endpoint maps included), rule counts (the dispatch
 //!   chains': one per live entry set), and the rules' text against the last listing that
 //!   matched (a partial sync that rewrote a dispatch chain updates that chain's text).
 //!   Any difference makes this sync full, which removes foreign rules and restores ours.
@@ -273,6 +273,7 @@ impl NftablesBackend {
             == crate::build::declared_sets()
                 .into_iter()
                 .chain(applied.ledger.entry_sets())
+                .chain(applied.ledger.endpoint_maps())
                 .map(|s| s.to_string())
                 .collect();
         let rules_ok = applied.baseline.as_ref().is_none_or(|baseline| {

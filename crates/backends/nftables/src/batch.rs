@@ -2,7 +2,8 @@
 //! sync computes them.
 //!
 //! - A **full** sync deletes and recreates the table (removing whatever others added to
-//!   it), declares every set (the entry sets in use too), writes the fixed chains, every
+//!   it), declares every set (the entry sets and endpoint maps in use too, all empty
+//!   until the chains binding them exist), writes the fixed chains, every
 //!   shared chain in use and then the fixed rules (the dispatch rules go to shared
 //!   chains, which must exist first), then the elements. Large loads are split by element
 //!   count ([`full_batches`]): the first batch holds the table, the chains and the first
@@ -14,10 +15,13 @@
 //!   entry sets): chains that become used are created first, then the entry sets that
 //!   become used and, when the entry sets in use changed, the dispatch chains rewritten
 //!   (flushed, one rule per set: no rule handle is ever needed); then element deletes,
-//!   element adds (a changed value, or an entry moving to another target's set, is a
-//!   delete and an add), and last the entry sets and chains no longer used. A new Service
-//!   whose target chain exists is element adds to plain sets and data maps only, which
-//!   the kernel commits without validating the table.
+//!   element adds (a changed value, an entry moving to another target's set, or a slot
+//!   moving to another endpoint map when the count changes, is a delete and an add), and
+//!   last the entry sets, chains and endpoint maps no longer used. A new Service whose
+//!   target chain exists is element adds to plain sets and data maps only, which the
+//!   kernel commits without validating the table; a new chain binding an endpoint map
+//!   comes with that map, created empty just before it, so the kernel's walk of the map's
+//!   elements on binding (`nf_tables_bind_set`) has nothing to walk.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -47,7 +51,8 @@ pub enum Op {
     AddRule(ChainId, Rule),
     /// Flush and delete a chain no element points at any more.
     DeleteChain(ChainId),
-    /// Delete an entry set no entry is in any more (its dispatch rule is gone first).
+    /// Delete an entry set no entry is in any more (its dispatch rule is gone first), or
+    /// an endpoint map whose chain is gone.
     DeleteSet(SetName),
     /// Remove every rule of one of our chains (full syncs in place).
     FlushChain(ChainId),
@@ -366,6 +371,11 @@ impl Ledger {
         self.chains.keys().copied()
     }
 
+    /// The endpoint maps in use: those of the chains that own one.
+    pub fn endpoint_maps(&self) -> impl Iterator<Item = SetName> + '_ {
+        self.chains.keys().filter_map(|c| c.owned_map())
+    }
+
     /// The entry sets in use (each has its dispatch rule), in name order.
     pub fn entry_sets(&self) -> BTreeSet<SetName> {
         self.entry_sets.keys().copied().collect()
@@ -527,6 +537,10 @@ impl Ledger {
         let (new_sets, gone_sets) = (changed_sets(false), changed_sets(true));
 
         let mut batch = Batch::new(family);
+        // A new chain's endpoint map first, empty: binding it walks no element.
+        for map in created.iter().filter_map(|c| c.owned_map()) {
+            batch.ops.push(Op::AddSet(map));
+        }
         for chain in created {
             add_chain_ops(&mut batch.ops, chain, opts);
         }
@@ -556,8 +570,11 @@ impl Ledger {
         for set in gone_sets {
             batch.ops.push(Op::DeleteSet(set));
         }
-        for chain in gone {
-            batch.ops.push(Op::DeleteChain(ChainId::Shared(chain)));
+        for chain in &gone {
+            batch.ops.push(Op::DeleteChain(ChainId::Shared(*chain)));
+        }
+        for map in gone.iter().filter_map(|c| c.owned_map()) {
+            batch.ops.push(Op::DeleteSet(map));
         }
         (batch, released && !self.contested.is_empty())
     }

@@ -34,7 +34,7 @@ pub enum Owner {
     Port(ServicePortName),
 }
 
-/// The endpoints of one entry in one endpoint map, by slot.
+/// The endpoints of one entry in one key space, by slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GroupKey {
     Address(IpAddr, u16),
@@ -45,6 +45,26 @@ pub enum GroupKey {
 pub struct SlotGroup {
     pub map: EndpointMap,
     pub key: GroupKey,
+    /// The entry's ClientIP affinity timeout: with the slot count, names the endpoint map
+    /// the slots are written to ([`SlotGroup::choice`]).
+    pub affinity: Option<u32>,
+}
+
+impl SlotGroup {
+    /// The choice (so the endpoint map) of this group when it has `count` slots.
+    pub fn choice(&self, count: usize) -> Choice {
+        Choice {
+            map: self.map,
+            count: u16::try_from(count).unwrap_or(u16::MAX),
+            affinity: self.affinity,
+        }
+    }
+
+    /// Whether `other` is this group, whatever its affinity: slots are kept across an
+    /// affinity change as across a count change.
+    fn same_key(&self, other: &SlotGroup) -> bool {
+        self.map == other.map && self.key == other.key
+    }
 }
 
 /// A destination one Service port owns: its entry and everything keyed by it (endpoint
@@ -84,7 +104,7 @@ impl Bundle {
     pub fn slots_of(&self, group: &SlotGroup) -> Option<&[SocketAddr]> {
         self.slots
             .iter()
-            .find(|(g, _)| g == group)
+            .find(|(g, _)| g.same_key(group))
             .map(|(_, eps)| &eps[..])
     }
 
@@ -98,7 +118,7 @@ impl Bundle {
                     GroupKey::Port(port) => ElemKey::PortSlot(port, slot),
                 };
                 out.push(Element::map(
-                    SetName::Endpoints(group.map),
+                    group.choice(endpoints.len()).endpoints(),
                     key,
                     ElemValue::Endpoint(*ep),
                 ));
@@ -206,7 +226,12 @@ pub fn build_from(
             *rules = dispatch_rules(kind, &entry_sets, opts);
         }
     }
+    let maps: BTreeSet<SetName> = bundles
+        .values()
+        .flat_map(|b| b.chains.iter().filter_map(|c| c.owned_map()))
+        .collect();
     let mut sets = declared_sets();
+    sets.extend(maps);
     sets.extend(entry_sets);
     Ruleset {
         family: opts.family,
@@ -216,8 +241,9 @@ pub fn build_from(
     }
 }
 
-/// Every set and map whatever the Services, declared by every full sync (empty ones cost
-/// nothing per Service). The entry sets come and go with their target chains.
+/// Every set whatever the Services, declared by every full sync (empty ones cost nothing
+/// per Service). The entry sets come and go with their target chains, the endpoint maps
+/// with the chains that own them ([`SharedChain::owned_map`]).
 pub fn declared_sets() -> Vec<SetName> {
     let mut sets = vec![SetName::ClusterIps, SetName::ServiceCidrs, SetName::NodePortIps];
     for kind in EntryKind::ALL {
@@ -228,9 +254,7 @@ pub fn declared_sets() -> Vec<SetName> {
     sets.extend([SetName::FirewallIps, SetName::FirewallAllow, SetName::Hairpin]);
     for proto in PROTOCOLS {
         for space in KeySpace::ALL {
-            let map = EndpointMap { space, proto };
-            sets.push(SetName::Endpoints(map));
-            sets.push(SetName::Affinity(map));
+            sets.push(SetName::Affinity(EndpointMap { space, proto }));
         }
     }
     sets
@@ -452,20 +476,39 @@ pub fn shared_rules(chain: SharedChain, opts: &NftablesOptions) -> Vec<Rule> {
     let goto = |c: SharedChain| Stmt::Goto(ChainId::Shared(c));
     match chain {
         SharedChain::Pick { map, count } => {
-            vec![Rule::always(Stmt::DnatMap {
+            let choice = Choice {
                 map,
+                count,
+                affinity: None,
+            };
+            vec![Rule::always(Stmt::DnatMap {
+                choice,
                 slot: Slot::Random(count),
             })]
         }
-        SharedChain::Slot { map, slot, timeout } => vec![
+        SharedChain::Slot {
+            map,
+            count,
+            timeout,
+            slot,
+        } => vec![
             Rule::always(Stmt::RememberSlot { map, slot, timeout }),
             Rule::always(Stmt::DnatMap {
-                map,
+                choice: Choice {
+                    map,
+                    count,
+                    affinity: Some(timeout),
+                },
                 slot: Slot::Fixed(slot),
             }),
         ],
         SharedChain::Sticky { map, count, timeout } => {
-            let slot_chain = |slot| SharedChain::Slot { map, slot, timeout };
+            let slot_chain = |slot| SharedChain::Slot {
+                map,
+                count,
+                timeout,
+                slot,
+            };
             let mut rules: Vec<Rule> = (0..count)
                 .map(|slot| {
                     Rule::new(
@@ -627,7 +670,11 @@ impl PortBuilder<'_> {
             space,
             proto: self.proto,
         };
-        let group = SlotGroup { map, key };
+        let group = SlotGroup {
+            map,
+            key,
+            affinity: self.affinity,
+        };
         let mut current: Vec<SocketAddr> = endpoints.iter().map(|ep| ep.addr).collect();
         current.truncate(usize::from(u16::MAX));
         if current.is_empty() {

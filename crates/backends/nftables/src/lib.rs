@@ -36,10 +36,6 @@
 //!   goto pick-service-endpoints-tcp-3`) and ends by going to `nodeport-dispatch` for
 //!   NodePort destinations, one rule per `-nodeports` set. Entries are disjoint (a
 //!   destination has one holder), so rule order does not matter;
-//! - endpoint maps, one per key space and protocol: `service-endpoints-<proto>`
-//!   (`addr . port . slot : endpoint addr . port`), `nodeport-endpoints-<proto>`
-//!   (`port . slot : ...`) and their `-shortcut-` twins holding the cluster-wide endpoints of
-//!   `externalTrafficPolicy: Local` Services for pod and host traffic;
 //! - `no-endpoint-reject-ips` / `no-endpoint-drop-ips` and their `-nodeports` twins:
 //!   destinations without usable endpoints, looked up by fixed rules of the
 //!   `*-endpoints-check` chains (`goto reject-chain` or `drop`);
@@ -49,21 +45,33 @@
 //!   `firewall-allow` (`addr . proto . port . source-range`, an interval set: the
 //!   loadBalancerSourceRanges), `hairpin` (`ep . ep`: a pod reaching itself is
 //!   masqueraded);
-//! - `affinity-<endpoint map>`: dynamic sets remembering `client . key . slot` for ClientIP
-//!   affinity, with per-element timeouts.
+//! - `affinity-<space>-<proto>`: dynamic sets remembering `client . key . slot` for
+//!   ClientIP affinity, with per-element timeouts, one per key space (below) and protocol.
 //!
-//! Shared chains, created when the first entry needs them and deleted with the last (a
-//! chain some entry goes to directly also has its entry set and dispatch rule, created
-//! and deleted with it):
+//! Shared chains and the endpoint maps they own, created when the first entry needs them
+//! and deleted with the last (a chain some entry goes to directly also has its entry set
+//! and dispatch rule, created and deleted with it):
 //!
-//! - `pick-<map>-<M>`: `dnat to <key> . numgen random mod M map @<map>`: uniform among the
-//!   M slots of the entry's key. One chain per distinct endpoint count, not per Service.
-//! - `sticky-<map>-<M>-t<T>` + `slot-<map>-<k>-t<T>`: ClientIP affinity. The sticky chain
-//!   looks the client up in the affinity set for each slot k < M and goes to that slot's
-//!   chain, else picks a slot at random; the slot chain refreshes the client's entry
-//!   (`update @affinity ... timeout T`) and DNATs to slot k. Chains per distinct (M, T) and
-//!   per slot index, not per Service. nft cannot feed one map lookup's result into another,
-//!   hence a constant slot is written `numgen random mod 1 offset k`.
+//! - endpoint maps, one per key space, protocol, endpoint count M and affinity timeout T
+//!   (none for random picks): `service-endpoints-<proto>-<M>[-t<T>]` (`addr . port . slot
+//!   : endpoint addr . port`), `nodeport-endpoints-<proto>-<M>[-t<T>]` (`port . slot :
+//!   ...`) and their `-shortcut-` twins holding the cluster-wide endpoints of
+//!   `externalTrafficPolicy: Local` Services for pod and host traffic. Per count, not one
+//!   per key space, because a rule that looks a map up with a result (a DNAT) makes the
+//!   kernel walk every element of that map when the rule is added (`nf_tables_bind_set`;
+//!   on this kernel even when another rule of the same chain already binds it): a map is
+//!   created just before its pick or sticky chain, empty, so binding it walks nothing,
+//!   and it is deleted with that chain. Maps come and go with distinct shapes, never with
+//!   Services.
+//! - `pick-<map>-<M>`: `dnat to <key> . numgen random mod M map @<map>-<M>`: uniform
+//!   among the M slots of the entry's key. One chain per distinct endpoint count, not per
+//!   Service.
+//! - `sticky-<map>-<M>-t<T>` + `slot-<map>-<M>-t<T>-<k>`: ClientIP affinity. The sticky
+//!   chain looks the client up in the affinity set for each slot k < M and goes to that
+//!   slot's chain, else picks a slot at random; the slot chain refreshes the client's entry
+//!   (`update @affinity ... timeout T`) and DNATs to slot k of `<map>-<M>-t<T>`. Chains per
+//!   distinct (M, T) and per slot index, not per Service. nft cannot feed one map lookup's
+//!   result into another, hence a constant slot is written `numgen random mod 1 offset k`.
 //! - `masq-<choice>`: external traffic with policy Cluster: mark for masquerade, choose.
 //! - `local-<choice>-via-<choice>`: external traffic with policy Local: pods (local
 //!   detector) and the node itself (`fib saddr type local`, masqueraded) go to every
@@ -86,11 +94,14 @@
 //! holds); a partial sync recomputes the bundles of changed Services only and the
 //! [`Ledger`] (who holds each destination; reference counts of cluster IPs, hairpin
 //! addresses and shared chains) turns their difference into one ordered [`Batch`]: new
-//! chains, element deletes, element adds, chains no longer used. A destination (address,
+//! endpoint maps and chains, element deletes, element adds, chains and their maps no
+//! longer used. A destination (address,
 //! protocol, port, or NodePort) is written by one port only: a second claimant is left out
 //! and logged, and gets it in the full sync that follows the holder's release. Endpoints
-//! keep their slots across syncs (`slots`): one endpoint replaced is one element, a count
-//! change moves the last slot into the hole and repoints the entry at `pick-...-(M-1)`.
+//! keep their slots across syncs (`slots`): one endpoint replaced is one element; a count
+//! change moves the last slot into the hole, moves the port's slots (M old, M' new
+//! elements) into the endpoint map of the new count and repoints the entry at
+//! `pick-...-M'`.
 //! A full sync rebuilds the table: in place after a successful sync (our chains and sets
 //! flushed, anything else in the table deleted by handle, the dynamic affinity sets and
 //! the endpoints' slots kept, so sticky clients stay put), or deleted and recreated on the
@@ -114,12 +125,17 @@
 //!
 //! | Services | transport | cold full sync | one endpoint change p50/p99 | one new Service p50/p99 | state |
 //! |---:|---|---:|---:|---:|---:|
-//! | 1k | netlink | 35 ms | 19 / 64 us | 26 / 69 us | ~5 MiB |
-//! | 1k | `nft -f` | 0.18 s | 15.9 / 36.2 ms | 3.2 / 4.1 ms | ~3 MiB |
-//! | 10k | netlink | 0.42 s | 25 / 97 us | 35 / 94 us | ~23 MiB |
-//! | 10k | `nft -f` | 1.37 s | 15.5 / 39.0 ms | 3.4 / 14.1 ms | ~23 MiB |
-//! | 50k | netlink | 2.66 s (56 batches of 20k elements) | 32 / 69 us | 42 / 191 us | ~121 MiB |
-//! | 50k | `nft -f` | 7.2 s | 15.8 / 21.1 ms | 3.1 / 3.9 ms | ~121 MiB |
+//! | 1k | netlink | 39 ms | 20 / 70 us | 29 / 42 us | ~5 MiB |
+//! | 1k | `nft -f` | 0.15 s | 15.7 / 35.2 ms | 3.0 / 3.6 ms | ~3 MiB |
+//! | 10k | netlink | 0.31 s | 24 / 80 us | 32 / 48 us | ~24 MiB |
+//! | 10k | `nft -f` | 1.21 s | 11.9 / 32.0 ms | 3.1 / 3.6 ms | ~24 MiB |
+//! | 50k | netlink | 1.55 s (56 batches of 20k elements) | 33 / 127 us | 44 / 83 us | ~122 MiB |
+//! | 50k | `nft -f` | 5.9 s | 15.8 / 32.0 ms | 2.9 / 3.3 ms | ~123 MiB |
+//!
+//! (Endpoint maps per count, these runs; with one endpoint map per key space, the runs
+//! before: 0.42 s / 2.66 s cold at 10k / 50k over netlink, the same per-change figures
+//! within the noise. Cold loads create every map and chain before any element, so the
+//! map layout does not change their kernel work; one run each.)
 //!
 //! A replaced endpoint is 4 element operations (one transaction) at any scale. A new
 //! Service whose target chain exists is element adds to plain sets and data maps only,
@@ -128,14 +144,31 @@
 //! every element of every verdict map the base chains reach before it committed (same
 //! runs, netlink: 0.70 / 5.0 ms at 10k, 8.7 / 13.1 ms at 50k; 7.8 / 15.8 ms in another).
 //!
-//! Rarer changes (netlink, 10k / 50k, p50 / p99): a target set coming or going (an external
-//! IP's `masq-...` target, the pick chain existing) rewrites the dispatch chain: 0.18 / 1.4
-//! ms and 0.20 / 4.3 ms (0.2-0.3 ms p99 on a quieter run), including the read-back of the
-//! rewritten chain's rules; it was 0.69 / 4.7 ms and 6.1 / 15.9 ms with the verdict map. A
-//! Service with an endpoint count no other Service has also needs a new pick chain: binding
-//! its DNAT map lookup walks the whole endpoint map in the kernel (`nf_tables_bind_set`
-//! checks every element of a map bound in a new chain), 7.8 / 14.8 ms at 10k and 96 / 112
-//! ms at 50k x 10 endpoints, as before this model (6.8 / 19.8 ms and 134 / 189 ms).
+//! Rarer changes (netlink, 10k / 50k, p50 / p99, same runs): a target set coming or going
+//! (an external IP's `masq-...` target, the pick chain existing) rewrites the dispatch
+//! chain: 0.18 / 0.31 ms and 0.20 / 0.41 ms, including the read-back of the rewritten
+//! chain's rules; it was 0.69 / 4.7 ms and 6.1 / 15.9 ms with the verdict map.
+//!
+//! A new endpoint count or affinity timeout brings new chains whose DNAT binds an
+//! endpoint map, and the kernel walks every element of a map a new rule binds
+//! (`nf_tables_bind_set` -> `nft_rhash_walk`; measured with `nft` on a 500k-element map:
+//! ~90 ms per rule, and as much for a second rule in a chain that already binds it, so
+//! the walk is not skipped for a chain already bound on this kernel, 6.18). With one map
+//! per key space that walk covered every Service's endpoints; with a map per count the
+//! new chains bind their own new, empty map. Same runs, netlink, p50 / p99, 10k / 50k
+//! (before: one map per key space, `examples/scale.rs` of the same commit):
+//!
+//! | change | before, 10k | before, 50k | after, 10k | after, 50k |
+//! |---|---:|---:|---:|---:|
+//! | a Service with an endpoint count no other has (map, pick chain, entry set, dispatch rewrite) | 7.9 / 13.1 ms | 93 / 123 ms | 0.38 / 0.50 ms | 0.39 / 0.55 ms |
+//! | a ClientIP Service with a new timeout (map, sticky chain, 10 slot chains, ...) | 72 / 79 ms | 919 / 996 ms | 2.2 / 3.3 ms | 2.3 / 3.5 ms |
+//! | a count change to an existing count (slots move between maps: M + M' elements) | 51 / 244 us | 59 / 193 us | 50 / 221 us | 64 / 180 us |
+//!
+//! A count change writes 22 elements and rules instead of 4 (10 slots out of one map,
+//! 9 into another, the entry moved, a hairpin element), still one transaction of element
+//! operations; its time does not change measurably. Through `nft -f` every one of these
+//! is nft's start-up (~16 / 24-36 ms); before, the new count was 28 / 40 ms and 101 /
+//! 112 ms, the new timeout 87 / 98 ms and 539 / 956 ms.
 //!
 //! Per packet: the first packet of a connection walks the dispatch rules in name order
 //! until its entry's set matches, one hash lookup each (~30 ns per rule walked, measured

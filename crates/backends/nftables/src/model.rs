@@ -15,7 +15,7 @@ use kpr_model::Protocol;
 use kpr_naming::InterfaceName;
 use kpr_naming::text::Comment;
 
-use crate::names::{ChainId, EndpointMap, SetName};
+use crate::names::{ChainId, Choice, EndpointMap, SetName};
 
 /// A packet field or combination of fields used as a lookup key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -82,9 +82,9 @@ pub enum Stmt {
     MarkXor(u32),
     /// `masquerade fully-random`.
     Masquerade,
-    /// `dnat to <key of map> . <slot> map @map`.
+    /// `dnat to <key of map> . <slot> map @<endpoint map of choice>`.
     DnatMap {
-        map: EndpointMap,
+        choice: Choice,
         slot: Slot,
     },
     /// `update @affinity { <AffinityEntry key> timeout <T>s }`.

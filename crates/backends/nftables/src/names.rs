@@ -63,9 +63,10 @@ impl KeySpace {
     }
 }
 
-/// One endpoint map: a key space for one protocol (nft 1.0.6 cannot reference a map typed
-/// with the protocol-independent `th dport` from a rule added in a later transaction, so
-/// each protocol has its own maps and chains).
+/// A key space for one protocol: the layout of its endpoint maps and its affinity set (nft
+/// 1.0.6 cannot reference a map typed with the protocol-independent `th dport` from a rule
+/// added in a later transaction, so each protocol has its own maps and chains). The
+/// endpoint maps themselves are per [`Choice`] (see [`SetName::Endpoints`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EndpointMap {
     pub space: KeySpace,
@@ -153,8 +154,13 @@ pub enum SetName {
     FirewallAllow,
     /// `endpoint . endpoint`: a pod reaching itself through a Service is masqueraded.
     Hairpin,
-    /// `key . slot : endpoint address . port`.
-    Endpoints(EndpointMap),
+    /// `<map>-<M>[-t<T>]`: `key . slot : endpoint address . port` for the entries that
+    /// choose among M endpoints (with affinity timeout T). One map per choice, not one per
+    /// key space: binding a map from a new rule makes the kernel walk every element of it
+    /// (`nf_tables_bind_set`), so the chains binding a map (its pick chain, or its sticky
+    /// chain's slot chains) are created with it, while it is empty. It exists while its
+    /// chain does.
+    Endpoints(Choice),
     /// Dynamic: `client . key . slot` remembered for ClientIP affinity.
     Affinity(EndpointMap),
 }
@@ -172,7 +178,7 @@ impl fmt::Display for SetName {
             Self::FirewallIps => "firewall-ips",
             Self::FirewallAllow => "firewall-allow",
             Self::Hairpin => "hairpin",
-            Self::Endpoints(map) => return map.fmt(f),
+            Self::Endpoints(choice) => return write_choice(f, choice),
             Self::Affinity(map) => return write!(f, "affinity-{map}"),
         };
         f.write_str(fixed)
@@ -307,8 +313,8 @@ impl HookPoint {
     }
 }
 
-/// How one entry picks among `count` endpoints of one endpoint map: at random, or sticky
-/// per client for `affinity` seconds.
+/// How one entry picks among `count` endpoints of one key space: at random, or sticky per
+/// client for `affinity` seconds. Also names the endpoint map of those entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Choice {
     pub map: EndpointMap,
@@ -317,6 +323,11 @@ pub struct Choice {
 }
 
 impl Choice {
+    /// The endpoint map of the entries making this choice.
+    pub fn endpoints(self) -> SetName {
+        SetName::Endpoints(self)
+    }
+
     /// The chain an entry goes to for this choice.
     pub fn chain(self) -> SharedChain {
         match self.affinity {
@@ -339,11 +350,13 @@ impl Choice {
 pub enum SharedChain {
     /// `pick-<map>-<M>`: DNAT to slot `random mod M` of the entry's key in `map`.
     Pick { map: EndpointMap, count: u16 },
-    /// `slot-<map>-<k>-t<T>`: remember slot `k` for this client, DNAT to it.
+    /// `slot-<map>-<M>-t<T>-<k>`: remember slot `k` for this client, DNAT to it (in the
+    /// endpoint map of its sticky chain, so per count too).
     Slot {
         map: EndpointMap,
-        slot: u16,
+        count: u16,
         timeout: u32,
+        slot: u16,
     },
     /// `sticky-<map>-<M>-t<T>`: the client's remembered slot if any, else a random one.
     Sticky {
@@ -372,13 +385,42 @@ impl SharedChain {
         }
     }
 
+    /// The endpoint map this chain owns: created just before it (empty, so binding it costs
+    /// nothing) and deleted just after it. The slot chains bind their sticky chain's map.
+    pub fn owned_map(self) -> Option<SetName> {
+        match self {
+            Self::Pick { map, count } => Some(
+                Choice {
+                    map,
+                    count,
+                    affinity: None,
+                }
+                .endpoints(),
+            ),
+            Self::Sticky { map, count, timeout } => Some(
+                Choice {
+                    map,
+                    count,
+                    affinity: Some(timeout),
+                }
+                .endpoints(),
+            ),
+            _ => None,
+        }
+    }
+
     /// The chains this one jumps to.
     pub fn targets(self) -> Vec<SharedChain> {
         match self {
             Self::Pick { .. } | Self::Slot { .. } => Vec::new(),
-            Self::Sticky { map, count, timeout } => {
-                (0..count).map(|slot| Self::Slot { map, slot, timeout }).collect()
-            }
+            Self::Sticky { map, count, timeout } => (0..count)
+                .map(|slot| Self::Slot {
+                    map,
+                    count,
+                    timeout,
+                    slot,
+                })
+                .collect(),
             Self::Masquerade { choice } => vec![choice.chain()],
             Self::LocalPolicy { local, shortcut } => {
                 local.into_iter().chain(shortcut).map(Choice::chain).collect()
@@ -399,7 +441,12 @@ impl fmt::Display for SharedChain {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Pick { map, count } => write!(f, "pick-{map}-{count}"),
-            Self::Slot { map, slot, timeout } => write!(f, "slot-{map}-{slot}-t{timeout}"),
+            Self::Slot {
+                map,
+                count,
+                timeout,
+                slot,
+            } => write!(f, "slot-{map}-{count}-t{timeout}-{slot}"),
             Self::Sticky { map, count, timeout } => write!(f, "sticky-{map}-{count}-t{timeout}"),
             Self::Masquerade { choice } => {
                 f.write_str("masq-")?;
@@ -485,6 +532,18 @@ mod tests {
             SetName::Affinity(map(KeySpace::NodePort)).to_string(),
             "affinity-nodeport-endpoints-tcp"
         );
+        assert_eq!(pick.endpoints().to_string(), "service-endpoints-tcp-3");
+        assert_eq!(sticky.endpoints().to_string(), "service-endpoints-tcp-3-t10800");
+        assert_eq!(
+            SharedChain::Slot {
+                map: map(KeySpace::Address),
+                count: 3,
+                timeout: 10800,
+                slot: 2
+            }
+            .to_string(),
+            "slot-service-endpoints-tcp-3-t10800-2"
+        );
     }
 
     #[test]
@@ -529,5 +588,11 @@ mod tests {
         };
         assert_eq!(sticky.targets().len(), 2);
         assert!(sticky.targets().iter().all(|t| t.level() < sticky.level()));
+        // Each map is owned by the one chain that creates it, and only its chains bind it.
+        assert_eq!(
+            sticky.owned_map().map(|m| m.to_string()).as_deref(),
+            Some("service-endpoints-tcp-2-t60")
+        );
+        assert!(sticky.targets().iter().all(|t| t.owned_map().is_none()));
     }
 }

@@ -308,7 +308,8 @@ fn set_of(family: IpFamily, set: SetName, affinity_capacity: u32) -> Set {
             ..Set::new(name, vec![a, proto, port, a])
         },
         SetName::Hairpin => Set::new(name, vec![a, a]),
-        SetName::Endpoints(map) => {
+        SetName::Endpoints(choice) => {
+            let map = choice.map;
             let mut key = endpoint_key_fields(family, map);
             key.push(SLOT);
             Set {
@@ -832,14 +833,14 @@ impl Lowering {
             Stmt::Masquerade => self.exprs.push(Expr::Masquerade {
                 flags: nl::nat_flags::PROTO_RANDOM_FULLY,
             }),
-            Stmt::DnatMap { map, slot } => {
-                self.proto_dependency(map.proto);
-                let next = self.endpoint_key(*map, 0);
+            Stmt::DnatMap { choice, slot } => {
+                self.proto_dependency(choice.map.proto);
+                let next = self.endpoint_key(choice.map, 0);
                 match slot {
                     Slot::Random(count) => self.numgen(u32::from(*count), 0, next),
                     Slot::Fixed(slot) => self.numgen(1, u32::from(*slot), next),
                 }
-                self.lookup(SetName::Endpoints(*map), Some(r(0)), false);
+                self.lookup(choice.endpoints(), Some(r(0)), false);
                 self.exprs.push(Expr::Nat {
                     kind: NatKind::Dnat,
                     family: nl_family(self.family),
@@ -890,7 +891,7 @@ fn lower_rule(family: IpFamily, rule: &Rule, batch: &mut nl::Batch, table: &Tabl
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::names::KeySpace;
+    use crate::names::{Choice, KeySpace};
     use nl::Data;
 
     #[test]
@@ -927,7 +928,11 @@ mod tests {
             proto: Protocol::Udp,
         };
         let rule = Rule::always(Stmt::DnatMap {
-            map,
+            choice: Choice {
+                map,
+                count: 3,
+                affinity: None,
+            },
             slot: Slot::Random(3),
         });
         let exprs = rule_exprs(IpFamily::V6, &rule);

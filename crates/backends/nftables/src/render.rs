@@ -61,7 +61,8 @@ pub fn set_body(family: IpFamily, set: SetName, affinity_capacity: u32) -> Strin
             format!("type {addr} . inet_proto . inet_service . {addr} ; flags interval ;")
         }
         SetName::Hairpin => format!("type {addr} . {addr} ;"),
-        SetName::Endpoints(map) => {
+        SetName::Endpoints(choice) => {
+            let map = choice.map;
             let mut key = String::new();
             endpoint_key(&mut key, family, map);
             let proto = map.proto.lower();
@@ -184,9 +185,9 @@ fn stmt(out: &mut String, family: IpFamily, s: &Stmt) {
             let _ = write!(out, "mark set mark xor {bits:#x}");
         }
         Stmt::Masquerade => out.push_str("masquerade fully-random"),
-        Stmt::DnatMap { map, slot } => {
+        Stmt::DnatMap { choice, slot } => {
             out.push_str("dnat to ");
-            endpoint_key(out, family, *map);
+            endpoint_key(out, family, choice.map);
             match slot {
                 Slot::Random(count) => {
                     let _ = write!(out, " . numgen random mod {count}");
@@ -195,7 +196,7 @@ fn stmt(out: &mut String, family: IpFamily, s: &Stmt) {
                     let _ = write!(out, " . numgen random mod 1 offset {slot}");
                 }
             }
-            let _ = write!(out, " map @{}", SetName::Endpoints(*map));
+            let _ = write!(out, " map @{}", choice.endpoints());
         }
         Stmt::RememberSlot { map, slot, timeout } => {
             let _ = write!(out, "update @{} {{ ", SetName::Affinity(*map));

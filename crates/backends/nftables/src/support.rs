@@ -50,6 +50,8 @@ fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
     };
     let mut dnat = Vec::new();
     let mut sticky = Vec::new();
+    // The endpoint maps of the probe's pick and sticky chains.
+    let mut maps = Vec::new();
     let mut entry_sets = BTreeSet::new();
     for proto in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
         for (space, kind) in [
@@ -58,6 +60,7 @@ fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
         ] {
             let map = EndpointMap { space, proto };
             let pick = SharedChain::Pick { map, count: 2 };
+            maps.extend(pick.owned_map().map(Op::AddSet));
             shared(&mut dnat, pick, opts);
             entry_sets.insert(SetName::Entries { kind, target: pick });
             for slot in 0..2 {
@@ -65,21 +68,20 @@ fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
                     &mut sticky,
                     SharedChain::Slot {
                         map,
-                        slot,
+                        count: 2,
                         timeout: 10,
+                        slot,
                     },
                     opts,
                 );
             }
-            shared(
-                &mut sticky,
-                SharedChain::Sticky {
-                    map,
-                    count: 2,
-                    timeout: 10,
-                },
-                opts,
-            );
+            let sticky_chain = SharedChain::Sticky {
+                map,
+                count: 2,
+                timeout: 10,
+            };
+            maps.extend(sticky_chain.owned_map().map(Op::AddSet));
+            shared(&mut sticky, sticky_chain, opts);
         }
     }
     let mut dispatch: Vec<Op> = entry_sets.iter().map(|set| Op::AddSet(*set)).collect();
@@ -105,10 +107,7 @@ fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
             "concatenated interval sets (loadBalancerSourceRanges)",
             vec![Op::AddSet(SetName::FirewallAllow)],
         ),
-        (
-            "typeof maps keyed by numgen (endpoint maps)",
-            of(|s| matches!(s, SetName::Endpoints(_))),
-        ),
+        ("typeof maps keyed by numgen (endpoint maps)", maps),
         (
             "dynamic sets with timeouts (ClientIP affinity)",
             of(|s| matches!(s, SetName::Affinity(_))),

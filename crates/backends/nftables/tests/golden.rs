@@ -53,11 +53,11 @@ fn clusterip_with_three_endpoints_is_elements_only() {
         )
     );
     assert!(text.contains(
-        "add rule ip kube-proxy pick-service-endpoints-tcp-3 dnat to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp"
+        "add rule ip kube-proxy pick-service-endpoints-tcp-3 dnat to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp-3"
     ));
     assert_eq!(
-        elements_of(&text, "service-endpoints-tcp"),
-        "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 0 : 10.244.1.5 . 8080, 10.96.0.10 . 80 . 1 : 10.244.2.6 . 8080, 10.96.0.10 . 80 . 2 : 10.244.3.7 . 8080 }"
+        elements_of(&text, "service-endpoints-tcp-3"),
+        "add element ip kube-proxy service-endpoints-tcp-3 { 10.96.0.10 . 80 . 0 : 10.244.1.5 . 8080, 10.96.0.10 . 80 . 1 : 10.244.2.6 . 8080, 10.96.0.10 . 80 . 2 : 10.244.3.7 . 8080 }"
     );
     check_golden("clusterip_3_endpoints", &text);
 }
@@ -107,11 +107,9 @@ fn nodeport_with_cluster_policy_masquerades() {
         text.contains("masq-nodeport-endpoints-tcp-2-nodeports { tcp . 30080 comment \"default/web:http\" }")
     );
     assert!(text.contains("add rule ip kube-proxy masq-nodeport-endpoints-tcp-2 jump mark-for-masquerade"));
-    assert!(
-        text.contains(
-            "nodeport-endpoints-tcp { 30080 . 0 : 10.244.1.5 . 8080, 30080 . 1 : 10.244.2.6 . 8080 }"
-        )
-    );
+    assert!(text.contains(
+        "nodeport-endpoints-tcp-2 { 30080 . 0 : 10.244.1.5 . 8080, 30080 . 1 : 10.244.2.6 . 8080 }"
+    ));
     assert!(text.contains("add rule ip kube-proxy service-dispatch fib daddr type local ip daddr != 127.0.0.0/8 goto nodeport-dispatch"));
     assert!(text.contains("add rule ip kube-proxy nodeport-dispatch meta l4proto . th dport @masq-nodeport-endpoints-tcp-2-nodeports goto masq-nodeport-endpoints-tcp-2"));
     check_golden("nodeport", &text);
@@ -203,8 +201,8 @@ fn internal_traffic_policy_local() {
         .slice("web", http_slice_port(), vec![ep("10.244.1.5 local"), ep("10.244.2.6")]);
     let text = render(&mut world, &options());
     assert_eq!(
-        elements_of(&text, "service-endpoints-tcp"),
-        "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 0 : 10.244.1.5 . 8080 }"
+        elements_of(&text, "service-endpoints-tcp-1"),
+        "add element ip kube-proxy service-endpoints-tcp-1 { 10.96.0.10 . 80 . 0 : 10.244.1.5 . 8080 }"
     );
     check_golden("internal_traffic_policy_local", &text);
 
@@ -254,7 +252,7 @@ fn clientip_affinity() {
     assert!(text.contains(
         "sticky-service-endpoints-tcp-2-t60-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }"
     ));
-    assert!(text.contains("add rule ip kube-proxy slot-service-endpoints-tcp-1-t60 update @affinity-service-endpoints-tcp { ip saddr . ip daddr . tcp dport . numgen random mod 1 offset 1 timeout 60s }"));
+    assert!(text.contains("add rule ip kube-proxy slot-service-endpoints-tcp-2-t60-1 update @affinity-service-endpoints-tcp { ip saddr . ip daddr . tcp dport . numgen random mod 1 offset 1 timeout 60s }"));
     check_golden("clientip_affinity", &text);
 }
 
@@ -279,7 +277,7 @@ fn udp_and_sctp_use_their_own_maps() {
             "pick-service-endpoints-udp-1-ips { 10.96.0.53 . udp . 53 comment \"default/dns:dns\" }"
         )
     );
-    assert!(text.contains("service-endpoints-sctp { 10.96.0.53 . 9 . 0 : 10.244.1.5 . 99 }"));
+    assert!(text.contains("service-endpoints-sctp-1 { 10.96.0.53 . 9 . 0 : 10.244.1.5 . 99 }"));
     assert_eq!(
         elements_of(&text, "cluster-ips"),
         "add element ip kube-proxy cluster-ips { 10.96.0.53 }"
@@ -366,8 +364,8 @@ fn topology_hints_narrow_the_cluster_slots() {
     ]);
     let text = render(&mut world, &options());
     assert_eq!(
-        elements_of(&text, "service-endpoints-tcp"),
-        "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 0 : 10.244.1.5 . 8080, 10.96.0.10 . 80 . 1 : 10.244.3.7 . 8080 }"
+        elements_of(&text, "service-endpoints-tcp-2"),
+        "add element ip kube-proxy service-endpoints-tcp-2 { 10.96.0.10 . 80 . 0 : 10.244.1.5 . 8080, 10.96.0.10 . 80 . 1 : 10.244.3.7 . 8080 }"
     );
     assert!(text.contains("goto pick-service-endpoints-tcp-2"));
     check_golden("topology_hints", &text);

@@ -104,11 +104,17 @@ fn first_sync_then_element_changes_and_a_quiet_reconcile(via: Via) {
     assert!(!report.full);
     let listed = nft(
         &netns,
-        &["list", "map", "ip", "kube-proxy", "service-endpoints-tcp"],
+        &["list", "map", "ip", "kube-proxy", "service-endpoints-tcp-3"],
     );
     assert!(
         listed.contains("10.96.0.10 . 80 . 2 : 10.244.3.7 . 8080"),
         "{listed}"
+    );
+    // The slots moved to the new count's map; the old count's map went with its chain.
+    let maps = nft(&netns, &["list", "maps", "ip"]);
+    assert!(
+        maps.contains("map service-endpoints-tcp-3 ") && !maps.contains("service-endpoints-tcp-2"),
+        "{maps}"
     );
     let chains = nft(&netns, &["list", "chains", "ip"]);
     assert!(
@@ -373,7 +379,7 @@ fn under_steady_churn_the_table_is_still_checked_every_reconcile_period(via: Via
     assert_eq!(backend.last_full_reason(), Some(FullSyncReason::TableChanged));
     let listed = nft(
         &netns,
-        &["list", "map", "ip", "kube-proxy", "service-endpoints-tcp"],
+        &["list", "map", "ip", "kube-proxy", "service-endpoints-tcp-1"],
     );
     assert!(listed.contains("10.244.1.6 . 8080"), "{listed}");
 }
@@ -471,12 +477,12 @@ fn a_partial_sync_sends_one_netlink_transaction_of_element_changes_only() {
         "only element changes: {ops:?}"
     );
     assert!(
-        ops.iter().any(|op| op.contains("service-endpoints-tcp")),
+        ops.iter().any(|op| op.contains("service-endpoints-tcp-2")),
         "{ops:?}"
     );
     let listed = nft(
         &netns,
-        &["list", "map", "ip", "kube-proxy", "service-endpoints-tcp"],
+        &["list", "map", "ip", "kube-proxy", "service-endpoints-tcp-2"],
     );
     assert!(listed.contains("10.244.3.7 . 8080"), "{listed}");
     assert!(!listed.contains("10.244.2.6"), "{listed}");

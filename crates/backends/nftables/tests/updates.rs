@@ -77,8 +77,12 @@ fn lines(text: &str) -> Vec<&str> {
     text.lines().collect()
 }
 
+/// A count change moves the Service's slots (in their order) into the endpoint map of the
+/// new count; a count nobody had comes with its map, created empty before the chain that
+/// binds it (the kernel walks a map's elements when a new rule binds it), and the map of
+/// the count nobody has any more goes after its chain.
 #[test]
-fn one_endpoint_added_appends_a_slot_and_repoints_the_entry() {
+fn one_endpoint_added_moves_the_slots_to_the_new_counts_map() {
     let mut h = Harness::new(web(vec![ep("10.244.1.5"), ep("10.244.2.6")]));
     h.world.slice(
         "web",
@@ -89,19 +93,22 @@ fn one_endpoint_added_appends_a_slot_and_repoints_the_entry() {
     assert_eq!(
         lines(&text),
         [
+            "add map ip kube-proxy service-endpoints-tcp-3 { typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; }",
             "add chain ip kube-proxy pick-service-endpoints-tcp-3",
-            "add rule ip kube-proxy pick-service-endpoints-tcp-3 dnat to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp",
+            "add rule ip kube-proxy pick-service-endpoints-tcp-3 dnat to ip daddr . tcp dport . numgen random mod 3 map @service-endpoints-tcp-3",
             "add set ip kube-proxy pick-service-endpoints-tcp-3-ips { type ipv4_addr . inet_proto . inet_service ; }",
             "flush chain ip kube-proxy service-dispatch",
             "add rule ip kube-proxy service-dispatch ip daddr . meta l4proto . th dport @pick-service-endpoints-tcp-3-ips goto pick-service-endpoints-tcp-3",
             "add rule ip kube-proxy service-dispatch fib daddr type local ip daddr != 127.0.0.0/8 goto nodeport-dispatch",
             "delete element ip kube-proxy pick-service-endpoints-tcp-2-ips { 10.96.0.10 . tcp . 80 }",
+            "delete element ip kube-proxy service-endpoints-tcp-2 { 10.96.0.10 . 80 . 0, 10.96.0.10 . 80 . 1 }",
             "add element ip kube-proxy hairpin { 10.244.3.7 . 10.244.3.7 }",
-            "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 2 : 10.244.3.7 . 8080 }",
+            "add element ip kube-proxy service-endpoints-tcp-3 { 10.96.0.10 . 80 . 0 : 10.244.1.5 . 8080, 10.96.0.10 . 80 . 1 : 10.244.2.6 . 8080, 10.96.0.10 . 80 . 2 : 10.244.3.7 . 8080 }",
             "add element ip kube-proxy pick-service-endpoints-tcp-3-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }",
             "delete set ip kube-proxy pick-service-endpoints-tcp-2-ips",
             "flush chain ip kube-proxy pick-service-endpoints-tcp-2",
             "delete chain ip kube-proxy pick-service-endpoints-tcp-2",
+            "delete map ip kube-proxy service-endpoints-tcp-2",
         ]
     );
 }
@@ -115,24 +122,27 @@ fn one_endpoint_removed_moves_the_last_slot_into_the_hole() {
     assert_eq!(
         lines(&text),
         [
+            "add map ip kube-proxy service-endpoints-tcp-2 { typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; }",
             "add chain ip kube-proxy pick-service-endpoints-tcp-2",
-            "add rule ip kube-proxy pick-service-endpoints-tcp-2 dnat to ip daddr . tcp dport . numgen random mod 2 map @service-endpoints-tcp",
+            "add rule ip kube-proxy pick-service-endpoints-tcp-2 dnat to ip daddr . tcp dport . numgen random mod 2 map @service-endpoints-tcp-2",
             "add set ip kube-proxy pick-service-endpoints-tcp-2-ips { type ipv4_addr . inet_proto . inet_service ; }",
             "flush chain ip kube-proxy service-dispatch",
             "add rule ip kube-proxy service-dispatch ip daddr . meta l4proto . th dport @pick-service-endpoints-tcp-2-ips goto pick-service-endpoints-tcp-2",
             "add rule ip kube-proxy service-dispatch fib daddr type local ip daddr != 127.0.0.0/8 goto nodeport-dispatch",
             "delete element ip kube-proxy pick-service-endpoints-tcp-3-ips { 10.96.0.10 . tcp . 80 }",
             "delete element ip kube-proxy hairpin { 10.244.2.6 . 10.244.2.6 }",
-            "delete element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1, 10.96.0.10 . 80 . 2 }",
-            "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1 : 10.244.3.7 . 8080 }",
+            "delete element ip kube-proxy service-endpoints-tcp-3 { 10.96.0.10 . 80 . 0, 10.96.0.10 . 80 . 1, 10.96.0.10 . 80 . 2 }",
+            "add element ip kube-proxy service-endpoints-tcp-2 { 10.96.0.10 . 80 . 0 : 10.244.1.5 . 8080, 10.96.0.10 . 80 . 1 : 10.244.3.7 . 8080 }",
             "add element ip kube-proxy pick-service-endpoints-tcp-2-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }",
             "delete set ip kube-proxy pick-service-endpoints-tcp-3-ips",
             "flush chain ip kube-proxy pick-service-endpoints-tcp-3",
             "delete chain ip kube-proxy pick-service-endpoints-tcp-3",
+            "delete map ip kube-proxy service-endpoints-tcp-3",
         ]
     );
     let counts = batch.counts();
-    assert_eq!((counts.elements_added, counts.elements_deleted), (2, 4));
+    // The M' = 2 slots added to the new count's map, the M = 3 deleted from the old one.
+    assert_eq!((counts.elements_added, counts.elements_deleted), (3, 5));
 }
 
 #[test]
@@ -148,9 +158,9 @@ fn one_endpoint_replaced_is_one_slot() {
         lines(&text),
         [
             "delete element ip kube-proxy hairpin { 10.244.2.6 . 10.244.2.6 }",
-            "delete element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1 }",
+            "delete element ip kube-proxy service-endpoints-tcp-3 { 10.96.0.10 . 80 . 1 }",
             "add element ip kube-proxy hairpin { 10.244.9.9 . 10.244.9.9 }",
-            "add element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1 : 10.244.9.9 . 8080 }",
+            "add element ip kube-proxy service-endpoints-tcp-3 { 10.96.0.10 . 80 . 1 : 10.244.9.9 . 8080 }",
         ]
     );
 }
@@ -174,6 +184,46 @@ fn a_new_service_with_a_known_count_is_elements_only() {
     assert_eq!(batch.counts().elements_deleted, 0);
 }
 
+/// Every chain binding an endpoint map is created with that map, after it and while it is
+/// empty: the pick chain with its count's map, the slot chains of a sticky chain with the
+/// map of its count and timeout. So no new rule ever binds a map holding elements.
+#[test]
+fn a_new_shape_brings_its_own_empty_map_before_the_chains_binding_it() {
+    let mut h = Harness::new(web(vec![ep("10.244.1.5"), ep("10.244.2.6")]));
+    h.world
+        .service(
+            "sticky",
+            json!({"type": "ClusterIP", "clusterIP": "10.96.0.20", "ports": http_port(),
+                   "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}),
+        )
+        .slice("sticky", http_slice_port(), vec![ep("10.244.1.8"), ep("10.244.2.9")]);
+    let (batch, text) = h.partial();
+    let map = "service-endpoints-tcp-2-t60";
+    let created = batch
+        .ops
+        .iter()
+        .position(|op| matches!(op, Op::AddSet(set) if set.to_string() == map))
+        .unwrap_or_else(|| panic!("{map} created\n{text}"));
+    let first_chain = batch
+        .ops
+        .iter()
+        .position(|op| matches!(op, Op::AddChain(_)))
+        .unwrap();
+    let filled = batch
+        .ops
+        .iter()
+        .position(|op| matches!(op, Op::AddElements(set, _) if set.to_string() == map))
+        .unwrap();
+    assert!(created < first_chain && first_chain < filled, "{text}");
+    for slot in 0..2 {
+        assert!(text.contains(&format!(
+            "add rule ip kube-proxy slot-{map}-{slot} dnat to ip daddr . tcp dport . numgen random mod 1 offset {slot} map @{map}\n"
+        )), "{text}");
+    }
+    // The existing pick chain's map only gets elements; the new Service's slots are not in it.
+    assert!(!text.contains("service-endpoints-tcp-2 {"), "{text}");
+}
+
 #[test]
 fn a_deleted_service_takes_its_elements_and_unused_chains() {
     let mut world = web(vec![ep("10.244.1.5"), ep("10.244.2.6")]);
@@ -193,10 +243,11 @@ fn a_deleted_service_takes_its_elements_and_unused_chains() {
             "add rule ip kube-proxy service-dispatch fib daddr type local ip daddr != 127.0.0.0/8 goto nodeport-dispatch",
             "delete element ip kube-proxy pick-service-endpoints-tcp-1-ips { 10.96.0.20 . tcp . 80 }",
             "delete element ip kube-proxy cluster-ips { 10.96.0.20 }",
-            "delete element ip kube-proxy service-endpoints-tcp { 10.96.0.20 . 80 . 0 }",
+            "delete element ip kube-proxy service-endpoints-tcp-1 { 10.96.0.20 . 80 . 0 }",
             "delete set ip kube-proxy pick-service-endpoints-tcp-1-ips",
             "flush chain ip kube-proxy pick-service-endpoints-tcp-1",
             "delete chain ip kube-proxy pick-service-endpoints-tcp-1",
+            "delete map ip kube-proxy service-endpoints-tcp-1",
         ],
         "the hairpin element of 10.244.1.5 stays: web still uses it"
     );
@@ -213,7 +264,7 @@ fn a_policy_change_repoints_the_entry() {
     let (_, text) = h.partial();
     assert!(text.contains("add element ip kube-proxy pick-service-endpoints-tcp-1-ips { 10.96.0.10 . tcp . 80 comment \"default/web:http\" }"), "{text}");
     assert!(
-        text.contains("delete element ip kube-proxy service-endpoints-tcp { 10.96.0.10 . 80 . 1 }"),
+        text.contains("delete element ip kube-proxy service-endpoints-tcp-2 { 10.96.0.10 . 80 . 0, 10.96.0.10 . 80 . 1 }"),
         "{text}"
     );
     // No local endpoint left: the cluster IP drops.

@@ -133,7 +133,7 @@
 //! | 50k | `nft -f` | 5.9 s | 15.8 / 32.0 ms | 2.9 / 3.3 ms | ~123 MiB |
 //!
 //! (Endpoint maps per count, these runs; with one endpoint map per key space, the runs
-//! before: 0.42 s / 2.66 s cold at 10k / 50k over netlink, the same per-change figures
+//! before: 0.42 s / 2.15 s cold at 10k / 50k over netlink, the same per-change figures
 //! within the noise. Cold loads create every map and chain before any element, so the
 //! map layout does not change their kernel work; one run each.)
 //!

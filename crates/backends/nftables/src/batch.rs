@@ -148,7 +148,7 @@ pub fn full_batches(ruleset: &Ruleset, opts: &NftablesOptions, max_elements: usi
 }
 
 /// Hands the batches of a full sync to `sink` one at a time, so only one batch is ever
-/// built in memory. Elements go in by [`load_rank`]; within a set in owner order (shared
+/// built in memory. Elements go in by `load_rank`; within a set in owner order (shared
 /// ones, cluster IPs and hairpin addresses, once).
 pub fn stream_full<E>(
     ruleset: &Ruleset,

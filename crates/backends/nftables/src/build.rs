@@ -84,7 +84,7 @@ pub struct Bundle {
     /// Elements only this owner writes, other than endpoint slots and the shared
     /// `cluster-ips`/`hairpin` elements; sorted.
     pub entries: Vec<Element>,
-    /// The slot order of each endpoint group (see [`slots`]).
+    /// The slot order of each endpoint group (see the `slots` module).
     pub slots: Vec<(SlotGroup, Box<[SocketAddr]>)>,
     /// Shared chains used, each once (including the chains they jump to).
     pub chains: Box<[SharedChain]>,

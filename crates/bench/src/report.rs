@@ -357,8 +357,14 @@ fn machine_section(out: &mut String, m: &Machine, s: &Settings) {
     );
 }
 
+/// The iptables mode's tables, under the results heading; a run without them (`--parts`,
+/// `--modes`) has the heading only.
 fn results_section(out: &mut String, rows: &[Row]) {
-    out.push_str("## Results\n\n### Full sync: render, size, kernel load of the whole ruleset\n\n");
+    out.push_str("## Results\n\n");
+    if rows.is_empty() {
+        return;
+    }
+    out.push_str("### Full sync: render, size, kernel load of the whole ruleset\n\n");
     main_table(out, rows);
     out.push_str(
         "\n### Partial sync after one endpoint of one service changed\n\n\
@@ -591,9 +597,8 @@ pub(crate) mod tests {
         );
     }
 
-    #[test]
-    fn the_document_has_run_facts_and_no_links_to_internal_docs() {
-        let settings = Settings {
+    fn settings() -> Settings {
+        Settings {
             render_runs: 5,
             load_runs: 3,
             load_timeout: Duration::from_secs(600),
@@ -601,15 +606,23 @@ pub(crate) mod tests {
             date: "2026-01-01 00:00 UTC".into(),
             load_before: "0.10".into(),
             load_after: "1.50".into(),
-        };
-        let machine = Machine {
+        }
+    }
+
+    fn machine() -> Machine {
+        Machine {
             cpu: "cpu".into(),
             cores: 2,
             memory: "24 GiB".into(),
             os: "Debian".into(),
             kernel: "6.18".into(),
             iptables: vec!["iptables v1.8.9 (legacy)".into()],
-        };
+        }
+    }
+
+    #[test]
+    fn the_document_has_run_facts_and_no_links_to_internal_docs() {
+        let (settings, machine) = (settings(), machine());
         let rows = [row(1_000, 0.2), row(10_000, 5.0)];
         let doc = document(
             &machine,
@@ -632,5 +645,27 @@ pub(crate) mod tests {
             assert!(doc.contains(needle), "missing {needle:?}");
         }
         assert!(!doc.contains("../shared") && !doc.contains("/work/"));
+    }
+
+    #[test]
+    fn a_run_without_iptables_rows_has_no_empty_iptables_tables() {
+        let (settings, machine) = (settings(), machine());
+        let churn = [churn_row("nftables", 6_000, 80)];
+        let doc = document(
+            &machine,
+            &settings,
+            &Measured {
+                rows: &[],
+                nft_rows: &[],
+                e2e_rows: &[],
+                churn_rows: &churn,
+            },
+        );
+        assert!(
+            doc.contains("## Results\n\n### Network programming latency under churn"),
+            "{doc}"
+        );
+        assert!(!doc.contains("### Full sync"), "{doc}");
+        assert!(doc.contains("| 10,000 × 10 | nftables | 1s |"), "{doc}");
     }
 }

@@ -47,6 +47,8 @@ pub struct E2eRow {
     pub manifest_bytes: Option<usize>,
     /// Spawn to the first successful sync, as the metrics report it.
     pub first_sync: Outcome<Duration>,
+    /// CPU time the proxy used by then (at the timeout when there was no sync).
+    pub first_sync_cpu: Option<Duration>,
     /// After [`SETTLE`] past the first sync (at the timeout when there was none).
     pub memory: Memory,
 }
@@ -62,7 +64,7 @@ pub struct E2ePlan<'a> {
 /// Runs the binary once for `plan`.
 pub fn measure(plan: &E2ePlan<'_>) -> Result<E2eRow, String> {
     let mut manifest_bytes = None;
-    let (first_sync, memory) = match plan.source {
+    let (first_sync, first_sync_cpu, memory) = match plan.source {
         E2eSource::Manifest => {
             let manifest = manifest_json(plan.shape).map_err(|e| format!("manifest: {e}"))?;
             manifest_bytes = Some(manifest.len());
@@ -93,15 +95,15 @@ pub fn measure(plan: &E2ePlan<'_>) -> Result<E2eRow, String> {
         source: plan.source,
         manifest_bytes,
         first_sync,
+        first_sync_cpu,
         memory,
     })
 }
 
-fn run(
-    netns: &kpr_netns::Netns,
-    plan: &E2ePlan<'_>,
-    source: Source<'_>,
-) -> Result<(Outcome<Duration>, Memory), String> {
+/// First sync, the CPU time used by then, and the memory after settling.
+type Measurement = (Outcome<Duration>, Option<Duration>, Memory);
+
+fn run(netns: &kpr_netns::Netns, plan: &E2ePlan<'_>, source: Source<'_>) -> Result<Measurement, String> {
     let launch = Launch {
         binary: plan.proxy,
         mode: plan.mode,
@@ -110,8 +112,9 @@ fn run(
     };
     let mut proxy = RunningProxy::spawn(netns, &launch)?;
     let first_sync = proxy.wait_first_sync(plan.timeout);
+    let cpu = proxy.cpu_time();
     if first_sync.done().is_some() {
         std::thread::sleep(SETTLE);
     }
-    Ok((first_sync, proxy.memory()))
+    Ok((first_sync, cpu, proxy.memory()))
 }

@@ -46,11 +46,17 @@ impl Shape {
     /// Whether the address ranges hold this many services and endpoints (plus the one
     /// endpoint the partial-sync change adds).
     pub fn fits(&self) -> bool {
+        self.fits_with_changes(1)
+    }
+
+    /// Whether they also hold the new addresses of `changes` endpoint changes (one each).
+    pub fn fits_with_changes(&self, changes: usize) -> bool {
         self.services < SERVICE_ADDRESSES
             && self
                 .services
                 .checked_mul(self.endpoints)
-                .is_some_and(|total| total + 1 < POD_ADDRESSES)
+                .and_then(|total| total.checked_add(changes))
+                .is_some_and(|total| total < POD_ADDRESSES)
     }
 }
 
@@ -105,15 +111,8 @@ impl SyntheticCluster {
     /// `generation % services` moves to an address no other endpoint uses, so every change
     /// is a real one.
     pub fn replace_endpoint(&mut self, generation: usize) -> Result<(), Rejection> {
-        let per_service = self.shape.endpoints;
         let index = generation % self.shape.services.max(1);
-        let mut addresses: Vec<Ipv4Addr> = (0..per_service)
-            .map(|e| pod_ip(index * per_service + e))
-            .collect();
-        if let Some(first) = addresses.first_mut() {
-            *first = pod_ip(self.shape.services * per_service + generation);
-        }
-        self.set_endpoints(index, &addresses)
+        self.set_endpoints(index, &replaced_addresses(self.shape, index, generation))
     }
 
     /// A new Service (number `n` from 0) with its endpoints, past the shape's services.
@@ -134,25 +133,74 @@ impl SyntheticCluster {
     }
 }
 
-/// The same cluster as [`SyntheticCluster::new`] builds, as one manifest file (a JSON
-/// `kind: List`, as `kubectl get -o json` writes it) with this node's Node: what the real
-/// binary reads in the end-to-end measurement.
-pub fn manifest_json(shape: Shape) -> Result<String, serde_json::Error> {
-    let mut items = Vec::with_capacity(2 * shape.services + 1);
-    items.push(with_kind(serde_json::to_value(this_node())?, "v1", "Node"));
-    for index in 0..shape.services {
-        items.push(with_kind(serde_json::to_value(service(index))?, "v1", "Service"));
+/// The addresses of service `index` after endpoint change number `generation` (from 1): its
+/// first endpoint moves to an address past every initial one, unique per generation.
+fn replaced_addresses(shape: Shape, index: usize, generation: usize) -> Vec<Ipv4Addr> {
+    let per_service = shape.endpoints;
+    let mut addresses: Vec<Ipv4Addr> = (0..per_service)
+        .map(|e| pod_ip(index * per_service + e))
+        .collect();
+    if let Some(first) = addresses.first_mut() {
+        *first = pod_ip(shape.services * per_service + generation);
+    }
+    addresses
+}
+
+/// One object of the synthetic cluster, as the API holds it.
+pub enum ClusterObject {
+    Node(Box<Node>),
+    Service(Box<Service>),
+    Slice(Box<EndpointSlice>),
+}
+
+/// The same cluster as [`SyntheticCluster::new`] builds, object by object: this node's Node,
+/// then each Service followed by its EndpointSlice. Lazy, so 50k Services never sit in
+/// memory twice.
+pub fn objects(shape: Shape) -> impl Iterator<Item = ClusterObject> {
+    let node = std::iter::once(ClusterObject::Node(Box::new(this_node())));
+    node.chain((0..shape.services).flat_map(move |index| {
         let addresses: Vec<Ipv4Addr> = (0..shape.endpoints)
             .map(|e| pod_ip(index * shape.endpoints + e))
             .collect();
-        let slice = endpoint_slice(index, &addresses, shape.endpoints);
-        items.push(with_kind(
-            serde_json::to_value(slice)?,
-            "discovery.k8s.io/v1",
-            "EndpointSlice",
-        ));
+        [
+            ClusterObject::Service(Box::new(service(index))),
+            ClusterObject::Slice(Box::new(endpoint_slice(index, &addresses, shape.endpoints))),
+        ]
+    }))
+}
+
+/// The cluster of [`objects`] as one manifest file (a JSON `kind: List`, as `kubectl get -o
+/// json` writes it): what the real binary reads in the end-to-end measurement.
+pub fn manifest_json(shape: Shape) -> Result<String, serde_json::Error> {
+    let mut items = Vec::with_capacity(2 * shape.services + 1);
+    for object in objects(shape) {
+        items.push(match object {
+            ClusterObject::Node(node) => with_kind(serde_json::to_value(node)?, "v1", "Node"),
+            ClusterObject::Service(service) => with_kind(serde_json::to_value(service)?, "v1", "Service"),
+            ClusterObject::Slice(slice) => with_kind(
+                serde_json::to_value(slice)?,
+                "discovery.k8s.io/v1",
+                "EndpointSlice",
+            ),
+        });
     }
     serde_json::to_string(&serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}))
+}
+
+/// Service `index`'s slice after endpoint change number `generation` (from 1; see
+/// [`replaced_addresses`]), stamped with `trigger_time` in the annotation the endpoint-slice
+/// controller writes: what the churn benchmark sends through the API server.
+pub fn churned_slice(shape: Shape, index: usize, generation: usize, trigger_time: &str) -> EndpointSlice {
+    let addresses = replaced_addresses(shape, index, generation);
+    let mut slice = endpoint_slice(index, &addresses, shape.endpoints);
+    slice.metadata.annotations = Some(
+        [(
+            kpr_model::LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_string(),
+            trigger_time.to_string(),
+        )]
+        .into(),
+    );
+    slice
 }
 
 fn with_kind(mut object: serde_json::Value, api_version: &str, kind: &str) -> serde_json::Value {
@@ -307,7 +355,60 @@ mod tests {
     }
 
     #[test]
+    fn the_object_stream_is_the_manifest_and_the_trackers_cluster() {
+        let shape = Shape {
+            services: 3,
+            endpoints: 2,
+        };
+        let kinds: Vec<&str> = objects(shape)
+            .map(|o| match o {
+                ClusterObject::Node(_) => "Node",
+                ClusterObject::Service(_) => "Service",
+                ClusterObject::Slice(_) => "EndpointSlice",
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "Node",
+                "Service",
+                "EndpointSlice",
+                "Service",
+                "EndpointSlice",
+                "Service",
+                "EndpointSlice"
+            ]
+        );
+        let manifest: serde_json::Value = serde_json::from_str(&manifest_json(shape).unwrap()).unwrap();
+        assert_eq!(manifest["items"].as_array().map(Vec::len), Some(7));
+        assert_eq!(manifest["items"][2]["kind"], "EndpointSlice");
+        assert_eq!(manifest["items"][2]["endpoints"][1]["addresses"][0], "10.64.0.2");
+    }
+
+    #[test]
+    fn a_churned_slice_moves_one_endpoint_and_carries_its_trigger_time() {
+        let shape = Shape {
+            services: 3,
+            endpoints: 2,
+        };
+        let slice = churned_slice(shape, 1, 7, "2026-11-23T10:00:00.5Z");
+        let addresses: Vec<&str> = slice.endpoints.iter().map(|e| e.addresses[0].as_str()).collect();
+        // Service 1's endpoints are 10.64.0.3 and .4; the first moves past all six initial ones.
+        assert_eq!(addresses, ["10.64.0.14", "10.64.0.4"]);
+        let stamp = kpr_model::last_change_trigger_time(&slice).expect("annotated");
+        let since = stamp.duration_since(std::time::UNIX_EPOCH).unwrap();
+        assert_eq!((since.as_secs(), since.subsec_millis()), (1_795_428_000, 500));
+        assert_eq!(slice.metadata.name.as_deref(), Some("svc-1-1"));
+    }
+
+    #[test]
     fn shapes_beyond_the_address_ranges_do_not_fit() {
+        let shape = Shape {
+            services: 1000,
+            endpoints: 4000,
+        };
+        assert!(shape.fits_with_changes(100));
+        assert!(!shape.fits_with_changes(POD_ADDRESSES - 4_000_000));
         assert!(
             Shape {
                 services: 10_000,

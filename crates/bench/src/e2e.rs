@@ -1,139 +1,120 @@
-//! What a user of the real binary feels: kube-proxy-rs started on a manifest file holding the
-//! synthetic cluster, in a fresh network namespace; the time from spawning the process until
-//! its metrics report the first successful sync, and the whole process's peak RSS (VmHWM)
-//! by then and after the single changes settle.
+//! What a user of the real binary feels at start-up: kube-proxy-rs started in a fresh network
+//! namespace on the synthetic cluster, read from a manifest file or from the test API server;
+//! the time from spawning the process until its metrics report the first successful sync, and
+//! the whole process's peak (`VmHWM`) and steady (`VmRSS`) resident memory once it has
+//! settled after that sync.
 //!
-//! Everything the binary does is in: reading and validating the file, the trackers, the
-//! backend's generation and the kernel load.
+//! Everything the binary does is in: reading and validating the file (or listing and
+//! watching the API), the trackers, the backend's generation and the kernel load.
 
-use std::io::Write as _;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
-use kpr_netns::Netns;
-
-use crate::cluster::{NODE_NAME, Shape, manifest_json};
+use crate::api_lab::ApiLab;
+use crate::cluster::{Shape, manifest_json};
 use crate::load::Outcome;
-use crate::memory::status_field;
+use crate::proxy::{Launch, Memory, RunningProxy, Source};
+use crate::scratch::ScratchFile;
 
-const METRICS: &str = "127.0.0.1:10249";
-const FIRST_SYNC: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}";
+/// How long the proxy runs after its first sync before its memory is read: the allocations
+/// of the first sync are freed (or not) by then, and an idle proxy does nothing else.
+pub const SETTLE: Duration = Duration::from_secs(5);
+
+/// Where the binary reads the cluster from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum E2eSource {
+    /// One manifest file (a JSON `List`).
+    Manifest,
+    /// The test API server, in the proxy's namespace.
+    Api,
+}
+
+impl E2eSource {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Manifest => "manifest file",
+            Self::Api => "test API server",
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct E2eRow {
     pub shape: Shape,
     pub mode: &'static str,
-    pub manifest_bytes: usize,
+    pub source: E2eSource,
+    /// The manifest file's size (`None` from the API server).
+    pub manifest_bytes: Option<usize>,
     /// Spawn to the first successful sync, as the metrics report it.
     pub first_sync: Outcome<Duration>,
-    /// The whole process's peak RSS at the first sync, in KiB.
-    pub peak_rss_kib: Option<u64>,
+    /// CPU time the proxy used by then (at the timeout when there was no sync).
+    pub first_sync_cpu: Option<Duration>,
+    /// After [`SETTLE`] past the first sync (at the timeout when there was none).
+    pub memory: Memory,
 }
 
 pub struct E2ePlan<'a> {
     pub proxy: &'a Path,
     pub shape: Shape,
     pub mode: &'static str,
+    pub source: E2eSource,
     pub timeout: Duration,
 }
 
 /// Runs the binary once for `plan`.
 pub fn measure(plan: &E2ePlan<'_>) -> Result<E2eRow, String> {
-    let manifest = manifest_json(plan.shape).map_err(|e| format!("manifest: {e}"))?;
-    let path = ManifestFile::write(&manifest)?;
-    let netns = Netns::new("benche2e").map_err(|e| format!("namespace: {e}"))?;
-    let mut row = E2eRow {
+    let mut manifest_bytes = None;
+    let (first_sync, first_sync_cpu, memory) = match plan.source {
+        E2eSource::Manifest => {
+            let manifest = manifest_json(plan.shape).map_err(|e| format!("manifest: {e}"))?;
+            manifest_bytes = Some(manifest.len());
+            let file = ScratchFile::create("cluster.json", manifest.as_bytes())?;
+            drop(manifest);
+            let netns = kpr_netns::Netns::new("benche2e").map_err(|e| format!("namespace: {e}"))?;
+            run(&netns, plan, Source::Manifest(file.path()))?
+        }
+        E2eSource::Api => {
+            let lab = ApiLab::start("benche2eapi", plan.shape, 0)?;
+            eprintln!(
+                "[{} services] loaded into the test API server in {:.1} s",
+                plan.shape.services,
+                lab.load_time.as_secs_f64()
+            );
+            run(
+                &lab.netns,
+                plan,
+                Source::Api {
+                    kubeconfig: lab.kubeconfig.path(),
+                },
+            )?
+        }
+    };
+    Ok(E2eRow {
         shape: plan.shape,
         mode: plan.mode,
-        manifest_bytes: manifest.len(),
-        first_sync: Outcome::NotAvailable("not reached".to_string()),
-        peak_rss_kib: None,
+        source: plan.source,
+        manifest_bytes,
+        first_sync,
+        first_sync_cpu,
+        memory,
+    })
+}
+
+/// First sync, the CPU time used by then, and the memory after settling.
+type Measurement = (Outcome<Duration>, Option<Duration>, Memory);
+
+fn run(netns: &kpr_netns::Netns, plan: &E2ePlan<'_>, source: Source<'_>) -> Result<Measurement, String> {
+    let launch = Launch {
+        binary: plan.proxy,
+        mode: plan.mode,
+        source,
+        min_sync_period: None,
     };
-    drop(manifest);
-    let started = Instant::now();
-    let mut child = Proxy(
-        netns
-            .run(|| proxy_command(plan, &path.0).spawn())
-            .map_err(|e| format!("spawn: {e}"))?,
-    );
-    row.first_sync = wait_first_sync(&netns, &mut child.0, started, plan.timeout);
-    row.peak_rss_kib = status_kib(child.0.id(), "VmHWM");
-    Ok(row)
-}
-
-fn proxy_command(plan: &E2ePlan<'_>, manifest: &Path) -> Command {
-    let mut command = Command::new(plan.proxy);
-    command
-        .args(["--proxy-mode", plan.mode, "--hostname-override", NODE_NAME])
-        .arg("--manifests")
-        .arg(manifest)
-        .args([
-            "--metrics-bind-address",
-            METRICS,
-            "--healthz-bind-address",
-            "127.0.0.1:10256",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    command
-}
-
-fn wait_first_sync(
-    netns: &Netns,
-    child: &mut Child,
-    started: Instant,
-    timeout: Duration,
-) -> Outcome<Duration> {
-    let metrics: SocketAddr = METRICS
-        .parse()
-        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 10249)));
-    while started.elapsed() < timeout {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Outcome::Failed(format!("kube-proxy-rs exited ({status}) before its first sync"));
-        }
-        if let Ok((200, body)) = netns.http_get(metrics, "/metrics", Duration::from_secs(2))
-            && body.contains(FIRST_SYNC)
-        {
-            return Outcome::Done(started.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let mut proxy = RunningProxy::spawn(netns, &launch)?;
+    let first_sync = proxy.wait_first_sync(plan.timeout);
+    let cpu = proxy.cpu_time();
+    if first_sync.done().is_some() {
+        std::thread::sleep(SETTLE);
     }
-    Outcome::TimedOut(timeout)
-}
-
-/// A field of /proc/<pid>/status, in KiB.
-fn status_kib(pid: u32, key: &str) -> Option<u64> {
-    status_field(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?, key)
-}
-
-/// The proxy, killed and reaped when the measurement ends (also on an early return).
-struct Proxy(Child);
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The manifest in the temp directory, deleted afterwards.
-struct ManifestFile(PathBuf);
-
-impl ManifestFile {
-    fn write(text: &str) -> Result<Self, String> {
-        let path = std::env::temp_dir().join(format!("kpr-bench-{}.json", std::process::id()));
-        let mut file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        file.write_all(text.as_bytes())
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(Self(path))
-    }
-}
-
-impl Drop for ManifestFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+    Ok((first_sync, cpu, proxy.memory()))
 }

@@ -8,20 +8,30 @@
 //!
 //! Kernel loads happen only in network namespaces this process creates (needs root); the
 //! results are printed as Markdown and, with `--out`, written as the whole BENCHMARKS.md.
+//!
+//! Four parts, each selectable with `--parts`: the iptables backend's rendering and kernel
+//! loads, the nftables backend's syncs, the real binary's start-up end to end (from a manifest
+//! file and from the test API server), and the real binary's network programming latency
+//! under endpoint churn through the test API server.
 
+mod api_lab;
+mod churn;
 mod cluster;
 mod commentary;
 mod e2e;
 mod flushed;
 mod format;
+mod histogram;
 mod load;
 mod machine;
 mod memory;
 mod nftables;
 mod options;
 mod payloads;
+mod proxy;
 mod render;
 mod report;
+mod scratch;
 mod stats;
 mod targets;
 mod timed;
@@ -75,15 +85,39 @@ struct Args {
     /// Single changes of each kind (endpoint change, new Service) timed in nftables mode.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
     changes: u16,
-    /// Cluster sizes (services) for the end-to-end run of the real binary, per mode.
+    /// Cluster sizes (services) for the end-to-end run of the real binary, per mode and source.
     #[arg(long, value_delimiter = ',', default_value = "10000,50000")]
     e2e_services: Vec<usize>,
-    /// The kube-proxy-rs binary for the end-to-end run (default: next to kpr-bench).
+    /// Where the end-to-end run's binary reads the cluster from.
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "manifest,api")]
+    e2e_sources: Vec<e2e::E2eSource>,
+    /// The kube-proxy-rs binary for the end-to-end and churn runs (default: next to kpr-bench).
     #[arg(long, value_name = "FILE")]
     proxy: Option<PathBuf>,
-    /// Seconds the end-to-end run waits for the first sync.
+    /// Seconds the end-to-end and churn runs wait for the first sync.
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     e2e_timeout: u64,
+    /// Cluster sizes (services) for the churn run of the real binary, per mode.
+    #[arg(long, value_delimiter = ',', default_value = "10000,50000")]
+    churn_services: Vec<usize>,
+    /// Endpoint changes per second during the churn run.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    churn_rate: u32,
+    /// How long the churn lasts.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    churn_seconds: u32,
+    /// The proxy's `--iptables-min-sync-period` (both modes) in the churn run; one run per
+    /// value given (Go durations; 1s is the product's and upstream's default).
+    #[arg(long, value_delimiter = ',', default_value = "1s")]
+    churn_min_sync_period: Vec<String>,
+    /// Which parts to run.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "render-load,nft-backend,e2e,churn"
+    )]
+    parts: Vec<Part>,
     /// Write the whole report (BENCHMARKS.md) to this file.
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
@@ -93,6 +127,19 @@ struct Args {
 enum BenchMode {
     Iptables,
     Nftables,
+}
+
+/// The parts of a run (`--parts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    /// iptables mode: rendering, kernel loads, partial syncs (`--services`).
+    RenderLoad,
+    /// nftables mode's backend: cold sync and single changes (`--nft-services`).
+    NftBackend,
+    /// The real binary's first sync and memory (`--e2e-services`, `--e2e-sources`).
+    E2e,
+    /// The real binary's programming latency under churn (`--churn-*`).
+    Churn,
 }
 
 impl BenchMode {
@@ -127,7 +174,7 @@ fn run(args: &Args) -> Result<(), String> {
     };
     let machine = machine::Machine::detect();
     let mut rows = Vec::new();
-    if args.modes.contains(&BenchMode::Iptables) {
+    if args.modes.contains(&BenchMode::Iptables) && args.parts.contains(&Part::RenderLoad) {
         for &services in &args.services {
             let shape = Shape {
                 services,
@@ -137,7 +184,10 @@ fn run(args: &Args) -> Result<(), String> {
         }
     }
     let mut nft_rows = Vec::new();
-    if args.modes.contains(&BenchMode::Nftables) && !args.render_only {
+    if args.modes.contains(&BenchMode::Nftables)
+        && args.parts.contains(&Part::NftBackend)
+        && !args.render_only
+    {
         for &services in &args.nft_services {
             let plan = nftables::NftPlan {
                 shape: Shape {
@@ -156,23 +206,35 @@ fn run(args: &Args) -> Result<(), String> {
             nft_rows.push(row);
         }
     }
-    let e2e_rows = if args.render_only {
-        Vec::new()
-    } else {
+    let real_binary = |part| args.parts.contains(&part) && !args.render_only;
+    let e2e_rows = if real_binary(Part::E2e) {
         end_to_end(args)?
+    } else {
+        Vec::new()
+    };
+    let churn_rows = if real_binary(Part::Churn) {
+        churn(args)?
+    } else {
+        Vec::new()
     };
     settings.load_after = machine::load_average();
-    println!("{}", report::results(&rows, &nft_rows, &e2e_rows));
+    let measured = report::Measured {
+        rows: &rows,
+        nft_rows: &nft_rows,
+        e2e_rows: &e2e_rows,
+        churn_rows: &churn_rows,
+    };
+    println!("{}", report::results(&measured));
     if let Some(path) = &args.out {
-        let text = report::document(&machine, &settings, &rows, &nft_rows, &e2e_rows);
+        let text = report::document(&machine, &settings, &measured);
         std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())
 }
 
-/// The real binary on the synthetic cluster, per size and mode.
-fn end_to_end(args: &Args) -> Result<Vec<e2e::E2eRow>, String> {
+/// The kube-proxy-rs binary the end-to-end and churn runs start.
+fn proxy_binary(args: &Args) -> Result<PathBuf, String> {
     let proxy = match &args.proxy {
         Some(path) => path.clone(),
         None => std::env::current_exe()
@@ -185,22 +247,66 @@ fn end_to_end(args: &Args) -> Result<Vec<e2e::E2eRow>, String> {
             proxy.display()
         ));
     }
+    Ok(proxy)
+}
+
+/// The real binary on the synthetic cluster, per size, mode and source.
+fn end_to_end(args: &Args) -> Result<Vec<e2e::E2eRow>, String> {
+    let proxy = proxy_binary(args)?;
     let mut rows = Vec::new();
     for &services in &args.e2e_services {
         for mode in &args.modes {
-            let plan = e2e::E2ePlan {
-                proxy: &proxy,
-                shape: Shape {
-                    services,
-                    endpoints: args.endpoints.into(),
-                },
-                mode: mode.name(),
-                timeout: Duration::from_secs(args.e2e_timeout),
-            };
-            eprintln!("[{services} services, {}] the real binary, end to end", plan.mode);
-            let row = e2e::measure(&plan)?;
-            eprintln!("[{services} services, {}] {row:?}", plan.mode);
-            rows.push(row);
+            for &source in &args.e2e_sources {
+                let plan = e2e::E2ePlan {
+                    proxy: &proxy,
+                    shape: Shape {
+                        services,
+                        endpoints: args.endpoints.into(),
+                    },
+                    mode: mode.name(),
+                    source,
+                    timeout: Duration::from_secs(args.e2e_timeout),
+                };
+                let label = format!("[{services} services, {}, {}]", plan.mode, source.label());
+                eprintln!("{label} the real binary, end to end");
+                let row = e2e::measure(&plan)?;
+                eprintln!("{label} {row:?}");
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The real binary under endpoint churn through the test API server, per size, mode and
+/// min sync period.
+fn churn(args: &Args) -> Result<Vec<churn::ChurnRow>, String> {
+    let proxy = proxy_binary(args)?;
+    let mut rows = Vec::new();
+    for &services in &args.churn_services {
+        for mode in &args.modes {
+            for period in &args.churn_min_sync_period {
+                let plan = churn::ChurnPlan {
+                    binary: &proxy,
+                    shape: Shape {
+                        services,
+                        endpoints: args.endpoints.into(),
+                    },
+                    mode: mode.name(),
+                    rate: args.churn_rate,
+                    seconds: args.churn_seconds,
+                    min_sync_period: Some(period.as_str()),
+                    timeout: Duration::from_secs(args.e2e_timeout),
+                };
+                let label = format!("[{services} services, {}, min sync period {period}]", plan.mode);
+                eprintln!(
+                    "{label} churn: {} changes/s for {} s through the test API server",
+                    plan.rate, plan.seconds
+                );
+                let row = churn::measure(&plan)?;
+                eprintln!("{label} {row:?}");
+                rows.push(row);
+            }
         }
     }
     Ok(rows)

@@ -4,9 +4,10 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use crate::churn::{ChurnRow, LATENCY_METRIC};
 use crate::cluster::{CLUSTER_CIDR, NODES, Shape};
 use crate::commentary::commentary;
-use crate::e2e::E2eRow;
+use crate::e2e::{E2eRow, SETTLE};
 use crate::flushed::FlushedResult;
 use crate::format::{bytes, count, duration, mebibytes, outcome};
 use crate::load::{LoadResult, Outcome, Partial};
@@ -46,43 +47,105 @@ pub struct Settings {
     pub load_after: String,
 }
 
+/// Every row a run measured, by part.
+#[derive(Clone, Copy)]
+pub struct Measured<'a> {
+    pub rows: &'a [Row],
+    pub nft_rows: &'a [NftRow],
+    pub e2e_rows: &'a [E2eRow],
+    pub churn_rows: &'a [ChurnRow],
+}
+
 /// The result tables (what the terminal shows).
-pub fn results(rows: &[Row], nft_rows: &[NftRow], e2e_rows: &[E2eRow]) -> String {
+pub fn results(m: &Measured<'_>) -> String {
     let mut out = String::new();
-    if !rows.is_empty() {
-        main_table(&mut out, rows);
+    if !m.rows.is_empty() {
+        main_table(&mut out, m.rows);
         out.push('\n');
-        partial_table(&mut out, rows);
+        partial_table(&mut out, m.rows);
         out.push('\n');
-        render_table(&mut out, rows);
+        render_table(&mut out, m.rows);
     }
-    if !nft_rows.is_empty() {
+    if !m.nft_rows.is_empty() {
         out.push('\n');
-        nft_table(&mut out, nft_rows);
+        nft_table(&mut out, m.nft_rows);
     }
-    if !e2e_rows.is_empty() {
+    if !m.e2e_rows.is_empty() {
         out.push('\n');
-        e2e_table(&mut out, e2e_rows);
+        e2e_table(&mut out, m.e2e_rows);
+    }
+    if !m.churn_rows.is_empty() {
+        out.push('\n');
+        churn_table(&mut out, m.churn_rows);
     }
     out
+}
+
+fn kib_cell(kib: Option<u64>) -> String {
+    kib.map_or_else(|| "n/a".to_string(), mebibytes)
 }
 
 /// The real binary, end to end.
 fn e2e_table(out: &mut String, rows: &[E2eRow]) {
     out.push_str(
-        "| services × endpoints | mode | manifest | spawn to first sync | whole-process peak RSS |\n\
-         |---|---|---:|---:|---:|\n",
+        "| services × endpoints | mode | source | spawn to first sync | proxy CPU time by then | peak RSS (VmHWM) | steady RSS (VmRSS) |\n\
+         |---|---|---|---:|---:|---:|---:|\n",
     );
     for row in rows {
+        let source = match row.manifest_bytes {
+            Some(size) => format!("{} ({})", row.source.label(), bytes(size)),
+            None => row.source.label().to_string(),
+        };
         let _ = writeln!(
             out,
-            "| {} × {} | {} | {} | {} | {} |",
+            "| {} × {} | {} | {source} | {} | {} | {} | {} |",
             count(row.shape.services),
             row.shape.endpoints,
             row.mode,
-            bytes(row.manifest_bytes),
             outcome(&row.first_sync, |d| duration(*d)),
-            row.peak_rss_kib.map_or_else(|| "n/a".to_string(), mebibytes),
+            row.first_sync_cpu.map_or_else(|| "n/a".to_string(), duration),
+            kib_cell(row.memory.peak_kib),
+            kib_cell(row.memory.rss_kib),
+        );
+    }
+}
+
+/// The real binary under churn.
+fn churn_table(out: &mut String, rows: &[ChurnRow]) {
+    out.push_str(
+        "| services × endpoints | mode | min sync period | first sync (from the API) | changes written | latency p50 / p99 | samples | peak RSS (VmHWM) | RSS at the end (VmRSS) |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for row in rows {
+        let changes = if row.changes == 0 {
+            "none".to_string()
+        } else {
+            format!("{} in {:.1} s", count(row.changes), row.churn_time.as_secs_f64())
+        };
+        let samples = match &row.latency {
+            Outcome::Done(l) if l.samples == row.changes as u64 => count(row.changes),
+            Outcome::Done(l) => format!(
+                "**{} of {} changes**",
+                count(usize::try_from(l.samples).unwrap_or(usize::MAX)),
+                count(row.changes)
+            ),
+            _ => "n/a".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "| {} × {} | {} | {} | {} | {changes} | {} | {samples} | {} | {} |",
+            count(row.shape.services),
+            row.shape.endpoints,
+            row.mode,
+            row.min_sync_period.as_deref().unwrap_or("default"),
+            outcome(&row.first_sync, |d| duration(*d)),
+            outcome(&row.latency, |l| format!(
+                "{} / {}",
+                duration(l.p50),
+                duration(l.p99)
+            )),
+            kib_cell(row.memory.peak_kib),
+            kib_cell(row.memory.rss_kib),
         );
     }
 }
@@ -201,13 +264,13 @@ fn with_runs(cell: String, runs: usize) -> String {
 }
 
 /// The whole BENCHMARKS.md.
-pub fn document(
-    machine: &Machine,
-    settings: &Settings,
-    rows: &[Row],
-    nft_rows: &[NftRow],
-    e2e_rows: &[E2eRow],
-) -> String {
+pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> String {
+    let Measured {
+        rows,
+        nft_rows,
+        e2e_rows,
+        churn_rows,
+    } = *m;
     let mut out = String::from("# Benchmarks\n\n");
     out.push_str(
         "Generated by `kpr-bench` (crates/bench); rerun it to refresh this file. Rendering is our \
@@ -226,23 +289,62 @@ pub fn document(
         out.push('\n');
     }
     if !e2e_rows.is_empty() {
-        out.push_str(
+        let _ = write!(
+            out,
             "### The real binary, end to end\n\n\
-             `kube-proxy-rs` started on one manifest file holding the cluster (a JSON `List` with \
-             this node's Node), in a fresh namespace: from spawning the process to its metrics \
-             reporting the first successful sync (reading and validating the file, the trackers, \
-             generation and the kernel load), and the whole process's peak RSS (`VmHWM`) then.\n\n",
+             `kube-proxy-rs` started in a fresh namespace on the cluster, read either from one \
+             manifest file (a JSON `List` with this node's Node) or from the test API server \
+             (the same objects, served from the proxy's namespace with the real wire protocol: \
+             paginated lists, then watches). *Spawn to first sync*: from spawning the process to \
+             its metrics reporting the first successful sync (reading and validating the file or \
+             listing the API, the trackers, generation and the kernel load); beside it the CPU \
+             time the proxy used by then (user + system), which tells its own work from waiting. \
+             The test API server runs inside kpr-bench on the same two cores and answers every \
+             list page (500 items, as kube-rs asks) from a fresh, sorted snapshot of every \
+             object of that type, so at large sizes its paging, not the proxy, takes most of the \
+             wall-clock time from the API. Memory is the whole process's, read {settle} s after that sync: \
+             the peak so far (`VmHWM`) and what stays resident (`VmRSS`); at the timeout when \
+             there was no sync.\n\n",
+            settle = SETTLE.as_secs(),
         );
         e2e_table(&mut out, e2e_rows);
         out.push('\n');
     }
+    if !churn_rows.is_empty() {
+        churn_intro(&mut out, churn_rows);
+        churn_table(&mut out, churn_rows);
+        out.push('\n');
+    }
     method_section(&mut out, settings);
     out.push_str(&commentary(rows));
-    if !nft_rows.is_empty() || !e2e_rows.is_empty() {
+    if !nft_rows.is_empty() || !e2e_rows.is_empty() || !churn_rows.is_empty() {
         out.push('\n');
-        out.push_str(&targets_section(nft_rows, e2e_rows));
+        out.push_str(&targets_section(m));
     }
     out
+}
+
+fn churn_intro(out: &mut String, rows: &[ChurnRow]) {
+    let (rate, seconds) = rows.first().map_or((0, 0), |r| (r.rate, r.seconds));
+    let _ = write!(
+        out,
+        "### Network programming latency under churn\n\n\
+         `kube-proxy-rs` watching the test API server (in its namespace) that holds the cluster; \
+         after its first sync, {rate} EndpointSlice changes per second for {seconds} s at a \
+         steady pace, each replacing one endpoint address of a slice picked at random (fixed \
+         seed) and stamped with the time of the change in \
+         `endpoints.kubernetes.io/last-change-trigger-time` (RFC 3339 with nanoseconds, as the \
+         endpoint-slice controller writes it). The latency is the proxy's own \
+         `{LATENCY_METRIC}` (trigger time to the end of the sync that programmed the change: the \
+         watch, the trackers, the sync runner's min sync period and the kernel), read from \
+         `/metrics` once it holds a sample per change (or after a minute); p50/p99 are \
+         interpolated linearly inside the bucket holding the rank, as Prometheus' \
+         `histogram_quantile` does, so their resolution is the bucket width (1 ms to 50 ms \
+         below 0.25 s, then upstream's 0.25 s, 0.5 s and 1 s steps). *Samples* must equal the \
+         changes written; a shortfall is shown in bold. Memory is the whole process's at the \
+         end. A row whose first sync did not come within the timeout says so and has no \
+         latency.\n\n",
+    );
 }
 
 fn machine_section(out: &mut String, m: &Machine, s: &Settings) {
@@ -261,8 +363,14 @@ fn machine_section(out: &mut String, m: &Machine, s: &Settings) {
     );
 }
 
+/// The iptables mode's tables, under the results heading; a run without them (`--parts`,
+/// `--modes`) has the heading only.
 fn results_section(out: &mut String, rows: &[Row]) {
-    out.push_str("## Results\n\n### Full sync: render, size, kernel load of the whole ruleset\n\n");
+    out.push_str("## Results\n\n");
+    if rows.is_empty() {
+        return;
+    }
+    out.push_str("### Full sync: render, size, kernel load of the whole ruleset\n\n");
     main_table(out, rows);
     out.push_str(
         "\n### Partial sync after one endpoint of one service changed\n\n\
@@ -316,6 +424,7 @@ fn method_section(out: &mut String, s: &Settings) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::e2e::E2eSource;
 
     pub(crate) fn row(services: usize, legacy_secs: f64) -> Row {
         let render = RenderStats {
@@ -360,7 +469,13 @@ pub(crate) mod tests {
 
     #[test]
     fn tables_show_every_measurement_and_every_gap() {
-        let text = results(&[row(10_000, 4.9)], &[], &[]);
+        let rows = [row(10_000, 4.9)];
+        let text = results(&Measured {
+            rows: &rows,
+            nft_rows: &[],
+            e2e_rows: &[],
+            churn_rows: &[],
+        });
         assert!(text.contains("| 10,000 × 10 | 120 ms | 30.0 MB | 250,000 | 110,000 | 4.90 s (median of 3) | timed out after 600 s | 9.80 s |"), "{text}");
         assert!(
             text.contains("| 10,000 × 10 | legacy | 1.4 MB | 300 ms | 500 ms |"),
@@ -378,9 +493,119 @@ pub(crate) mod tests {
         );
     }
 
+    pub(crate) fn e2e_row(mode: &'static str, source: E2eSource, first_sync: Outcome<Duration>) -> E2eRow {
+        E2eRow {
+            shape: Shape {
+                services: 10_000,
+                endpoints: 10,
+            },
+            mode,
+            source,
+            manifest_bytes: (source == E2eSource::Manifest).then_some(17_000_000),
+            first_sync,
+            first_sync_cpu: Some(Duration::from_millis(1_500)),
+            memory: crate::proxy::Memory {
+                peak_kib: Some(300 << 10),
+                rss_kib: Some(200 << 10),
+            },
+        }
+    }
+
+    pub(crate) fn churn_row(mode: &'static str, samples: u64, p99_ms: u64) -> ChurnRow {
+        ChurnRow {
+            shape: Shape {
+                services: 10_000,
+                endpoints: 10,
+            },
+            mode,
+            min_sync_period: Some("1s".into()),
+            rate: 100,
+            seconds: 60,
+            first_sync: Outcome::Done(Duration::from_millis(2_100)),
+            changes: 6_000,
+            churn_time: Duration::from_millis(60_010),
+            latency: Outcome::Done(crate::churn::Latency {
+                p50: Duration::from_millis(12),
+                p99: Duration::from_millis(p99_ms),
+                samples,
+            }),
+            memory: crate::proxy::Memory {
+                peak_kib: Some(400 << 10),
+                rss_kib: None,
+            },
+        }
+    }
+
     #[test]
-    fn the_document_has_run_facts_and_no_links_to_internal_docs() {
-        let settings = Settings {
+    fn end_to_end_rows_show_their_source_and_both_memories() {
+        let e2e = [
+            e2e_row(
+                "nftables",
+                E2eSource::Manifest,
+                Outcome::Done(Duration::from_millis(1_820)),
+            ),
+            e2e_row(
+                "iptables",
+                E2eSource::Api,
+                Outcome::TimedOut(Duration::from_secs(120)),
+            ),
+        ];
+        let text = results(&Measured {
+            rows: &[],
+            nft_rows: &[],
+            e2e_rows: &e2e,
+            churn_rows: &[],
+        });
+        assert!(
+            text.contains("| source | spawn to first sync | proxy CPU time by then | peak RSS (VmHWM) | steady RSS (VmRSS) |"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "| 10,000 × 10 | nftables | manifest file (17.0 MB) | 1.82 s | 1.50 s | 300 MiB | 200 MiB |"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "| 10,000 × 10 | iptables | test API server | timed out after 120 s | 1.50 s | 300 MiB | 200 MiB |"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn churn_rows_show_latency_and_flag_missing_samples() {
+        let mut no_sync = churn_row("iptables", 0, 0);
+        no_sync.first_sync = Outcome::TimedOut(Duration::from_secs(600));
+        no_sync.changes = 0;
+        no_sync.latency = Outcome::NotAvailable("no first sync".into());
+        let churn = [
+            churn_row("nftables", 6_000, 80),
+            churn_row("nftables", 5_990, 80),
+            no_sync,
+        ];
+        let text = results(&Measured {
+            rows: &[],
+            nft_rows: &[],
+            e2e_rows: &[],
+            churn_rows: &churn,
+        });
+        assert!(
+            text.contains("| 10,000 × 10 | nftables | 1s | 2.10 s | 6,000 in 60.0 s | 12.0 ms / 80.0 ms | 6,000 | 400 MiB | n/a |"),
+            "{text}"
+        );
+        assert!(text.contains("| **5,990 of 6,000 changes** |"), "{text}");
+        assert!(
+            text.contains(
+                "| 10,000 × 10 | iptables | 1s | timed out after 600 s | none | n/a: no first sync | n/a |"
+            ),
+            "{text}"
+        );
+    }
+
+    fn settings() -> Settings {
+        Settings {
             render_runs: 5,
             load_runs: 3,
             load_timeout: Duration::from_secs(600),
@@ -388,21 +613,33 @@ pub(crate) mod tests {
             date: "2026-01-01 00:00 UTC".into(),
             load_before: "0.10".into(),
             load_after: "1.50".into(),
-        };
-        let machine = Machine {
+        }
+    }
+
+    fn machine() -> Machine {
+        Machine {
             cpu: "cpu".into(),
             cores: 2,
             memory: "24 GiB".into(),
             os: "Debian".into(),
             kernel: "6.18".into(),
             iptables: vec!["iptables v1.8.9 (legacy)".into()],
-        };
+        }
+    }
+
+    #[test]
+    fn the_document_has_run_facts_and_no_links_to_internal_docs() {
+        let (settings, machine) = (settings(), machine());
+        let rows = [row(1_000, 0.2), row(10_000, 5.0)];
         let doc = document(
             &machine,
             &settings,
-            &[row(1_000, 0.2), row(10_000, 5.0)],
-            &[],
-            &[],
+            &Measured {
+                rows: &rows,
+                nft_rows: &[],
+                e2e_rows: &[],
+                churn_rows: &[],
+            },
         );
         for needle in [
             "- Date: 2026-01-01 00:00 UTC",
@@ -415,5 +652,27 @@ pub(crate) mod tests {
             assert!(doc.contains(needle), "missing {needle:?}");
         }
         assert!(!doc.contains("../shared") && !doc.contains("/work/"));
+    }
+
+    #[test]
+    fn a_run_without_iptables_rows_has_no_empty_iptables_tables() {
+        let (settings, machine) = (settings(), machine());
+        let churn = [churn_row("nftables", 6_000, 80)];
+        let doc = document(
+            &machine,
+            &settings,
+            &Measured {
+                rows: &[],
+                nft_rows: &[],
+                e2e_rows: &[],
+                churn_rows: &churn,
+            },
+        );
+        assert!(
+            doc.contains("## Results\n\n### Network programming latency under churn"),
+            "{doc}"
+        );
+        assert!(!doc.contains("### Full sync"), "{doc}");
+        assert!(doc.contains("| 10,000 × 10 | nftables | 1s |"), "{doc}");
     }
 }

@@ -1,0 +1,233 @@
+//! The real `kube-proxy-rs` binary inside a network namespace, as the end-to-end and churn
+//! measurements run it: the one place that spawns it, waits for its first sync, reads its
+//! metrics and its memory, and kills it (also on an early return or a panic).
+//!
+//! Its output goes to a log file whose last lines are shown when it dies, so a failed run
+//! says why.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kpr_netns::Netns;
+
+use crate::cluster::NODE_NAME;
+use crate::load::Outcome;
+use crate::memory::status_field;
+use crate::scratch::ScratchFile;
+
+/// Where the proxy serves `/metrics`, inside its namespace.
+const METRICS: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 10249);
+/// Present once the first sync of the IPv4 family succeeded.
+const FIRST_SYNC: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}";
+const POLL: Duration = Duration::from_millis(20);
+/// One scrape of /metrics; a proxy busy loading 50k Services may answer slowly.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+const LOG_TAIL_LINES: usize = 5;
+
+/// Where the proxy reads the cluster from.
+pub enum Source<'a> {
+    /// `--manifests FILE`.
+    Manifest(&'a Path),
+    /// `--kubeconfig FILE` (the test API server).
+    Api { kubeconfig: &'a Path },
+}
+
+/// How to start the proxy.
+pub struct Launch<'a> {
+    pub binary: &'a Path,
+    pub mode: &'static str,
+    pub source: Source<'a>,
+    /// `--iptables-min-sync-period` (both modes read it); `None`: the product's default.
+    pub min_sync_period: Option<&'a str>,
+}
+
+/// The proxy's memory, from /proc/<pid>/status, in KiB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// `VmHWM`: the peak resident set since start.
+    pub peak_kib: Option<u64>,
+    /// `VmRSS`: resident now.
+    pub rss_kib: Option<u64>,
+}
+
+/// A running proxy; killed and reaped when dropped.
+pub struct RunningProxy<'a> {
+    netns: &'a Netns,
+    child: Child,
+    started: Instant,
+    log: ScratchFile,
+}
+
+impl<'a> RunningProxy<'a> {
+    /// Spawns the proxy inside `netns`; the clock for [`Self::wait_first_sync`] starts here.
+    pub fn spawn(netns: &'a Netns, launch: &Launch<'_>) -> Result<Self, String> {
+        let log = ScratchFile::create("proxy.log", b"")?;
+        let mut command = command(launch);
+        let file = std::fs::File::options()
+            .append(true)
+            .open(log.path())
+            .map_err(|e| format!("{}: {e}", log.path().display()))?;
+        let stderr = file
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", log.path().display()))?;
+        command.stdout(file).stderr(stderr);
+        let started = Instant::now();
+        let child = netns
+            .run(|| command.spawn())
+            .map_err(|e| format!("spawning {}: {e}", launch.binary.display()))?;
+        Ok(Self {
+            netns,
+            child,
+            started,
+            log,
+        })
+    }
+
+    /// Waits until the metrics report the first successful sync: the time since spawning,
+    /// or why it did not come within `timeout`.
+    pub fn wait_first_sync(&mut self, timeout: Duration) -> Outcome<Duration> {
+        while self.started.elapsed() < timeout {
+            if let Err(why) = self.check_alive() {
+                return Outcome::Failed(why);
+            }
+            if self.metrics().is_ok_and(|body| body.contains(FIRST_SYNC)) {
+                return Outcome::Done(self.started.elapsed());
+            }
+            std::thread::sleep(POLL);
+        }
+        Outcome::TimedOut(timeout)
+    }
+
+    /// The `/metrics` page.
+    pub fn metrics(&self) -> Result<String, String> {
+        match self.netns.http_get(METRICS, "/metrics", SCRAPE_TIMEOUT) {
+            Ok((200, body)) => Ok(body),
+            Ok((status, _)) => Err(format!("/metrics answered {status}")),
+            Err(e) => Err(format!("/metrics: {e}")),
+        }
+    }
+
+    /// `Err` with the exit status and the log's last lines once the proxy has exited.
+    pub fn check_alive(&mut self) -> Result<(), String> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(format!("kube-proxy-rs exited ({status}): {}", self.log_tail())),
+            Err(e) => Err(format!("cannot wait for kube-proxy-rs: {e}")),
+        }
+    }
+
+    pub fn memory(&self) -> Memory {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        Memory {
+            peak_kib: status_field(&status, "VmHWM"),
+            rss_kib: status_field(&status, "VmRSS"),
+        }
+    }
+
+    /// CPU time the proxy has used so far (user + system, all threads): beside a wall-clock
+    /// figure, it tells the proxy's own work from waiting for others (the API server).
+    pub fn cpu_time(&self) -> Option<Duration> {
+        cpu_time(&std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?)
+    }
+
+    /// The last lines the proxy logged, on one line.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join(" / ")
+    }
+}
+
+impl Drop for RunningProxy<'_> {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `/proc/<pid>/stat` counts in clock ticks of `USER_HZ`, 100 on every Linux architecture
+/// this runs on (the kernel fixes it for user space whatever its own tick rate).
+const USER_HZ: u64 = 100;
+
+/// utime + stime (fields 14 and 15) of a `/proc/<pid>/stat` line. The command name (field 2)
+/// may hold spaces and parentheses, so fields are counted after its last `)`.
+fn cpu_time(stat: &str) -> Option<Duration> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_name.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 1000 / USER_HZ))
+}
+
+fn command(launch: &Launch<'_>) -> Command {
+    let mut command = Command::new(launch.binary);
+    command.args(["--proxy-mode", launch.mode, "--hostname-override", NODE_NAME]);
+    match launch.source {
+        Source::Manifest(path) => command.arg("--manifests").arg(path),
+        Source::Api { kubeconfig } => command.arg("--kubeconfig").arg(kubeconfig),
+    };
+    if let Some(period) = launch.min_sync_period {
+        command.args(["--iptables-min-sync-period", period]);
+    }
+    command
+        .args([
+            "--metrics-bind-address",
+            &METRICS.to_string(),
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+        ])
+        .stdin(Stdio::null());
+    command
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(launch: &Launch<'_>) -> Vec<String> {
+        command(launch)
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn cpu_time_is_utime_plus_stime_after_the_command_name() {
+        // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
+        let stat = "4242 (kube (proxy) rs) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 62 0 0 20 0 9 0";
+        assert_eq!(cpu_time(stat), Some(Duration::from_millis(3_120)));
+        assert_eq!(cpu_time("4242 (x) S 1"), None);
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap();
+        assert!(cpu_time(&own).is_some(), "{own}");
+    }
+
+    #[test]
+    fn the_command_line_names_the_source_mode_and_sync_period() {
+        let binary = Path::new("/bin/kube-proxy-rs");
+        let from_api = args(&Launch {
+            binary,
+            mode: "nftables",
+            source: Source::Api {
+                kubeconfig: Path::new("/tmp/kc"),
+            },
+            min_sync_period: Some("0s"),
+        });
+        let joined = from_api.join(" ");
+        assert!(joined.starts_with("--proxy-mode nftables --hostname-override bench-node-0 --kubeconfig /tmp/kc --iptables-min-sync-period 0s"), "{joined}");
+        assert!(
+            joined.contains("--metrics-bind-address 127.0.0.1:10249"),
+            "{joined}"
+        );
+        let from_file = args(&Launch {
+            binary,
+            mode: "iptables",
+            source: Source::Manifest(Path::new("/tmp/m.json")),
+            min_sync_period: None,
+        })
+        .join(" ");
+        assert!(from_file.contains("--manifests /tmp/m.json"), "{from_file}");
+        assert!(!from_file.contains("min-sync-period"), "{from_file}");
+    }
+}

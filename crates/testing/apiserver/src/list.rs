@@ -252,7 +252,7 @@ pub(crate) async fn list(
     };
     let snapshot =
         store
-            .snapshot(resource, namespace, at)
+            .sorted_snapshot(resource, namespace, at)
             .map_err(|error| match (error, &request.start) {
                 (ApiError::Expired(_), Some(_)) => ApiError::Expired(
                     "The provided continue parameter is too old to display a consistent list result. \
@@ -261,19 +261,18 @@ pub(crate) async fn list(
                 ),
                 (error, _) => error,
             })?;
-    let mut matching: Vec<(String, &Object)> = snapshot
-        .objects
+    let first = request.start.as_ref().map_or(0, |start| {
+        snapshot.objects.partition_point(|(key, _)| key < start)
+    });
+    let limit = request.limit.unwrap_or(usize::MAX);
+    let mut matching = snapshot.objects[first..]
         .iter()
-        .filter(|(_, object)| request.selectors.matches(object))
-        .map(|(key, object)| (etcd_key(key), object))
-        .filter(|(key, _)| request.start.as_ref().is_none_or(|start| key >= start))
-        .collect();
-    matching.sort_by(|a, b| a.0.cmp(&b.0));
-    let page_size = request.limit.unwrap_or(usize::MAX).min(matching.len());
-    let remaining = matching.len() - page_size;
+        .filter(|(_, object)| request.selectors.matches(object));
+    let page: Vec<&(String, Object)> = matching.by_ref().take(limit).collect();
     let mut metadata = json!({ "resourceVersion": snapshot.resource_version.to_string() });
-    if remaining > 0 {
-        let last_key = &matching[page_size - 1].0;
+    if let Some((last_key, _)) = page.last()
+        && matching.next().is_some()
+    {
         let token = ContinueToken {
             v: CONTINUE_API_VERSION.into(),
             rv: snapshot.resource_version,
@@ -281,13 +280,10 @@ pub(crate) async fn list(
         };
         metadata["continue"] = json!(token.encode());
         if request.selectors.is_empty() {
-            metadata["remainingItemCount"] = json!(remaining);
+            metadata["remainingItemCount"] = json!(snapshot.objects.len() - first - page.len());
         }
     }
-    let items: Vec<Value> = matching[..page_size]
-        .iter()
-        .map(|(_, object)| as_item(object))
-        .collect();
+    let items: Vec<Value> = page.iter().map(|(_, object)| as_item(object)).collect();
     Ok(json!({
         "kind": resource.list_kind(),
         "apiVersion": resource.api_version(),

@@ -19,6 +19,7 @@ mod node;
 mod rejection;
 mod service;
 mod service_cidr;
+mod sizes;
 pub mod syntax;
 
 pub use endpoint::{
@@ -33,3 +34,4 @@ pub use service::{
     DEFAULT_AFFINITY_TIMEOUT_SECONDS, ServicePort, ServiceType, ServiceView, SkipReason, service_view,
 };
 pub use service_cidr::{ServiceCidrView, convert_service_cidr};
+pub use sizes::Sizes;

@@ -11,6 +11,8 @@
 //! fixed, the Node's zone label moves and comes back, a ServiceCIDR is added; then
 //! everything the round added is deleted. [`Change::Sync`] marks where a proxy would sync.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
@@ -18,14 +20,15 @@ use serde_json::{Value, json};
 
 use crate::{ZONE, ep, node_object, service_object, slice_object};
 
-/// One change as a source reports it (namespace [`crate::NAMESPACE`]); `None`: deleted.
+/// One change as a source reports it (namespace [`crate::NAMESPACE`]; objects behind an
+/// `Arc` as in the sources' events); `None`: deleted.
 #[derive(Clone, Debug)]
 pub enum Change {
-    Service(String, Option<Service>),
-    Slice(String, Option<EndpointSlice>),
+    Service(String, Option<Arc<Service>>),
+    Slice(String, Option<Arc<EndpointSlice>>),
     /// The proxy's own Node ([`crate::NODE`]).
-    Node(Node),
-    ServiceCidr(String, Option<ServiceCIDR>),
+    Node(Arc<Node>),
+    ServiceCidr(String, Option<Arc<ServiceCIDR>>),
     /// A sync would run here: what came before must be handed to the backend.
     Sync,
 }
@@ -44,7 +47,7 @@ fn round(r: u16) -> Vec<Change> {
     let mut changes = Vec::new();
     for i in 0..SERVICES {
         let s = Names::new(r, i);
-        changes.push(Change::Service(s.service.clone(), Some(service(&s, i))));
+        changes.push(Change::Service(s.service.clone(), Some(Arc::new(service(&s, i)))));
         changes.push(slice(&s, "v4", &s.v4_eps(&[1, 2])));
         changes.push(slice(&s, "v6", &s.v6_eps(&[1, 2])));
     }
@@ -72,10 +75,13 @@ fn round(r: u16) -> Vec<Change> {
         changes.push(slice(&s, "v4", &s.v4_eps(&[1, 2])));
     }
     changes.extend(rejected_then_fixed(r));
-    changes.push(Change::Node(node_object(Some(&format!("zone-{r}")))));
-    changes.push(Change::ServiceCidr(format!("churn-{r}"), Some(service_cidr(r))));
+    changes.push(Change::Node(Arc::new(node_object(Some(&format!("zone-{r}"))))));
+    changes.push(Change::ServiceCidr(
+        format!("churn-{r}"),
+        Some(Arc::new(service_cidr(r))),
+    ));
     changes.push(Change::Sync);
-    changes.push(Change::Node(node_object(Some(ZONE))));
+    changes.push(Change::Node(Arc::new(node_object(Some(ZONE)))));
     changes.push(Change::ServiceCidr(format!("churn-{r}"), None));
     for i in 0..SERVICES {
         let s = Names::new(r, i);
@@ -96,10 +102,10 @@ fn rejected_then_fixed(r: u16) -> Vec<Change> {
     bad.spec.as_mut().expect("a spec").cluster_ips = Some(vec!["10.96.0.999".into()]);
     let bad_slice = slice(&s, "v4", &[json!({"addresses": ["10.0.0.999"]}), s.v4_ep(1)]);
     vec![
-        Change::Service(s.service.clone(), Some(bad)),
+        Change::Service(s.service.clone(), Some(Arc::new(bad))),
         bad_slice,
         Change::Sync,
-        Change::Service(s.service.clone(), Some(service(&s, 0))),
+        Change::Service(s.service.clone(), Some(Arc::new(service(&s, 0)))),
         slice(&s, "v4", &s.v4_eps(&[1])),
         Change::Sync,
         Change::Service(s.service.clone(), None),
@@ -211,7 +217,7 @@ fn slice(s: &Names, suffix: &str, endpoints: &[Value]) -> Change {
         json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
         endpoints.to_vec(),
     );
-    Change::Slice(s.slice(suffix), Some(object))
+    Change::Slice(s.slice(suffix), Some(Arc::new(object)))
 }
 
 fn terminating(endpoint: &Value) -> Value {

@@ -112,17 +112,17 @@ impl World {
         let id = |name: &str| NamespacedName::new(NAMESPACE, name);
         match change {
             Change::Service(name, object) => {
-                let _ = self.services.update(id(name), object.as_ref());
+                let _ = self.services.update(id(name), object.as_deref());
             }
             Change::Slice(name, object) => {
-                let _ = self.endpoints.update(id(name), object.as_ref());
+                let _ = self.endpoints.update(id(name), object.as_deref());
             }
             Change::Node(node) => {
                 let view = node_view(node)
                     .unwrap_or_else(|rejection| panic!("the test's Node is rejected: {rejection}"));
                 self.node = Arc::new(view);
             }
-            Change::ServiceCidr(name, object) => match object.as_ref().map(convert_service_cidr) {
+            Change::ServiceCidr(name, object) => match object.as_deref().map(convert_service_cidr) {
                 Some(Ok(Converted { view, .. })) => {
                     self.service_cidrs.insert(name.clone(), view);
                 }

@@ -8,14 +8,18 @@
 //! LoadBalancer with `externalTrafficPolicy: Local`) and their slices of both families come,
 //! their endpoints change (count up, a terminating one, a slice split in two and merged
 //! back), a Service the conversions reject and a slice with a malformed address are later
-//! fixed, the Node's zone label moves and comes back, a ServiceCIDR is added; then
-//! everything the round added is deleted. [`Change::Sync`] marks where a proxy would sync.
+//! fixed, the Node's zone label moves and comes back, a ServiceCIDR is added (slices carry
+//! a trigger time, kept by the trackers until a sync); then
+//! everything the round added is deleted. One Service stays throughout, its endpoints
+//! changing every round and restored at its end, so what grows per change of a Service
+//! that is never deleted shows too. [`Change::Sync`] marks where a proxy would sync.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kpr_model::LAST_CHANGE_TRIGGER_TIME_ANNOTATION;
 use serde_json::{Value, json};
 
 use crate::{ZONE, ep, node_object, service_object, slice_object};
@@ -36,15 +40,23 @@ pub enum Change {
 /// Services per round.
 const SERVICES: u16 = 3;
 
-/// The changes of `rounds` rounds, starting and ending with the Node in zone [`ZONE`] and
-/// no Service, slice or ServiceCIDR: run it against a proxy in that state (after one
-/// warm-up round, so every metric label combination exists) and every size must come back.
+/// The changes of `rounds` rounds, each ending with the Node in zone [`ZONE`], no
+/// ServiceCIDR and only the steady Service (`churn-steady`) and its two slices: after one
+/// warm-up round (which creates the steady Service and every metric label combination the
+/// workload reaches), every size must come back after each further round.
 pub fn churn(first_round: u16, rounds: u16) -> Vec<Change> {
     (first_round..first_round + rounds).flat_map(round).collect()
 }
 
 fn round(r: u16) -> Vec<Change> {
-    let mut changes = Vec::new();
+    let steady = Names::steady();
+    // The steady Service lives on: a structure that grows per change of a Service that
+    // is never deleted (what deletion would hide) grows with it.
+    let mut changes = vec![
+        Change::Service(steady.service.clone(), Some(Arc::new(service(&steady, 0)))),
+        slice(&steady, "v4", &steady.v4_eps(&[1, 2, 3 + r % 5])),
+        slice(&steady, "v6", &steady.v6_eps(&[1, 2, 3 + r % 5])),
+    ];
     for i in 0..SERVICES {
         let s = Names::new(r, i);
         changes.push(Change::Service(s.service.clone(), Some(Arc::new(service(&s, i)))));
@@ -89,6 +101,8 @@ fn round(r: u16) -> Vec<Change> {
         changes.push(Change::Slice(s.slice("v4"), None));
         changes.push(Change::Slice(s.slice("v6"), None));
     }
+    changes.push(slice(&steady, "v4", &steady.v4_eps(&[1, 2])));
+    changes.push(slice(&steady, "v6", &steady.v6_eps(&[1, 2])));
     changes.push(Change::Sync);
     changes
 }
@@ -126,6 +140,16 @@ impl Names {
             r,
             i,
             service: format!("churn-{r}-{i}"),
+        }
+    }
+
+    /// The Service every round keeps (`churn-steady`, 10.96.0.8 / fd00::8), its endpoints
+    /// changing and coming back.
+    fn steady() -> Self {
+        Self {
+            r: 0,
+            i: 7,
+            service: "churn-steady".into(),
         }
     }
 
@@ -210,13 +234,16 @@ fn local(n: u16) -> &'static str {
 
 fn slice(s: &Names, suffix: &str, endpoints: &[Value]) -> Change {
     let family = if suffix.starts_with("v6") { "IPv6" } else { "IPv4" };
-    let object = slice_object(
+    let mut object = slice_object(
         &s.slice(suffix),
         &s.service,
         family,
         json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
         endpoints.to_vec(),
     );
+    // Now, so the trackers keep it as a network-programming latency sample until a sync.
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    object.metadata.annotations = Some([(LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_string(), now)].into());
     Change::Slice(s.slice(suffix), Some(Arc::new(object)))
 }
 

@@ -11,6 +11,9 @@
 //! load-balancer ingress, source ranges, a slice's endpoint addresses and ports, a Node's
 //! addresses, a ServiceCIDR's CIDRs) drops only that entry; the conversions return it as an [`IgnoredValue`] beside the view
 //! ([`Converted`]) for the caller to log and count, since this crate does no I/O.
+//!
+//! [`Sizes`] lives here too, though it is no Kubernetes type: it is what every long-lived
+//! structure's `footprint()` returns, and this is the one crate all of them depend on.
 
 mod endpoint;
 mod ident;
@@ -19,6 +22,7 @@ mod node;
 mod rejection;
 mod service;
 mod service_cidr;
+mod sizes;
 pub mod syntax;
 
 pub use endpoint::{
@@ -33,3 +37,4 @@ pub use service::{
     DEFAULT_AFFINITY_TIMEOUT_SECONDS, ServicePort, ServiceType, ServiceView, SkipReason, service_view,
 };
 pub use service_cidr::{ServiceCidrView, convert_service_cidr};
+pub use sizes::Sizes;

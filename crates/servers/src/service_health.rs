@@ -190,6 +190,15 @@ impl Manager {
         }
     }
 
+    /// The Services with open servers and the servers themselves (kpr_model::Sizes). Only
+    /// the churn test asks: the manager lives inside its own task.
+    #[cfg(test)]
+    fn footprint(&self) -> kpr_model::Sizes {
+        kpr_model::Sizes::new()
+            .with("open", self.open.len())
+            .with("servers", self.open.values().map(|o| o.servers.len()).sum())
+    }
+
     /// Applies every update until the sender goes away, then closes everything.
     async fn follow(mut self, mut updates: watch::Receiver<Option<Arc<HealthChecks>>>) {
         while updates.changed().await.is_ok() {

@@ -18,7 +18,9 @@ use std::time::SystemTime;
 
 use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use kpr_model::{Converted, IgnoredValue, Rejection, ServiceCidrView, convert_node, convert_service_cidr};
+use kpr_model::{
+    Converted, IgnoredValue, Rejection, ServiceCidrView, Sizes, convert_node, convert_service_cidr,
+};
 use kpr_runner::Trigger;
 use kpr_sources::{Event, EventReceiver};
 use kpr_tracking::Recorded;
@@ -68,6 +70,18 @@ impl Intake {
         while let Some(event) = events.recv().await {
             self.apply(event);
         }
+    }
+
+    /// What intake and every family's trackers hold (kpr_model::Sizes): none of it may grow
+    /// with the number of changes (guarded by `intake::churn_tests`).
+    pub fn footprint(&self) -> Sizes {
+        let own = Sizes::new()
+            .with("service_cidrs", self.service_cidrs.len())
+            .with("source_problems", self.source_problems.len())
+            .with("synced", self.synced.len());
+        self.shared.proxiers.iter().fold(own, |sizes, proxier| {
+            sizes.nested(proxier.labels.ip_family, proxier.trackers().footprint())
+        })
     }
 
     pub(crate) fn apply(&mut self, event: Event) {
@@ -362,5 +376,7 @@ pub(crate) fn unix_now() -> f64 {
         .unwrap_or_default()
 }
 
+#[cfg(test)]
+mod churn_tests;
 #[cfg(test)]
 mod tests;

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ipnet::IpNet;
 use kpr_metrics::{FamilyLabels, Metrics, ProxyHealth};
-use kpr_model::{IpFamily, NodeView};
+use kpr_model::{IpFamily, NodeView, Sizes};
 use kpr_runner::{RunnerConfig, SyncRunner};
 use kpr_sources::EventReceiver;
 use kpr_state::{Backend, DesiredState, SyncObserver};
@@ -87,6 +87,15 @@ pub(crate) struct Trackers {
     pub service_cidrs: Arc<Vec<IpNet>>,
     /// Set when something every service depends on changed (node labels).
     pub force_full: bool,
+}
+
+impl Trackers {
+    fn footprint(&self) -> Sizes {
+        Sizes::new()
+            .nested("services", self.services.footprint())
+            .nested("endpoints", self.endpoints.footprint())
+            .with("service_cidrs", self.service_cidrs.len())
+    }
 }
 
 /// One family's trackers and metric labels.

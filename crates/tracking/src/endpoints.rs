@@ -13,7 +13,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kpr_model::{
-    Converted, Endpoint, IgnoredValue, IpFamily, NamespacedName, Protocol, Rejection, ServicePortName,
+    Converted, Endpoint, IgnoredValue, IpFamily, NamespacedName, Protocol, Rejection, ServicePortName, Sizes,
     SliceView, last_change_trigger_time, slice_view,
 };
 
@@ -154,6 +154,16 @@ impl EndpointsTracker {
     /// Services whose slices changed since the last `take()` (some may turn out unchanged).
     pub fn pending(&self) -> usize {
         self.dirty.len()
+    }
+
+    /// How many slices, Services and pending samples it holds (kpr_model::Sizes).
+    pub fn footprint(&self) -> Sizes {
+        Sizes::new()
+            .with("slices", self.slices.len())
+            .with("slices_by_service", self.slices_by_service.len())
+            .with("dirty", self.dirty.len())
+            .with("applied", self.applied.len())
+            .with("trigger_times", self.trigger_times.values().map(Vec::len).sum())
     }
 
     /// The current map, without taking pending changes.

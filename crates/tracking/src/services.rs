@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
 use kpr_model::{
-    Converted, IgnoredValue, IpFamily, NamespacedName, Rejection, ServicePort, ServiceView, service_view,
+    Converted, IgnoredValue, IpFamily, NamespacedName, Rejection, ServicePort, ServiceView, Sizes,
+    service_view,
 };
 
 use crate::{Changes, Recorded};
@@ -81,6 +82,13 @@ impl ServiceTracker {
     /// Services with changes not yet handed to the proxier.
     pub fn pending(&self) -> usize {
         self.pending.len()
+    }
+
+    /// How many Services it holds and how many changes wait (kpr_model::Sizes).
+    pub fn footprint(&self) -> Sizes {
+        Sizes::new()
+            .with("applied", self.applied.len())
+            .with("pending", self.pending.len())
     }
 
     /// The current map, without taking pending changes.

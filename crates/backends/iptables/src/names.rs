@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use kpr_model::ServicePortName;
+use kpr_model::{ServicePortName, Sizes};
 use kpr_naming::{ChainName, ServiceChains, endpoint_chain};
 
 #[derive(Debug, Default)]
@@ -55,6 +55,18 @@ impl NameCache {
             .unwrap_or_else(|| endpoint_chain(name, &addr.to_string()));
         self.current.endpoints.insert(key, chain.clone());
         chain
+    }
+
+    /// Names held, per generation (kpr_model::Sizes): at most two builds' worth.
+    pub fn footprint(&self) -> Sizes {
+        let generation = |g: &Generation| {
+            Sizes::new()
+                .with("services", g.services.len())
+                .with("endpoints", g.endpoints.len())
+        };
+        Sizes::new()
+            .nested("current", generation(&self.current))
+            .nested("previous", generation(&self.previous))
     }
 
     #[cfg(test)]

@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use kpr_conntrack::Conntrack;
-use kpr_model::{NamespacedName, ObjectKind};
+use kpr_model::{NamespacedName, ObjectKind, Sizes};
 use kpr_naming::{ChainName, chain, is_service_chain};
 use kpr_state::{
     Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount, UnsafeObject,
@@ -216,6 +216,18 @@ impl IptablesBackend {
     /// The start-up step: host settings the rules depend on (route_localnet).
     pub fn init(&self, sysctl: &dyn Sysctl) -> Result<(), HostError> {
         prepare_host(&self.opts, sysctl)
+    }
+
+    /// What the backend keeps between syncs (kpr_model::Sizes): the per-service chains last
+    /// written, the chain name cache, the refusals already reported.
+    pub fn footprint(&self) -> Sizes {
+        Sizes::new()
+            .with(
+                "applied.chains",
+                self.applied.as_ref().map_or(0, |a| a.chains.len()),
+            )
+            .nested("names", self.names.footprint())
+            .with("reported_refusals", self.reported_refusals.len())
     }
 
     /// Syncs the kernel with `request.state`; on error the next sync is full.

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use kpr_conntrack::Conntrack;
 use kpr_iptables::{AddressError, InterfaceAddresses, LocalAddresses};
-use kpr_model::{IpFamily, NamespacedName, ServicePortName};
+use kpr_model::{IpFamily, NamespacedName, ServicePortName, Sizes};
 use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount};
 
 use crate::batch::{Batch, BatchCounts, FullStart, Ledger, Op, stream_full};
@@ -173,6 +173,27 @@ impl NftablesBackend {
     /// elements are recomputed on every sync).
     pub fn set_service_cidrs(&mut self, cidrs: Vec<ipnet::IpNet>) {
         self.opts.service_cidrs = cidrs;
+    }
+
+    /// What the backend keeps between syncs (kpr_model::Sizes): the ledger, the bundles and
+    /// ports per owner, the read-back baseline. Guarded by tests/churn.rs.
+    pub fn footprint(&self) -> Sizes {
+        let sizes = Sizes::new().with("last_batches", self.last_batches.len());
+        let Some(applied) = &self.applied else {
+            return sizes;
+        };
+        let baseline = applied.baseline.as_ref();
+        sizes
+            .nested("ledger", applied.ledger.footprint())
+            .with("bundles", applied.bundles.len())
+            .with("ports", applied.ports.len())
+            .with("ports.names", applied.ports.values().map(Vec::len).sum())
+            .with("baseline.chains", baseline.map_or(0, |b| b.chains.len()))
+            .with("baseline.sets", baseline.map_or(0, |b| b.sets.len()))
+            .with(
+                "baseline.handles",
+                baseline.map_or(0, |b| b.chain_handles.len() + b.set_handles.len()),
+            )
     }
 
     /// What the batches of the last sync carried.

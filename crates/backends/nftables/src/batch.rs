@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use kpr_model::IpFamily;
+use kpr_model::{IpFamily, Sizes};
 
 use crate::build::{Bundle, Dest, Owner, Ruleset, dispatch_rules, shared_rules};
 use crate::model::{ElemKey, ElemValue, Element, Rule};
@@ -351,6 +351,20 @@ impl Ledger {
         }
         self.owned_elements +=
             bundle.entries.len() + bundle.slots.iter().map(|(_, e)| e.len()).sum::<usize>();
+    }
+
+    /// How many claims, counted keys and owned elements it holds (kpr_model::Sizes).
+    pub fn footprint(&self) -> Sizes {
+        Sizes::new()
+            .with("claims", self.claims.len())
+            .with("cluster_ips", self.cluster_ips.len())
+            .with("hairpin", self.hairpin.len())
+            .with("chains", self.chains.len())
+            .with("entry_sets", self.entry_sets.len())
+            .with("contested", self.contested.len())
+            .with("owned_elements", self.owned_elements)
+            .with("no_local_internal", self.no_local_internal)
+            .with("no_local_external", self.no_local_external)
     }
 
     /// Whether `dest` is held by an owner other than `owner`.

@@ -352,3 +352,53 @@ async fn eventually<T, F: std::future::Future<Output = Option<T>>>(mut attempt: 
     }
     panic!("never happened");
 }
+
+/// Nothing the manager keeps grows with the number of changes: rounds of Services whose
+/// servers open, change their counts, move to another port, fail on a port in use (and
+/// are retried), then all go, leave the sizes and the metric label sets of the warm-up
+/// round.
+#[tokio::test]
+async fn sizes_and_metric_label_sets_come_back_after_churn() {
+    /// Returns how many Services had servers midway.
+    async fn round(h: &mut Harness, r: usize) -> usize {
+        let names: Vec<String> = (0..3).map(|i| format!("churn-{r}-{i}")).collect();
+        let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
+        let wanted: Vec<(&str, HealthCheck)> = names
+            .iter()
+            .zip(&ports)
+            .map(|(name, port)| (name.as_str(), check(*port, 1)))
+            .collect();
+        h.apply(&wanted).await;
+        let midway = h.manager.footprint().get("open").unwrap();
+        let mut changed = wanted.clone();
+        changed[0].1 = check(ports[0], 0);
+        changed[1].1 = check(free_port(), 2);
+        // Somebody else holds the port: reported, retried by the next update.
+        let taken = std::net::TcpListener::bind((LOCALHOST, 0)).unwrap();
+        changed[2].1 = check(taken.local_addr().unwrap().port(), 1);
+        h.apply(&changed).await;
+        drop(taken);
+        h.apply(&changed).await;
+        h.apply(&[]).await;
+        midway
+    }
+    fn label_sets(h: &Harness) -> std::collections::BTreeSet<String> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &h.registry).unwrap();
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' ').map(|(series, _)| series.to_string()))
+            .collect()
+    }
+
+    let mut h = Harness::new();
+    assert_eq!(round(&mut h, 0).await, 3, "the churn must open servers");
+    let (before, labels) = (h.manager.footprint(), label_sets(&h));
+    assert!(h.failures("port_in_use") > 0.0, "the churn must reach a failure");
+    for r in 1..=30 {
+        round(&mut h, r).await;
+    }
+    let after = h.manager.footprint();
+    assert_eq!(before.differences(&after), [], "sizes grew with churn:\n{after}");
+    assert_eq!(label_sets(&h), labels, "metric label sets changed with churn");
+}

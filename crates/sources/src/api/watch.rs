@@ -146,6 +146,15 @@ impl<K: Watched> WatchState<K> {
         }
     }
 
+    /// Objects held as present and seen by a relist in progress (kpr_model::Sizes). Only
+    /// the churn test asks: the state lives inside a watcher task nobody else can reach.
+    #[cfg(test)]
+    pub(crate) fn footprint(&self) -> kpr_model::Sizes {
+        kpr_model::Sizes::new()
+            .with("present", self.present.len())
+            .with("relisting", self.relisting.as_ref().map_or(0, HashSet::len))
+    }
+
     /// Ends a (re)list: whatever was present before and not listed now is gone.
     fn finish_list(&mut self) -> Vec<Event> {
         let seen = self.relisting.take().unwrap_or_default();
@@ -181,6 +190,56 @@ impl<K: Watched> WatchState<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Nothing the watch keeps grows with the number of changes: kpr_world's churn of
+    /// Services as watch events, half the deletions lost by the watch and found by the
+    /// relist that follows each sync point, leaves the sizes of the warm-up round.
+    #[test]
+    fn sizes_come_back_after_churn_with_lost_deletions_and_relists() {
+        use std::collections::BTreeMap;
+
+        use kpr_world::churn::{Change, churn};
+
+        fn run(
+            state: &mut WatchState<Service>,
+            listed: &mut BTreeMap<String, Service>,
+            changes: &[Change],
+        ) -> usize {
+            let mut deletions_seen_by_relist = 0;
+            for (i, change) in changes.iter().enumerate() {
+                match change {
+                    Change::Service(name, Some(object)) => {
+                        listed.insert(name.clone(), (**object).clone());
+                        state.handle(watcher::Event::Apply((**object).clone()));
+                    }
+                    Change::Service(name, None) => {
+                        if let Some(object) = listed.remove(name)
+                            && i % 2 == 0
+                        {
+                            state.handle(watcher::Event::Delete(object));
+                        }
+                    }
+                    Change::Sync => {
+                        state.handle(watcher::Event::Init);
+                        for object in listed.values() {
+                            state.handle(watcher::Event::InitApply(object.clone()));
+                        }
+                        deletions_seen_by_relist += state.handle(watcher::Event::InitDone).len();
+                    }
+                    _ => {}
+                }
+            }
+            deletions_seen_by_relist
+        }
+
+        let (mut state, mut listed) = (WatchState::<Service>::default(), BTreeMap::new());
+        run(&mut state, &mut listed, &churn(0, 1));
+        let before = state.footprint();
+        let found_by_relists = run(&mut state, &mut listed, &churn(1, 40));
+        let after = state.footprint();
+        assert_eq!(before.differences(&after), [], "sizes grew with churn:\n{after}");
+        assert!(found_by_relists > 0, "no deletion was left to the relists");
+    }
 
     fn svc(name: &str) -> Service {
         let mut s = Service::default();

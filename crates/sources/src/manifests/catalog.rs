@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kpr_model::{ObjectKind, RejectReason, Rejection};
+use kpr_model::{ObjectKind, RejectReason, Rejection, Sizes};
 use tracing::{debug, info, warn};
 
 use super::claims::{self, Contender, Outcome, Rank};
@@ -151,6 +151,24 @@ impl ManifestCatalog {
     pub fn with_rules(mut self, rules: ValidationRules) -> Self {
         self.rules = rules;
         self
+    }
+
+    /// What the catalog keeps between scans (kpr_model::Sizes): files and their objects,
+    /// the published view, emptied files waiting out the grace, standing conflicts.
+    pub fn footprint(&self) -> Sizes {
+        Sizes::new()
+            .with("files", self.files.len())
+            .with(
+                "files.objects",
+                self.files.values().map(|f| f.objects.len()).sum(),
+            )
+            .with(
+                "files.oversized",
+                self.files.values().filter(|f| f.oversized.is_some()).count(),
+            )
+            .with("published", self.published.len())
+            .with("emptied_at", self.emptied_at.len())
+            .with("reported_conflicts", self.reported_conflicts.len())
     }
 
     /// When a rescan should check again whether an emptied file is still empty.
@@ -423,5 +441,7 @@ fn diff(old: &BTreeMap<ObjectKey, ManifestObject>, new: &BTreeMap<ObjectKey, Man
     upserts.chain(deletions).collect()
 }
 
+#[cfg(test)]
+mod churn_tests;
 #[cfg(test)]
 mod tests;

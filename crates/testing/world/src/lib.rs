@@ -14,6 +14,9 @@
 //!   `"10.0.0.2 serving terminating local hint-zone=z1"` (see [`ep`] for the words).
 //! - [`service_object`], [`slice_object`], [`node_object`]: the API objects alone, for tests
 //!   that feed them elsewhere (a sync loop's events).
+//! - [`churn::churn`]: many changes that end where they started, for the tests asserting
+//!   that no tracker, cache or metric label set grows with the number of changes
+//!   (`footprint()` everywhere, [`kpr_model::Sizes`]).
 //! - [`service_port`], [`endpoint`], [`node_view`]: single converted values, for the pure
 //!   decisions that take them one by one (topology, port plans).
 //!
@@ -23,6 +26,7 @@
 //! needs what no conversion produces (a name the API refuses, to test a backend's own
 //! defences) changes the converted value itself, in plain sight.
 
+pub mod churn;
 pub mod golden;
 mod objects;
 mod shorthand;

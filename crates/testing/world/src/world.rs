@@ -1,15 +1,19 @@
 //! Services and slices fed through the real trackers, taken the way the sync loop takes them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kpr_model::{IgnoredValue, IpFamily, NamespacedName, NodeView, node_view};
+use kpr_model::{
+    Converted, IgnoredValue, IpFamily, NamespacedName, NodeView, ServiceCidrView, Sizes,
+    convert_service_cidr, node_view,
+};
 use kpr_state::{DesiredState, PendingSync};
 use kpr_tracking::{EndpointsTracker, ServiceTracker};
 use serde_json::Value;
 
+use crate::churn::Change;
 use crate::objects::address_type;
 use crate::{NAMESPACE, ZONE, node_object, service_object, slice_object};
 
@@ -21,6 +25,9 @@ pub struct World {
     services: ServiceTracker,
     endpoints: EndpointsTracker,
     node: Arc<NodeView>,
+    /// ServiceCIDRs by name, as the sync loop's intake keeps them; their union of this
+    /// family goes into every [`World::pending`].
+    service_cidrs: BTreeMap<String, ServiceCidrView>,
 }
 
 impl Default for World {
@@ -49,6 +56,7 @@ impl World {
             services: ServiceTracker::new(family),
             endpoints: EndpointsTracker::new(family, &view.name),
             node: Arc::new(view),
+            service_cidrs: BTreeMap::new(),
         }
     }
 
@@ -96,10 +104,57 @@ impl World {
             .unwrap_or_else(|rejection| panic!("the test's EndpointSlice is rejected: {rejection}"))
     }
 
+    /// Records one change of a [`crate::churn`] workload as a source would report it. Unlike
+    /// [`World::apply_service`], a rejected object is fine here (it counts as absent, as in
+    /// the sync loop): the workload rejects some on purpose. [`Change::Sync`] does nothing;
+    /// the caller syncs.
+    pub fn apply(&mut self, change: &Change) {
+        let id = |name: &str| NamespacedName::new(NAMESPACE, name);
+        match change {
+            Change::Service(name, object) => {
+                let _ = self.services.update(id(name), object.as_deref());
+            }
+            Change::Slice(name, object) => {
+                let _ = self.endpoints.update(id(name), object.as_deref());
+            }
+            Change::Node(node) => {
+                let view = node_view(node)
+                    .unwrap_or_else(|rejection| panic!("the test's Node is rejected: {rejection}"));
+                self.node = Arc::new(view);
+            }
+            Change::ServiceCidr(name, object) => match object.as_deref().map(convert_service_cidr) {
+                Some(Ok(Converted { view, .. })) => {
+                    self.service_cidrs.insert(name.clone(), view);
+                }
+                _ => {
+                    self.service_cidrs.remove(name);
+                }
+            },
+            Change::Sync => {}
+        }
+    }
+
+    /// The trackers' sizes and the ServiceCIDRs held (kpr_model::Sizes).
+    pub fn footprint(&self) -> Sizes {
+        Sizes::new()
+            .nested("services", self.services.footprint())
+            .nested("endpoints", self.endpoints.footprint())
+            .with("service_cidrs", self.service_cidrs.len())
+    }
+
     /// Everything the next sync hands to a backend, taken from the trackers the way the
     /// sync loop (crates/sync) takes it.
     pub fn pending(&mut self) -> PendingSync {
+        let mut cidrs: Vec<_> = self
+            .service_cidrs
+            .values()
+            .flat_map(|view| view.of_family(self.family))
+            .collect();
+        cidrs.sort();
+        cidrs.dedup();
+        let _ = self.endpoints.take_trigger_times();
         PendingSync::new(self.services.take(), self.endpoints.take(), self.node.clone())
+            .with_service_cidrs(Arc::new(cidrs))
     }
 
     /// The desired state after the pending changes, and the services they touched.

@@ -447,3 +447,50 @@ fn full_syncs_ensure_the_jumps_before_the_restore_fills_the_chains() {
         "a partial sync restores without touching the jumps"
     );
 }
+
+/// Nothing the backend keeps between syncs (per-service chains, the name cache, reported
+/// refusals) grows with the number of changes: after rounds of kpr_world's churn, ending
+/// where they started, every size is what it was after a warm-up round. Partial syncs
+/// only, as a long-running proxy syncs.
+#[test]
+fn sizes_come_back_after_churn_in_both_families() {
+    use kpr_world::churn::{Change, churn};
+
+    fn run(world: &mut World, b: &mut IptablesBackend, changes: &[Change]) -> usize {
+        let mut most_chains = 0;
+        for change in changes {
+            world.apply(change);
+            if matches!(change, Change::Sync) {
+                let pending = world.pending();
+                let report = b.sync_rules(&pending.request(false)).unwrap();
+                assert!(!report.full, "churn must take the partial path");
+                most_chains = most_chains.max(b.footprint().get("applied.chains").unwrap());
+            }
+        }
+        most_chains
+    }
+
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let fake = Fake::default();
+        let opts = IptablesOptions {
+            family,
+            ..IptablesOptions::default()
+        };
+        let mut b = backend(&fake, opts).with_full_sync_period(Duration::from_secs(3600));
+        let mut world = World::with_family(family);
+        b.sync_rules(&world.pending().request(false)).unwrap();
+        let most_chains = run(&mut world, &mut b, &churn(0, 1));
+        let before = b.footprint();
+        run(&mut world, &mut b, &churn(1, 40));
+        let after = b.footprint();
+        assert_eq!(
+            before.differences(&after),
+            [],
+            "{family:?}: sizes grew with churn:\n{after}"
+        );
+        assert!(
+            most_chains > before.get("applied.chains").unwrap(),
+            "{family:?}: the churn never added a chain"
+        );
+    }
+}

@@ -32,7 +32,7 @@ impl PeakProbe {
     }
 }
 
-/// A `Key:   123 kB` line of /proc/<pid>/status, in KiB.
+/// A `Key:   123 kB` line of `/proc/<pid>/status`, in KiB.
 pub fn status_field(status: &str, key: &str) -> Option<u64> {
     status.lines().find_map(|line| {
         let value = line.strip_prefix(key)?.strip_prefix(':')?;

@@ -43,7 +43,7 @@ pub struct Launch<'a> {
     pub min_sync_period: Option<&'a str>,
 }
 
-/// The proxy's memory, from /proc/<pid>/status, in KiB.
+/// The proxy's memory, from `/proc/<pid>/status`, in KiB.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Memory {
     /// `VmHWM`: the peak resident set since start.

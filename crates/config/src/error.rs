@@ -81,7 +81,7 @@ pub enum Origin {
 /// One invalid setting: which field, what value, why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FieldError {
-    /// Dotted v1alpha1 path, e.g. "iptables.masqueradeBit" or "nodePortAddresses[1]".
+    /// Dotted v1alpha1 path, e.g. `iptables.masqueradeBit` or `nodePortAddresses[1]`.
     pub field: String,
     pub value: String,
     pub reason: String,
@@ -98,7 +98,7 @@ impl FieldError {
         }
     }
 
-    /// The field name without an index ("nodePortAddresses[1]" -> "nodePortAddresses").
+    /// The field name without an index (`nodePortAddresses[1]` -> `nodePortAddresses`).
     pub fn base_field(&self) -> &str {
         self.field.split('[').next().unwrap_or(&self.field)
     }

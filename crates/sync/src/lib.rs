@@ -7,10 +7,10 @@
 //! with one family.
 //!
 //! Two kinds of tasks share the trackers behind mutexes held only for short, CPU-bound steps:
-//! - intake ([`intake`]) applies every source event to every family's trackers, counts and
+//! - intake (`intake`) applies every source event to every family's trackers, counts and
 //!   logs rejected objects once, and asks the runner of each family whose state changed
 //!   for a sync;
-//! - one runner per family ([`kpr_runner::SyncRunner`]) calls [`sync::sync_once`] on a
+//! - one runner per family ([`kpr_runner::SyncRunner`]) calls `sync::sync_once` on a
 //!   blocking thread: take that family's pending changes and snapshots, release the lock,
 //!   let its backend program the kernel, then record metrics and health, and hand the
 //!   programmed state to whoever asked for it ([`FamilyBackend::after_sync`]).

@@ -22,7 +22,7 @@ const SETTLE_POLL: Duration = Duration::from_millis(200);
 /// How often the churn loop checks that the proxy still runs (in changes).
 const ALIVE_CHECK_EVERY: usize = 50;
 /// Fixed, so every run changes the same slices in the same order.
-const SEED: u64 = 0x6b70_722d_6368_7572;
+pub const SEED: u64 = 0x6b70_722d_6368_7572;
 
 pub struct ChurnPlan<'a> {
     pub binary: &'a std::path::Path,
@@ -173,7 +173,7 @@ fn summarize(histogram: &Histogram) -> Outcome<Latency> {
 }
 
 /// Now, as the endpoint-slice controller writes the trigger time annotation.
-fn trigger_time_now() -> String {
+pub fn trigger_time_now() -> String {
     trigger_time(jiff::Timestamp::now())
 }
 
@@ -186,7 +186,7 @@ fn trigger_time(at: jiff::Timestamp) -> String {
 
 /// A small fixed-seed generator (SplitMix64) picking which slice changes next: reproducible
 /// across runs, and no dependency for it.
-struct SplitMix64(u64);
+pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
     fn next(&mut self) -> u64 {
@@ -198,7 +198,7 @@ impl SplitMix64 {
     }
 
     /// In `0..n` (`0` for `n == 0`).
-    fn below(&mut self, n: usize) -> usize {
+    pub fn below(&mut self, n: usize) -> usize {
         match n as u64 {
             0 => 0,
             n => (self.next() % n) as usize,

@@ -23,13 +23,18 @@ pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 10);
 pub const CLUSTER_CIDR: &str = "10.64.0.0/10";
 const POD_BASE: Ipv4Addr = Ipv4Addr::new(10, 64, 0, 0);
 const POD_ADDRESSES: usize = 1 << 22;
+/// The second quarter of the pod range (10.80.0.0/12) holds the endpoints of Services
+/// created after the start (the soak's turnover), so they never meet the addresses endpoint
+/// changes move to; it stays below 10.96.0.0, where cluster IPs start.
+const EXTRA_POD_OFFSET: usize = POD_ADDRESSES / 4;
+const EXTRA_POD_END: usize = POD_ADDRESSES / 2;
 /// Cluster IPs come from the usual service range.
 const SERVICE_BASE: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 0);
 const SERVICE_ADDRESSES: usize = 1 << 20;
 /// Endpoints are spread round-robin over this many nodes; node 0 is this one, so one
 /// endpoint in eight is local.
 pub const NODES: usize = 8;
-const NAMESPACE: &str = "bench";
+pub const NAMESPACE: &str = "bench";
 const PORT_NAME: &str = "http";
 const SERVICE_PORT: i32 = 80;
 const TARGET_PORT: i32 = 8080;
@@ -57,6 +62,25 @@ impl Shape {
                 .checked_mul(self.endpoints)
                 .and_then(|total| total.checked_add(changes))
                 .is_some_and(|total| total < POD_ADDRESSES)
+    }
+}
+
+impl Shape {
+    /// Whether `changes` endpoint changes and `extra` Services created later (see
+    /// [`extra_service`]) fit without any address being used twice.
+    pub fn fits_soak(&self, changes: usize, extra: usize) -> bool {
+        let moved = self
+            .services
+            .checked_mul(self.endpoints)
+            .and_then(|total| total.checked_add(changes));
+        moved.is_some_and(|total| total < EXTRA_POD_OFFSET)
+            && extra
+                .checked_mul(self.endpoints)
+                .is_some_and(|total| total < EXTRA_POD_END - EXTRA_POD_OFFSET)
+            && self
+                .services
+                .checked_add(extra)
+                .is_some_and(|total| total < SERVICE_ADDRESSES)
     }
 }
 
@@ -127,7 +151,7 @@ impl SyntheticCluster {
 
     fn set_endpoints(&mut self, index: usize, addresses: &[Ipv4Addr]) -> Result<(), Rejection> {
         let slice = endpoint_slice(index, addresses, self.shape.endpoints);
-        let id = NamespacedName::new(NAMESPACE, &format!("svc-{index}-1"));
+        let id = NamespacedName::new(NAMESPACE, &slice_name(index));
         // Synthetic slices have no malformed entries to drop.
         self.endpoints.update(id, Some(&slice)).map(drop)
     }
@@ -203,6 +227,31 @@ pub fn churned_slice(shape: Shape, index: usize, generation: usize, trigger_time
     slice
 }
 
+/// Extra Service number `n` (from 0) created after the start, past the shape's Services, and
+/// its slice: its own cluster IP, and endpoints from `EXTRA_POD_OFFSET` on, so
+/// creating it is always a real change.
+pub fn extra_service(shape: Shape, n: usize) -> (Service, EndpointSlice) {
+    let index = shape.services + n;
+    let addresses: Vec<Ipv4Addr> = (0..shape.endpoints)
+        .map(|e| pod_ip(EXTRA_POD_OFFSET + n * shape.endpoints + e))
+        .collect();
+    (service(index), endpoint_slice(index, &addresses, shape.endpoints))
+}
+
+/// The names of extra Service `n` and of its slice (both in [`NAMESPACE`]).
+pub fn extra_service_names(shape: Shape, n: usize) -> (String, String) {
+    let index = shape.services + n;
+    (service_name(index), slice_name(index))
+}
+
+fn service_name(index: usize) -> String {
+    format!("svc-{index}")
+}
+
+fn slice_name(index: usize) -> String {
+    format!("svc-{index}-1")
+}
+
 fn with_kind(mut object: serde_json::Value, api_version: &str, kind: &str) -> serde_json::Value {
     if let Some(map) = object.as_object_mut() {
         map.insert("apiVersion".to_string(), api_version.into());
@@ -212,7 +261,7 @@ fn with_kind(mut object: serde_json::Value, api_version: &str, kind: &str) -> se
 }
 
 fn service_id(index: usize) -> NamespacedName {
-    NamespacedName::new(NAMESPACE, &format!("svc-{index}"))
+    NamespacedName::new(NAMESPACE, &service_name(index))
 }
 
 /// `base + offset + 1` (skipping the network address); callers keep `offset` in range.
@@ -247,7 +296,7 @@ fn service(index: usize) -> Service {
     let cluster_ip = nth_address(SERVICE_BASE, index).to_string();
     Service {
         metadata: ObjectMeta {
-            name: Some(format!("svc-{index}")),
+            name: Some(service_name(index)),
             namespace: Some(NAMESPACE.to_string()),
             ..ObjectMeta::default()
         },
@@ -287,9 +336,9 @@ fn endpoint_slice(index: usize, addresses: &[Ipv4Addr], per_service: usize) -> E
         .collect();
     EndpointSlice {
         metadata: ObjectMeta {
-            name: Some(format!("svc-{index}-1")),
+            name: Some(slice_name(index)),
             namespace: Some(NAMESPACE.to_string()),
-            labels: Some([(SERVICE_NAME_LABEL.to_string(), format!("svc-{index}"))].into()),
+            labels: Some([(SERVICE_NAME_LABEL.to_string(), service_name(index))].into()),
             ..ObjectMeta::default()
         },
         address_type: "IPv4".to_string(),
@@ -399,6 +448,39 @@ mod tests {
         let since = stamp.duration_since(std::time::UNIX_EPOCH).unwrap();
         assert_eq!((since.as_secs(), since.subsec_millis()), (1_795_428_000, 500));
         assert_eq!(slice.metadata.name.as_deref(), Some("svc-1-1"));
+    }
+
+    #[test]
+    fn extra_services_take_fresh_names_and_addresses() {
+        let shape = Shape {
+            services: 3,
+            endpoints: 2,
+        };
+        let (service, slice) = extra_service(shape, 1);
+        assert_eq!(service.metadata.name.as_deref(), Some("svc-4"));
+        assert_eq!(
+            extra_service_names(shape, 1),
+            ("svc-4".to_string(), "svc-4-1".to_string())
+        );
+        let initial: Vec<String> = objects(shape)
+            .filter_map(|o| match o {
+                ClusterObject::Slice(s) => Some(
+                    s.endpoints
+                        .iter()
+                        .map(|e| e.addresses[0].clone())
+                        .collect::<Vec<_>>(),
+                ),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let extra: Vec<&str> = slice.endpoints.iter().map(|e| e.addresses[0].as_str()).collect();
+        assert_eq!(extra, ["10.80.0.3", "10.80.0.4"]);
+        assert!(extra.iter().all(|a| !initial.iter().any(|i| i == a)));
+        // Far below every address an endpoint change moves to at this shape.
+        assert!(shape.fits_soak(1000, 1000));
+        assert!(!shape.fits_soak(EXTRA_POD_OFFSET, 0));
+        assert!(!shape.fits_soak(0, EXTRA_POD_OFFSET));
     }
 
     #[test]

@@ -49,6 +49,11 @@ pub fn mebibytes(kib: u64) -> String {
     format!("{:.0} MiB", kib as f64 / 1024.0)
 }
 
+/// `101.4 MiB`: a tenth of a MiB, for memory compared over time.
+pub fn mebibytes_tenths(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
 /// A table cell for `outcome`, showing a finished one with `show`.
 pub fn outcome<T>(outcome: &Outcome<T>, show: impl Fn(&T) -> String) -> String {
     match outcome {
@@ -60,7 +65,7 @@ pub fn outcome<T>(outcome: &Outcome<T>, show: impl Fn(&T) -> String) -> String {
 }
 
 /// Keeps a table row one line and readable: first line, pipes escaped, at most 120 chars.
-fn one_line(text: &str) -> String {
+pub fn one_line(text: &str) -> String {
     let first = text.lines().next().unwrap_or_default().replace('|', "\\|");
     match first.char_indices().nth(120) {
         Some((cut, _)) => format!("{}…", &first[..cut]),
@@ -91,6 +96,7 @@ mod tests {
         assert_eq!(count(1_234_567), "1,234,567");
         assert_eq!(count(100_000), "100,000");
         assert_eq!(mebibytes(2048), "2 MiB");
+        assert_eq!(mebibytes_tenths(103_834), "101.4 MiB");
     }
 
     #[test]

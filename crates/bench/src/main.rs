@@ -9,10 +9,12 @@
 //! Kernel loads happen only in network namespaces this process creates (needs root); the
 //! results are printed as Markdown and, with `--out`, written as the whole BENCHMARKS.md.
 //!
-//! Four parts, each selectable with `--parts`: the iptables backend's rendering and kernel
+//! Five parts, each selectable with `--parts`: the iptables backend's rendering and kernel
 //! loads, the nftables backend's syncs, the real binary's start-up end to end (from a manifest
-//! file and from the test API server), and the real binary's network programming latency
-//! under endpoint churn through the test API server.
+//! file and from the test API server), the real binary's network programming latency
+//! under endpoint churn through the test API server, and (only when asked for: it lasts
+//! half an hour by default) the soak: the real binary's memory and metric series under
+//! long churn with watch drops and forced relists.
 
 mod api_lab;
 mod churn;
@@ -32,6 +34,7 @@ mod proxy;
 mod render;
 mod report;
 mod scratch;
+mod soak;
 mod stats;
 mod targets;
 mod timed;
@@ -40,7 +43,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use kpr_iptables::Variant;
 
 use crate::cluster::{Shape, Snapshot, SyntheticCluster};
@@ -110,7 +113,7 @@ struct Args {
     /// value given (Go durations; 1s is the product's and upstream's default).
     #[arg(long, value_delimiter = ',', default_value = "1s")]
     churn_min_sync_period: Vec<String>,
-    /// Which parts to run.
+    /// Which parts to run (the soak only when named).
     #[arg(
         long,
         value_delimiter = ',',
@@ -118,6 +121,31 @@ struct Args {
         default_value = "render-load,nft-backend,e2e,churn"
     )]
     parts: Vec<Part>,
+    /// Services (× `--endpoints`) the soak starts from and keeps.
+    #[arg(long, default_value_t = 10_000)]
+    soak_services: usize,
+    /// How long the soak churns, after the first sync.
+    #[arg(long, value_name = "MINUTES", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=1440))]
+    soak_minutes: u32,
+    /// Endpoint changes per second during the soak.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    soak_endpoint_rate: u32,
+    /// Service turnovers per second during the soak: each creates a Service (with its
+    /// slice) and deletes the oldest extra one, so the count stays put.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=1_000))]
+    soak_service_rate: u32,
+    /// Seconds between ending every watch during the soak (0: never).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    soak_watch_drop_seconds: u64,
+    /// Seconds between forced relists (history compacted, watches ended; 0: never).
+    #[arg(long, value_name = "SECONDS", default_value_t = 150)]
+    soak_relist_seconds: u64,
+    /// Seconds between samples of the proxy's memory and metric series.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    soak_sample_seconds: u64,
+    /// Whether `--modes` was given (the soak runs nftables mode only unless it was).
+    #[arg(skip)]
+    modes_given: bool,
     /// Write the whole report (BENCHMARKS.md) to this file.
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
@@ -140,6 +168,9 @@ enum Part {
     E2e,
     /// The real binary's programming latency under churn (`--churn-*`).
     Churn,
+    /// The real binary's memory and metric series under long churn (`--soak-*`; nftables
+    /// mode unless `--modes` is given).
+    Soak,
 }
 
 impl BenchMode {
@@ -152,7 +183,12 @@ impl BenchMode {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let matches = Args::command().get_matches();
+    let mut args = match Args::from_arg_matches(&matches) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    };
+    args.modes_given = matches.value_source("modes") == Some(clap::parser::ValueSource::CommandLine);
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -217,12 +253,18 @@ fn run(args: &Args) -> Result<(), String> {
     } else {
         Vec::new()
     };
+    let soak_rows = if real_binary(Part::Soak) {
+        soak(args)?
+    } else {
+        Vec::new()
+    };
     settings.load_after = machine::load_average();
     let measured = report::Measured {
         rows: &rows,
         nft_rows: &nft_rows,
         e2e_rows: &e2e_rows,
         churn_rows: &churn_rows,
+        soak_rows: &soak_rows,
     };
     println!("{}", report::results(&measured));
     if let Some(path) = &args.out {
@@ -308,6 +350,52 @@ fn churn(args: &Args) -> Result<Vec<churn::ChurnRow>, String> {
                 rows.push(row);
             }
         }
+    }
+    Ok(rows)
+}
+
+/// The real binary under long churn, per mode (nftables unless `--modes` was given).
+fn soak(args: &Args) -> Result<Vec<soak::SoakRow>, String> {
+    let proxy = proxy_binary(args)?;
+    let modes = if args.modes_given {
+        args.modes.clone()
+    } else {
+        vec![BenchMode::Nftables]
+    };
+    let cadence = soak::schedule::Cadence {
+        length: Duration::from_secs(u64::from(args.soak_minutes) * 60),
+        endpoint_changes: args.soak_endpoint_rate,
+        service_turnovers: args.soak_service_rate,
+        watch_drop_every: Duration::from_secs(args.soak_watch_drop_seconds),
+        relist_every: Duration::from_secs(args.soak_relist_seconds),
+        sample_every: Duration::from_secs(args.soak_sample_seconds),
+    };
+    let mut rows = Vec::new();
+    for mode in modes {
+        let plan = soak::SoakPlan {
+            binary: &proxy,
+            shape: Shape {
+                services: args.soak_services,
+                endpoints: args.endpoints.into(),
+            },
+            mode: mode.name(),
+            cadence,
+            timeout: Duration::from_secs(args.e2e_timeout),
+        };
+        eprintln!(
+            "[{} services, {}] soak: {} min, {} endpoint changes/s, {} Service turnovers/s",
+            args.soak_services,
+            plan.mode,
+            args.soak_minutes,
+            cadence.endpoint_changes,
+            cadence.service_turnovers
+        );
+        let row = soak::measure(&plan)?;
+        eprintln!(
+            "[{} services, {}] soak done: {:?}",
+            args.soak_services, plan.mode, row.written
+        );
+        rows.push(row);
     }
     Ok(rows)
 }

@@ -50,6 +50,9 @@ pub struct Memory {
     pub peak_kib: Option<u64>,
     /// `VmRSS`: resident now.
     pub rss_kib: Option<u64>,
+    /// `RssAnon`: the part of `VmRSS` that is the process's own memory (heap, stacks), not
+    /// pages of its binary and libraries, which come in as code paths are first used.
+    pub anon_kib: Option<u64>,
 }
 
 /// A running proxy; killed and reaped when dropped.
@@ -123,6 +126,7 @@ impl<'a> RunningProxy<'a> {
         Memory {
             peak_kib: status_field(&status, "VmHWM"),
             rss_kib: status_field(&status, "VmRSS"),
+            anon_kib: status_field(&status, "RssAnon"),
         }
     }
 

@@ -14,6 +14,7 @@ use crate::load::{LoadResult, Outcome, Partial};
 use crate::machine::Machine;
 use crate::nftables::{NftRow, Spread};
 use crate::render::RenderStats;
+use crate::soak::SoakRow;
 use crate::targets::targets_section;
 
 /// Everything measured for one cluster size.
@@ -54,6 +55,7 @@ pub struct Measured<'a> {
     pub nft_rows: &'a [NftRow],
     pub e2e_rows: &'a [E2eRow],
     pub churn_rows: &'a [ChurnRow],
+    pub soak_rows: &'a [SoakRow],
 }
 
 /// The result tables (what the terminal shows).
@@ -77,6 +79,10 @@ pub fn results(m: &Measured<'_>) -> String {
     if !m.churn_rows.is_empty() {
         out.push('\n');
         churn_table(&mut out, m.churn_rows);
+    }
+    if !m.soak_rows.is_empty() {
+        out.push('\n');
+        crate::soak::report::summary_table(&mut out, m.soak_rows);
     }
     out
 }
@@ -270,6 +276,7 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
         nft_rows,
         e2e_rows,
         churn_rows,
+        soak_rows,
     } = *m;
     let mut out = String::from("# Benchmarks\n\n");
     out.push_str(
@@ -315,9 +322,10 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
         churn_table(&mut out, churn_rows);
         out.push('\n');
     }
+    crate::soak::report::section(&mut out, soak_rows);
     method_section(&mut out, settings);
     out.push_str(&commentary(rows));
-    if !nft_rows.is_empty() || !e2e_rows.is_empty() || !churn_rows.is_empty() {
+    if !nft_rows.is_empty() || !e2e_rows.is_empty() || !churn_rows.is_empty() || !soak_rows.is_empty() {
         out.push('\n');
         out.push_str(&targets_section(m));
     }
@@ -475,6 +483,7 @@ pub(crate) mod tests {
             nft_rows: &[],
             e2e_rows: &[],
             churn_rows: &[],
+            soak_rows: &[],
         });
         assert!(text.contains("| 10,000 × 10 | 120 ms | 30.0 MB | 250,000 | 110,000 | 4.90 s (median of 3) | timed out after 600 s | 9.80 s |"), "{text}");
         assert!(
@@ -507,6 +516,7 @@ pub(crate) mod tests {
             memory: crate::proxy::Memory {
                 peak_kib: Some(300 << 10),
                 rss_kib: Some(200 << 10),
+                anon_kib: None,
             },
         }
     }
@@ -532,6 +542,7 @@ pub(crate) mod tests {
             memory: crate::proxy::Memory {
                 peak_kib: Some(400 << 10),
                 rss_kib: None,
+                anon_kib: None,
             },
         }
     }
@@ -555,6 +566,7 @@ pub(crate) mod tests {
             nft_rows: &[],
             e2e_rows: &e2e,
             churn_rows: &[],
+            soak_rows: &[],
         });
         assert!(
             text.contains("| source | spawn to first sync | proxy CPU time by then | peak RSS (VmHWM) | steady RSS (VmRSS) |"),
@@ -590,6 +602,7 @@ pub(crate) mod tests {
             nft_rows: &[],
             e2e_rows: &[],
             churn_rows: &churn,
+            soak_rows: &[],
         });
         assert!(
             text.contains("| 10,000 × 10 | nftables | 1s | 2.10 s | 6,000 in 60.0 s | 12.0 ms / 80.0 ms | 6,000 | 400 MiB | n/a |"),
@@ -639,6 +652,7 @@ pub(crate) mod tests {
                 nft_rows: &[],
                 e2e_rows: &[],
                 churn_rows: &[],
+                soak_rows: &[],
             },
         );
         for needle in [
@@ -666,6 +680,7 @@ pub(crate) mod tests {
                 nft_rows: &[],
                 e2e_rows: &[],
                 churn_rows: &churn,
+                soak_rows: &[],
             },
         );
         assert!(

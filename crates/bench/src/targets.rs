@@ -1,16 +1,19 @@
 //! The issues' targets against this run's figures, as a table: each target with the measured
 //! value and whether it is met, so a regression shows in review. Issue 9 (nftables mode):
 //! backend sync times, memory at 50k and the programming latency under churn; issue 12: the
-//! real binary's first sync at 10k, from the API server and from manifests, in both modes.
+//! real binary's first sync at 10k, from the API server and from manifests, in both modes,
+//! and its memory and metric series flat under churn (the soak).
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::e2e::E2eSource;
-use crate::format::{duration, mebibytes, outcome};
+use crate::format::{duration, mebibytes, mebibytes_tenths, outcome};
 use crate::load::Outcome;
 use crate::nftables::NftRow;
 use crate::report::Measured;
+use crate::soak::samples::{growth, rss, series_changes};
+use crate::soak::schedule::warm_up;
 
 /// One line of the targets table.
 struct Target {
@@ -36,6 +39,7 @@ pub fn targets_section(m: &Measured<'_>) -> String {
     });
     lines.extend(churn_targets(m));
     lines.extend(first_sync_targets(m));
+    lines.extend(soak_targets(m));
     render(&lines)
 }
 
@@ -126,6 +130,59 @@ fn first_sync_targets(m: &Measured<'_>) -> Vec<Target> {
         .collect()
 }
 
+/// Issue 12: flat under churn, per soak run: RSS growth after the warm-up, and no metric
+/// family gaining series.
+fn soak_targets(m: &Measured<'_>) -> Vec<Target> {
+    if m.soak_rows.is_empty() {
+        return vec![Target {
+            what: "RSS growth after warm-up, soak".to_string(),
+            target: "≤ 5 %",
+            measured: None,
+            met: None,
+        }];
+    }
+    let mut lines = Vec::new();
+    for row in m.soak_rows {
+        let warm = warm_up(row.cadence.length);
+        let detail = format!(
+            "{} Services, {} mode, {} min, {} endpoint changes/s",
+            crate::format::count(row.shape.services),
+            row.mode,
+            row.elapsed.as_secs() / 60,
+            row.cadence.endpoint_changes
+        );
+        let stopped = row.stopped.as_deref().map(crate::format::one_line);
+        let g = growth(&row.samples, warm, rss);
+        lines.push(Target {
+            what: format!("RSS growth after warm-up, soak ({detail})"),
+            target: "≤ 5 %",
+            measured: match (&stopped, g) {
+                (Some(why), _) => Some(format!("stopped: {why}")),
+                (None, Some(g)) => Some(format!(
+                    "{:+.1} % ({} → {})",
+                    g.percent,
+                    mebibytes_tenths(g.warm_kib),
+                    mebibytes_tenths(g.end_kib)
+                )),
+                (None, None) => None,
+            },
+            met: g.filter(|_| stopped.is_none()).map(|g| g.percent <= 5.0),
+        });
+        let scraped = row.samples.iter().any(|s| s.series.is_some());
+        let changed = series_changes(&row.samples, warm);
+        lines.push(Target {
+            what: format!("metric series per family after warm-up, soak ({detail})"),
+            target: "no growth",
+            measured: scraped.then(|| match changed.len() {
+                0 => "flat".to_string(),
+                n => format!("{n} families changed"),
+            }),
+            met: (scraped && stopped.is_none()).then_some(changed.iter().all(|c| c.max <= c.at_warm)),
+        });
+    }
+    lines
+}
+
 fn nft(rows: &[NftRow], services: usize) -> Option<&NftRow> {
     rows.iter().find(|r| r.shape.services == services)
 }
@@ -194,6 +251,7 @@ fn render(lines: &[Target]) -> String {
 mod tests {
     use super::*;
     use crate::report::tests::{churn_row, e2e_row};
+    use crate::soak::report::tests::soak_row;
 
     fn section(e2e: &[crate::e2e::E2eRow], churn: &[crate::churn::ChurnRow]) -> String {
         targets_section(&Measured {
@@ -201,7 +259,44 @@ mod tests {
             nft_rows: &[],
             e2e_rows: e2e,
             churn_rows: churn,
+            soak_rows: &[],
         })
+    }
+
+    #[test]
+    fn soak_growth_is_judged_against_5_percent_and_series_against_none() {
+        let flat = soak_row(&[(0, 90), (60, 100), (300, 105)], (0, 7, 7));
+        let grown = soak_row(&[(0, 90), (60, 100), (300, 106)], (200, 7, 8));
+        let mut stopped = soak_row(&[(0, 90), (60, 100)], (0, 7, 7));
+        stopped.stopped = Some("kube-proxy-rs exited".into());
+        let text = targets_section(&Measured {
+            rows: &[],
+            nft_rows: &[],
+            e2e_rows: &[],
+            churn_rows: &[],
+            soak_rows: &[flat, grown, stopped],
+        });
+        let what = "(10,000 Services, nftables mode, 5 min, 100 endpoint changes/s)";
+        for line in [
+            format!(
+                "| RSS growth after warm-up, soak {what} | ≤ 5 % | +5.0 % (100.0 MiB → 105.0 MiB) | yes |"
+            ),
+            format!("| metric series per family after warm-up, soak {what} | no growth | flat | yes |"),
+            format!(
+                "| RSS growth after warm-up, soak {what} | ≤ 5 % | +6.0 % (100.0 MiB → 106.0 MiB) | **no** |"
+            ),
+            format!(
+                "| metric series per family after warm-up, soak {what} | no growth | 1 families changed | **no** |"
+            ),
+            format!("| RSS growth after warm-up, soak {what} | ≤ 5 % | stopped: kube-proxy-rs exited | — |"),
+        ] {
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
+        let none = section(&[], &[]);
+        assert!(
+            none.contains("| RSS growth after warm-up, soak | ≤ 5 % | not measured | — |"),
+            "{none}"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! compared with what the proxier last saw, so a slice update that changes nothing the rules
 //! depend on costs no sync work.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -50,8 +50,10 @@ pub struct EndpointsTracker {
     family: IpFamily,
     node_name: Arc<str>,
     slices: HashMap<NamespacedName, Arc<SliceView>>,
-    /// Slice ids per Service, ordered so merging is deterministic.
-    slices_by_service: HashMap<NamespacedName, BTreeSet<NamespacedName>>,
+    /// Slice ids per Service, sorted so merging is deterministic. A sorted `Vec`, not a
+    /// `BTreeSet`: most Services have one slice, and a one-element `BTreeSet` allocates a
+    /// whole node (~370 bytes; 18 MB at 50k Services).
+    slices_by_service: HashMap<NamespacedName, Vec<NamespacedName>>,
     dirty: HashSet<NamespacedName>,
     applied: Arc<EndpointsMap>,
     /// Trigger times of slice updates since the last sync, per Service, for the
@@ -111,10 +113,12 @@ impl EndpointsTracker {
             self.forget_slice(&old.service, &id);
         }
         if let Some(view) = view {
-            self.slices_by_service
-                .entry(view.service.clone())
-                .or_default()
-                .insert(id.clone());
+            let ids = self.slices_by_service.entry(view.service.clone()).or_default();
+            if let Err(at) = ids.binary_search(&id) {
+                // Exactly one more: a Vec's first growth would make room for four.
+                ids.reserve_exact(1);
+                ids.insert(at, id.clone());
+            }
             self.dirty.insert(view.service.clone());
             self.slices.insert(id, Arc::new(view));
         }
@@ -135,7 +139,9 @@ impl EndpointsTracker {
 
     fn forget_slice(&mut self, service: &NamespacedName, slice: &NamespacedName) {
         if let Some(ids) = self.slices_by_service.get_mut(service) {
-            ids.remove(slice);
+            if let Ok(at) = ids.binary_search(slice) {
+                ids.remove(at);
+            }
             if ids.is_empty() {
                 self.slices_by_service.remove(service);
             }

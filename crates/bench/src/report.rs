@@ -378,7 +378,9 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
              each stage includes what earlier ones still hold (intake consumes the events, so \
              the API objects are gone after it; the catalog stays). *Peak within*: the most \
              live at any moment during the stage. Heap bytes as the program asked for them, \
-             without the allocator's own overhead or fragmentation, which RSS adds.\n\n",
+             without the allocator's own overhead or fragmentation, which RSS adds. The peak \
+             within the manifest file's stage is kpr-bench writing that file (through a \
+             serde_json value tree), not the product.\n\n",
         );
         stage_table(&mut out, stage_rows);
         out.push('\n');

@@ -14,6 +14,7 @@ use crate::load::{LoadResult, Outcome, Partial};
 use crate::machine::Machine;
 use crate::nftables::{NftRow, Spread};
 use crate::render::RenderStats;
+use crate::stages::StageRow;
 use crate::targets::targets_section;
 
 /// Everything measured for one cluster size.
@@ -54,6 +55,7 @@ pub struct Measured<'a> {
     pub nft_rows: &'a [NftRow],
     pub e2e_rows: &'a [E2eRow],
     pub churn_rows: &'a [ChurnRow],
+    pub stage_rows: &'a [StageRow],
 }
 
 /// The result tables (what the terminal shows).
@@ -77,6 +79,10 @@ pub fn results(m: &Measured<'_>) -> String {
     if !m.churn_rows.is_empty() {
         out.push('\n');
         churn_table(&mut out, m.churn_rows);
+    }
+    if !m.stage_rows.is_empty() {
+        out.push('\n');
+        stage_table(&mut out, m.stage_rows);
     }
     out
 }
@@ -107,6 +113,48 @@ fn e2e_table(out: &mut String, rows: &[E2eRow]) {
             kib_cell(row.memory.peak_kib),
             kib_cell(row.memory.rss_kib),
         );
+    }
+}
+
+/// Heap bytes per pipeline stage: live after each, the peak within each, and what each
+/// added to the live bytes.
+fn stage_table(out: &mut String, rows: &[StageRow]) {
+    out.push_str(
+        "| services × endpoints | source | stage | live after | added | peak within |\n\
+         |---|---|---|---:|---:|---:|\n",
+    );
+    for row in rows {
+        let mut before = 0;
+        for stage in &row.stages {
+            let added =
+                i128::try_from(stage.live).unwrap_or(i128::MAX) - i128::try_from(before).unwrap_or(i128::MAX);
+            let _ = writeln!(
+                out,
+                "| {} × {} | {} | {} | {} | {} | {} |",
+                count(row.shape.services),
+                row.shape.endpoints,
+                row.source.label(),
+                stage.stage,
+                heap(stage.live),
+                signed_heap(added),
+                heap(stage.peak),
+            );
+            before = stage.live;
+        }
+    }
+}
+
+/// Heap bytes in MiB with one decimal: stages differ by a few MiB.
+fn heap(bytes: usize) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+fn signed_heap(bytes: i128) -> String {
+    let mib = bytes as f64 / f64::from(1 << 20);
+    if mib < 0.0 {
+        format!("−{:.1} MiB", -mib)
+    } else {
+        format!("+{mib:.1} MiB")
     }
 }
 
@@ -270,6 +318,7 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
         nft_rows,
         e2e_rows,
         churn_rows,
+        stage_rows,
     } = *m;
     let mut out = String::from("# Benchmarks\n\n");
     out.push_str(
@@ -313,6 +362,27 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
     if !churn_rows.is_empty() {
         churn_intro(&mut out, churn_rows);
         churn_table(&mut out, churn_rows);
+        out.push('\n');
+    }
+    if !stage_rows.is_empty() {
+        out.push_str(
+            "### Where the memory goes: heap bytes per stage\n\n\
+             The product's own pipeline run inside kpr-bench (no proxy process), with a \
+             counting allocator in kpr-bench's binary: the source's objects (k8s-openapi \
+             objects in `Event`s as the API source hands them, or one manifest file's bytes \
+             parsed and validated into the `ManifestCatalog`), intake into the trackers of \
+             both families (a dual-stack proxy), each family's `take()` (the `DesiredState` \
+             of a sync), the nftables backend of each family after its cold sync into a fresh \
+             namespace, and the same after the sync requests are dropped. *Live after*: heap \
+             bytes still allocated after the stage, counted from the start of the run, so \
+             each stage includes what earlier ones still hold (intake consumes the events, so \
+             the API objects are gone after it; the catalog stays). *Peak within*: the most \
+             live at any moment during the stage. Heap bytes as the program asked for them, \
+             without the allocator's own overhead or fragmentation, which RSS adds. The peak \
+             within the manifest file's stage is kpr-bench writing that file (through a \
+             serde_json value tree), not the product.\n\n",
+        );
+        stage_table(&mut out, stage_rows);
         out.push('\n');
     }
     method_section(&mut out, settings);
@@ -475,6 +545,7 @@ pub(crate) mod tests {
             nft_rows: &[],
             e2e_rows: &[],
             churn_rows: &[],
+            stage_rows: &[],
         });
         assert!(text.contains("| 10,000 × 10 | 120 ms | 30.0 MB | 250,000 | 110,000 | 4.90 s (median of 3) | timed out after 600 s | 9.80 s |"), "{text}");
         assert!(
@@ -537,6 +608,50 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn stage_rows_show_live_bytes_what_each_stage_added_and_its_peak() {
+        use crate::stages::{StageMemory, StageRow, StageSource};
+        let mib = |n: usize| n << 20;
+        let stages = [StageRow {
+            shape: Shape {
+                services: 10_000,
+                endpoints: 10,
+            },
+            source: StageSource::Api,
+            stages: vec![
+                StageMemory {
+                    stage: "source",
+                    live: mib(40),
+                    peak: mib(41),
+                },
+                StageMemory {
+                    stage: "trackers",
+                    live: mib(12),
+                    peak: mib(52),
+                },
+            ],
+        }];
+        let text = results(&Measured {
+            rows: &[],
+            nft_rows: &[],
+            e2e_rows: &[],
+            churn_rows: &[],
+            stage_rows: &stages,
+        });
+        assert!(
+            text.contains("| stage | live after | added | peak within |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 10,000 × 10 | API | source | 40.0 MiB | +40.0 MiB | 41.0 MiB |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 10,000 × 10 | API | trackers | 12.0 MiB | −28.0 MiB | 52.0 MiB |"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn end_to_end_rows_show_their_source_and_both_memories() {
         let e2e = [
             e2e_row(
@@ -555,6 +670,7 @@ pub(crate) mod tests {
             nft_rows: &[],
             e2e_rows: &e2e,
             churn_rows: &[],
+            stage_rows: &[],
         });
         assert!(
             text.contains("| source | spawn to first sync | proxy CPU time by then | peak RSS (VmHWM) | steady RSS (VmRSS) |"),
@@ -590,6 +706,7 @@ pub(crate) mod tests {
             nft_rows: &[],
             e2e_rows: &[],
             churn_rows: &churn,
+            stage_rows: &[],
         });
         assert!(
             text.contains("| 10,000 × 10 | nftables | 1s | 2.10 s | 6,000 in 60.0 s | 12.0 ms / 80.0 ms | 6,000 | 400 MiB | n/a |"),
@@ -639,6 +756,7 @@ pub(crate) mod tests {
                 nft_rows: &[],
                 e2e_rows: &[],
                 churn_rows: &[],
+                stage_rows: &[],
             },
         );
         for needle in [
@@ -666,6 +784,7 @@ pub(crate) mod tests {
                 nft_rows: &[],
                 e2e_rows: &[],
                 churn_rows: &churn,
+                stage_rows: &[],
             },
         );
         assert!(

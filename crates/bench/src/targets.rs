@@ -201,6 +201,7 @@ mod tests {
             nft_rows: &[],
             e2e_rows: e2e,
             churn_rows: churn,
+            stage_rows: &[],
         })
     }
 

@@ -12,14 +12,18 @@
 //! Five parts, each selectable with `--parts`: the iptables backend's rendering and kernel
 //! loads, the nftables backend's syncs, the real binary's start-up end to end (from a manifest
 //! file and from the test API server), the real binary's network programming latency
-//! under endpoint churn through the test API server, and (only when asked for: it lasts
-//! half an hour by default) the soak: the real binary's memory and metric series under
-//! long churn with watch drops and forced relists.
+//! under endpoint churn through the test API server, where the memory goes (`stages`: the
+//! product's pipeline in-process, heap bytes per stage, counted by this binary's own
+//! allocator), and (only when asked for: it lasts half an hour by default) the soak: the
+//! real binary's memory and metric series under long churn with watch drops and forced
+//! relists.
 
 mod api_lab;
 mod churn;
 mod cluster;
 mod commentary;
+#[allow(unsafe_code)] // GlobalAlloc is an unsafe trait; see the module docs.
+mod counting;
 mod e2e;
 mod flushed;
 mod format;
@@ -35,6 +39,7 @@ mod render;
 mod report;
 mod scratch;
 mod soak;
+mod stages;
 mod stats;
 mod targets;
 mod timed;
@@ -50,6 +55,11 @@ use crate::cluster::{Shape, Snapshot, SyntheticCluster};
 use crate::flushed::{FlushedPlan, FlushedResult};
 use crate::load::{LoadPlan, LoadResult, Outcome};
 use crate::report::{Row, Settings};
+
+/// Counts live heap bytes for the stage table (`--parts stages`); the product binary keeps
+/// the system allocator.
+#[global_allocator]
+static ALLOCATOR: counting::Counting = counting::Counting;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -113,12 +123,18 @@ struct Args {
     /// value given (Go durations; 1s is the product's and upstream's default).
     #[arg(long, value_delimiter = ',', default_value = "1s")]
     churn_min_sync_period: Vec<String>,
+    /// Cluster sizes (services) for the in-process stage accounting (`--parts stages`).
+    #[arg(long, value_delimiter = ',', default_value = "10000,50000")]
+    stage_services: Vec<usize>,
+    /// Where the stage accounting's pipeline starts.
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "api,manifest")]
+    stage_sources: Vec<stages::StageSource>,
     /// Which parts to run (the soak only when named).
     #[arg(
         long,
         value_delimiter = ',',
         value_enum,
-        default_value = "render-load,nft-backend,e2e,churn"
+        default_value = "render-load,nft-backend,e2e,churn,stages"
     )]
     parts: Vec<Part>,
     /// Services (× `--endpoints`) the soak starts from and keeps.
@@ -171,6 +187,8 @@ enum Part {
     /// The real binary's memory and metric series under long churn (`--soak-*`; nftables
     /// mode unless `--modes` is given).
     Soak,
+    /// Heap bytes per pipeline stage, in-process (`--stage-services`, `--stage-sources`).
+    Stages,
 }
 
 impl BenchMode {
@@ -258,6 +276,11 @@ fn run(args: &Args) -> Result<(), String> {
     } else {
         Vec::new()
     };
+    let stage_rows = if real_binary(Part::Stages) {
+        stage_accounting(args)?
+    } else {
+        Vec::new()
+    };
     settings.load_after = machine::load_average();
     let measured = report::Measured {
         rows: &rows,
@@ -265,6 +288,7 @@ fn run(args: &Args) -> Result<(), String> {
         e2e_rows: &e2e_rows,
         churn_rows: &churn_rows,
         soak_rows: &soak_rows,
+        stage_rows: &stage_rows,
     };
     println!("{}", report::results(&measured));
     if let Some(path) = &args.out {
@@ -315,6 +339,25 @@ fn end_to_end(args: &Args) -> Result<Vec<e2e::E2eRow>, String> {
                 eprintln!("{label} {row:?}");
                 rows.push(row);
             }
+        }
+    }
+    Ok(rows)
+}
+
+/// The product's pipeline in-process, per size and source: heap bytes per stage.
+fn stage_accounting(args: &Args) -> Result<Vec<stages::StageRow>, String> {
+    let mut rows = Vec::new();
+    for &services in &args.stage_services {
+        for &source in &args.stage_sources {
+            let shape = Shape {
+                services,
+                endpoints: args.endpoints.into(),
+            };
+            eprintln!(
+                "[{services} services, stages from {}] in-process pipeline",
+                source.label()
+            );
+            rows.push(stages::measure(shape, source)?);
         }
     }
     Ok(rows)

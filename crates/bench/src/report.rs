@@ -15,6 +15,7 @@ use crate::machine::Machine;
 use crate::nftables::{NftRow, Spread};
 use crate::render::RenderStats;
 use crate::soak::SoakRow;
+use crate::stages::StageRow;
 use crate::targets::targets_section;
 
 /// Everything measured for one cluster size.
@@ -56,6 +57,7 @@ pub struct Measured<'a> {
     pub e2e_rows: &'a [E2eRow],
     pub churn_rows: &'a [ChurnRow],
     pub soak_rows: &'a [SoakRow],
+    pub stage_rows: &'a [StageRow],
 }
 
 /// The result tables (what the terminal shows).
@@ -83,6 +85,10 @@ pub fn results(m: &Measured<'_>) -> String {
     if !m.soak_rows.is_empty() {
         out.push('\n');
         crate::soak::report::summary_table(&mut out, m.soak_rows);
+    }
+    if !m.stage_rows.is_empty() {
+        out.push('\n');
+        stage_table(&mut out, m.stage_rows);
     }
     out
 }
@@ -113,6 +119,48 @@ fn e2e_table(out: &mut String, rows: &[E2eRow]) {
             kib_cell(row.memory.peak_kib),
             kib_cell(row.memory.rss_kib),
         );
+    }
+}
+
+/// Heap bytes per pipeline stage: live after each, the peak within each, and what each
+/// added to the live bytes.
+fn stage_table(out: &mut String, rows: &[StageRow]) {
+    out.push_str(
+        "| services × endpoints | source | stage | live after | added | peak within |\n\
+         |---|---|---|---:|---:|---:|\n",
+    );
+    for row in rows {
+        let mut before = 0;
+        for stage in &row.stages {
+            let added =
+                i128::try_from(stage.live).unwrap_or(i128::MAX) - i128::try_from(before).unwrap_or(i128::MAX);
+            let _ = writeln!(
+                out,
+                "| {} × {} | {} | {} | {} | {} | {} |",
+                count(row.shape.services),
+                row.shape.endpoints,
+                row.source.label(),
+                stage.stage,
+                heap(stage.live),
+                signed_heap(added),
+                heap(stage.peak),
+            );
+            before = stage.live;
+        }
+    }
+}
+
+/// Heap bytes in MiB with one decimal: stages differ by a few MiB.
+fn heap(bytes: usize) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+fn signed_heap(bytes: i128) -> String {
+    let mib = bytes as f64 / f64::from(1 << 20);
+    if mib < 0.0 {
+        format!("−{:.1} MiB", -mib)
+    } else {
+        format!("+{mib:.1} MiB")
     }
 }
 
@@ -277,6 +325,7 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
         e2e_rows,
         churn_rows,
         soak_rows,
+        stage_rows,
     } = *m;
     let mut out = String::from("# Benchmarks\n\n");
     out.push_str(
@@ -306,10 +355,10 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
              its metrics reporting the first successful sync (reading and validating the file or \
              listing the API, the trackers, generation and the kernel load); beside it the CPU \
              time the proxy used by then (user + system), which tells its own work from waiting. \
-             The test API server runs inside kpr-bench on the same two cores and answers every \
-             list page (500 items, as kube-rs asks) from a fresh, sorted snapshot of every \
-             object of that type, so at large sizes its paging, not the proxy, takes most of the \
-             wall-clock time from the API. Memory is the whole process's, read {settle} s after that sync: \
+             The test API server runs inside kpr-bench on the same two cores (it serves the \
+             pages of one list, 500 items each as kube-rs asks, from one sorted snapshot and \
+             encodes every page as JSON), so at large sizes a good part of the wall-clock time \
+             from the API is the server's, not the proxy's: compare with the CPU time. Memory is the whole process's, read {settle} s after that sync: \
              the peak so far (`VmHWM`) and what stays resident (`VmRSS`); at the timeout when \
              there was no sync.\n\n",
             settle = SETTLE.as_secs(),
@@ -323,6 +372,27 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
         out.push('\n');
     }
     crate::soak::report::section(&mut out, soak_rows);
+    if !stage_rows.is_empty() {
+        out.push_str(
+            "### Where the memory goes: heap bytes per stage\n\n\
+             The product's own pipeline run inside kpr-bench (no proxy process), with a \
+             counting allocator in kpr-bench's binary: the source's objects (k8s-openapi \
+             objects in `Event`s as the API source hands them, or one manifest file's bytes \
+             parsed and validated into the `ManifestCatalog`), intake into the trackers of \
+             both families (a dual-stack proxy), each family's `take()` (the `DesiredState` \
+             of a sync), the nftables backend of each family after its cold sync into a fresh \
+             namespace, and the same after the sync requests are dropped. *Live after*: heap \
+             bytes still allocated after the stage, counted from the start of the run, so \
+             each stage includes what earlier ones still hold (intake consumes the events, so \
+             the API objects are gone after it; the catalog stays). *Peak within*: the most \
+             live at any moment during the stage. Heap bytes as the program asked for them, \
+             without the allocator's own overhead or fragmentation, which RSS adds. The peak \
+             within the manifest file's stage is kpr-bench writing that file (through a \
+             serde_json value tree), not the product.\n\n",
+        );
+        stage_table(&mut out, stage_rows);
+        out.push('\n');
+    }
     method_section(&mut out, settings);
     out.push_str(&commentary(rows));
     if !nft_rows.is_empty() || !e2e_rows.is_empty() || !churn_rows.is_empty() || !soak_rows.is_empty() {
@@ -484,6 +554,7 @@ pub(crate) mod tests {
             e2e_rows: &[],
             churn_rows: &[],
             soak_rows: &[],
+            stage_rows: &[],
         });
         assert!(text.contains("| 10,000 × 10 | 120 ms | 30.0 MB | 250,000 | 110,000 | 4.90 s (median of 3) | timed out after 600 s | 9.80 s |"), "{text}");
         assert!(
@@ -548,6 +619,51 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn stage_rows_show_live_bytes_what_each_stage_added_and_its_peak() {
+        use crate::stages::{StageMemory, StageRow, StageSource};
+        let mib = |n: usize| n << 20;
+        let stages = [StageRow {
+            shape: Shape {
+                services: 10_000,
+                endpoints: 10,
+            },
+            source: StageSource::Api,
+            stages: vec![
+                StageMemory {
+                    stage: "source",
+                    live: mib(40),
+                    peak: mib(41),
+                },
+                StageMemory {
+                    stage: "trackers",
+                    live: mib(12),
+                    peak: mib(52),
+                },
+            ],
+        }];
+        let text = results(&Measured {
+            rows: &[],
+            nft_rows: &[],
+            e2e_rows: &[],
+            churn_rows: &[],
+            soak_rows: &[],
+            stage_rows: &stages,
+        });
+        assert!(
+            text.contains("| stage | live after | added | peak within |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 10,000 × 10 | API | source | 40.0 MiB | +40.0 MiB | 41.0 MiB |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 10,000 × 10 | API | trackers | 12.0 MiB | −28.0 MiB | 52.0 MiB |"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn end_to_end_rows_show_their_source_and_both_memories() {
         let e2e = [
             e2e_row(
@@ -567,6 +683,7 @@ pub(crate) mod tests {
             e2e_rows: &e2e,
             churn_rows: &[],
             soak_rows: &[],
+            stage_rows: &[],
         });
         assert!(
             text.contains("| source | spawn to first sync | proxy CPU time by then | peak RSS (VmHWM) | steady RSS (VmRSS) |"),
@@ -603,6 +720,7 @@ pub(crate) mod tests {
             e2e_rows: &[],
             churn_rows: &churn,
             soak_rows: &[],
+            stage_rows: &[],
         });
         assert!(
             text.contains("| 10,000 × 10 | nftables | 1s | 2.10 s | 6,000 in 60.0 s | 12.0 ms / 80.0 ms | 6,000 | 400 MiB | n/a |"),
@@ -653,6 +771,7 @@ pub(crate) mod tests {
                 e2e_rows: &[],
                 churn_rows: &[],
                 soak_rows: &[],
+                stage_rows: &[],
             },
         );
         for needle in [
@@ -681,6 +800,7 @@ pub(crate) mod tests {
                 e2e_rows: &[],
                 churn_rows: &churn,
                 soak_rows: &[],
+                stage_rows: &[],
             },
         );
         assert!(

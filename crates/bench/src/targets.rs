@@ -260,6 +260,7 @@ mod tests {
             e2e_rows: e2e,
             churn_rows: churn,
             soak_rows: &[],
+            stage_rows: &[],
         })
     }
 
@@ -275,6 +276,7 @@ mod tests {
             e2e_rows: &[],
             churn_rows: &[],
             soak_rows: &[flat, grown, stopped],
+            stage_rows: &[],
         });
         let what = "(10,000 Services, nftables mode, 5 min, 100 endpoint changes/s)";
         for line in [

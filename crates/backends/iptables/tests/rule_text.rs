@@ -21,7 +21,7 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::Stdio;
@@ -243,7 +243,8 @@ impl PortSpec {
 impl Case {
     fn state(&self) -> DesiredState {
         let mut services: HashMap<NamespacedName, Vec<ServicePort>> = HashMap::new();
-        let mut endpoints: HashMap<NamespacedName, kpr_tracking::ServiceEndpoints> = HashMap::new();
+        let mut endpoints: HashMap<NamespacedName, BTreeMap<kpr_tracking::PortKey, Arc<[Endpoint]>>> =
+            HashMap::new();
         for (i, spec) in self.ports.iter().enumerate() {
             let port = spec.service_port();
             let service = port.name.service.clone();
@@ -256,7 +257,12 @@ impl Case {
         }
         DesiredState {
             services: Arc::new(services.into_iter().map(|(k, v)| (k, Arc::from(v))).collect()),
-            endpoints: Arc::new(endpoints.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()),
+            endpoints: Arc::new(
+                endpoints
+                    .into_iter()
+                    .map(|(k, v)| (k, Arc::new(v.into_iter().collect())))
+                    .collect(),
+            ),
             node: Arc::new(NodeView {
                 name: "node-a".into(),
                 addresses: self.node_addresses.iter().map(|a| IpAddr::V4(*a)).collect(),

@@ -792,6 +792,10 @@ pub fn port_bundle(
     }
     b.out.entries.sort();
     b.out.entries.dedup();
+    // A bundle is kept until its Service changes: no spare capacity from growing the lists.
+    b.out.entries.shrink_to_fit();
+    b.out.dests.shrink_to_fit();
+    b.out.slots.shrink_to_fit();
     b.out.chains = b.chains.into_iter().collect();
     b.out
 }

@@ -223,7 +223,7 @@ pub use options::{DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, NftablesOp
 pub use render::{TABLE, render_text, rule_text};
 pub use slots::assign as assign_slots;
 pub use support::{MissingFeature, check_support};
-pub use transport::{Listing, NftCli, Transport, TransportError, parse_listing};
+pub use transport::{Listing, NftCli, NoKernel, Transport, TransportError, parse_listing};
 
 /// What a full sync of `state` loads, as an `nft -f` script (for `--dry-run`).
 pub fn render_dry_run(

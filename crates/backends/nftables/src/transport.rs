@@ -72,6 +72,31 @@ pub trait Transport: Send {
     }
 }
 
+/// A transport without a kernel: every batch is accepted, there is no table to read back
+/// and nobody else commits. The backend's own state does not depend on the kernel's
+/// answers while every batch succeeds, so this measures and tests what the backend keeps
+/// between syncs (the churn tests, kpr-sync's included) without a namespace.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoKernel;
+
+impl Transport for NoKernel {
+    fn apply(&mut self, _batch: &Batch) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    fn read_back(&mut self, _family: IpFamily) -> Result<Option<Listing>, TransportError> {
+        Ok(None)
+    }
+
+    fn check(&mut self, _batch: &Batch) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    fn foreign_changes(&mut self) -> Result<Option<bool>, TransportError> {
+        Ok(Some(false))
+    }
+}
+
 /// `nft` as a child process, optionally behind a prefix such as `ip netns exec NAME`.
 #[derive(Clone, Debug)]
 pub struct NftCli {

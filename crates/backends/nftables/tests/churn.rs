@@ -12,28 +12,10 @@ use std::time::Duration;
 
 use common::options;
 use kpr_model::IpFamily;
-use kpr_nftables::{Batch, Listing, NftablesBackend, NftablesOptions, Transport, TransportError};
+use kpr_nftables::{NftablesBackend, NftablesOptions, NoKernel};
 use kpr_state::Backend;
 use kpr_world::World;
 use kpr_world::churn::{Change, churn};
-
-/// Accepts every batch; nobody else ever commits, so no sync reads the table back.
-struct Quiet;
-
-impl Transport for Quiet {
-    fn apply(&mut self, _batch: &Batch) -> Result<(), TransportError> {
-        Ok(())
-    }
-    fn read_back(&mut self, _family: IpFamily) -> Result<Option<Listing>, TransportError> {
-        Ok(None)
-    }
-    fn check(&mut self, _batch: &Batch) -> Result<(), TransportError> {
-        Ok(())
-    }
-    fn foreign_changes(&mut self) -> Result<Option<bool>, TransportError> {
-        Ok(Some(false))
-    }
-}
 
 struct Harness {
     world: World,
@@ -44,7 +26,7 @@ impl Harness {
     fn new(family: IpFamily) -> Self {
         let opts = NftablesOptions { family, ..options() };
         let hour = Duration::from_secs(3600);
-        let backend = NftablesBackend::new(opts, Box::new(Quiet))
+        let backend = NftablesBackend::new(opts, Box::new(NoKernel))
             .unwrap()
             .with_full_sync_period(hour)
             .with_reconcile_period(hour);

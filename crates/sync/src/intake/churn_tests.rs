@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_model::{IpFamily, NamespacedName, Sizes};
-use kpr_nftables::{Batch, Listing, NftablesBackend, NftablesOptions, Transport, TransportError};
+use kpr_nftables::{NftablesBackend, NftablesOptions, NoKernel};
 use kpr_runner::SyncRunner;
 use kpr_sources::Event;
 use kpr_world::churn::{Change, churn};
@@ -22,25 +22,6 @@ use crate::sync::sync_once;
 use crate::test_support::{metrics_text, settings};
 
 use super::Intake;
-
-/// The kernel, left out: every batch is accepted and nobody else commits, so the backend
-/// never reads the table back (kpr-nftables' tests/churn.rs does the same).
-struct NoKernel;
-
-impl Transport for NoKernel {
-    fn apply(&mut self, _batch: &Batch) -> Result<(), TransportError> {
-        Ok(())
-    }
-    fn read_back(&mut self, _family: IpFamily) -> Result<Option<Listing>, TransportError> {
-        Ok(None)
-    }
-    fn check(&mut self, _batch: &Batch) -> Result<(), TransportError> {
-        Ok(())
-    }
-    fn foreign_changes(&mut self) -> Result<Option<bool>, TransportError> {
-        Ok(Some(false))
-    }
-}
 
 fn nftables(family: IpFamily) -> NftablesBackend {
     let opts = NftablesOptions {

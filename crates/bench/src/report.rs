@@ -299,10 +299,10 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
              its metrics reporting the first successful sync (reading and validating the file or \
              listing the API, the trackers, generation and the kernel load); beside it the CPU \
              time the proxy used by then (user + system), which tells its own work from waiting. \
-             The test API server runs inside kpr-bench on the same two cores and answers every \
-             list page (500 items, as kube-rs asks) from a fresh, sorted snapshot of every \
-             object of that type, so at large sizes its paging, not the proxy, takes most of the \
-             wall-clock time from the API. Memory is the whole process's, read {settle} s after that sync: \
+             The test API server runs inside kpr-bench on the same two cores (it serves the \
+             pages of one list, 500 items each as kube-rs asks, from one sorted snapshot and \
+             encodes every page as JSON), so at large sizes a good part of the wall-clock time \
+             from the API is the server's, not the proxy's: compare with the CPU time. Memory is the whole process's, read {settle} s after that sync: \
              the peak so far (`VmHWM`) and what stays resident (`VmRSS`); at the timeout when \
              there was no sync.\n\n",
             settle = SETTLE.as_secs(),

@@ -456,11 +456,19 @@ fn settle_claims(
     (result, conflicts)
 }
 
-/// Events for new and changed objects, then for deleted ones.
+/// Events for new and changed objects, then for deleted ones. The Node comes first: start-up
+/// reads the source's events until it has the Node (`kube-proxy-rs`'s `node::wait`) and keeps
+/// what it read meanwhile, so a Node sent after the Services and EndpointSlices would have
+/// every one of them decoded and held at once; sent first, the rest stays compact here and is
+/// decoded as the sync loop takes it.
 fn diff(old: &BTreeMap<ObjectKey, Stored>, new: &BTreeMap<ObjectKey, Stored>) -> Vec<Change> {
-    let upserts = new
-        .iter()
-        .filter(|(key, object)| !old.get(*key).is_some_and(|prev| prev.same_content(object)))
+    let changed =
+        |(key, object): &(&ObjectKey, &Stored)| !old.get(*key).is_some_and(|prev| prev.same_content(object));
+    let is_node = |(key, _): &(&ObjectKey, &Stored)| key.kind == ObjectKind::Node;
+    let nodes = new.iter().filter(changed).filter(is_node);
+    let others = new.iter().filter(changed).filter(|entry| !is_node(entry));
+    let upserts = nodes
+        .chain(others)
         .map(|(key, object)| Change::Upsert(key.clone(), object.clone()));
     let deletions = old
         .keys()

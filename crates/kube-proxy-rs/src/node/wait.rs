@@ -7,7 +7,9 @@
 //! sources' event stream (the API source watches it; a Node among the manifests counts too),
 //! so waiting means reading that stream, keeping every event for the sync loop, until the
 //! Node has what is needed or the time is up. A source that can only deliver the Node with
-//! its initial state (the manifests) needs no waiting beyond that state. A source's trouble
+//! its initial state (the manifests) needs no waiting beyond that state; it sends the Node
+//! first, so what is kept here is the Node and not every decoded Service and EndpointSlice
+//! (the rest waits, compact, in the source until the sync loop takes it). A source's trouble
 //! reports are logged as they come (an API server that cannot be reached is why the Node
 //! does not come); only each source's last report is kept for the sync loop.
 

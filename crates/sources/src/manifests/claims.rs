@@ -63,8 +63,8 @@ pub(crate) struct Rank {
 }
 
 impl Rank {
-    pub(crate) fn new(service: &Service, path: PathBuf, ordinal: usize) -> Self {
-        let created = service.metadata.creation_timestamp.clone();
+    pub(crate) fn new(service: &ServiceClaims, path: PathBuf, ordinal: usize) -> Self {
+        let created = service.created.clone();
         Self {
             created: (created.is_none(), created),
             path,
@@ -73,13 +73,38 @@ impl Rank {
     }
 }
 
+/// What settling needs of one version of a Service, taken when its document is read so
+/// that the catalog need not keep the Service itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ServiceClaims {
+    created: Option<Time>,
+    claims: Vec<FieldClaim>,
+}
+
+impl ServiceClaims {
+    pub(crate) fn of(service: &Service) -> Self {
+        Self {
+            created: service.metadata.creation_timestamp.clone(),
+            claims: claims(service),
+        }
+    }
+}
+
+/// The version of a contender that consumers have now.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Published<'a> {
+    Nothing,
+    /// The candidate itself (same content).
+    Candidate,
+    Other(&'a ServiceClaims),
+}
+
 /// One Service in the running for its claims.
 pub(crate) struct Contender<'a> {
     pub(crate) key: &'a ObjectKey,
     /// The newest valid version.
-    pub(crate) candidate: &'a Service,
-    /// The version consumers have now, if any.
-    pub(crate) published: Option<&'a Service>,
+    pub(crate) candidate: &'a ServiceClaims,
+    pub(crate) published: Published<'a>,
     pub(crate) rank: Rank,
 }
 
@@ -128,9 +153,9 @@ pub(crate) fn settle(contenders: &[Contender<'_>]) -> Vec<Outcome> {
         .zip(&versions)
         .map(
             |(contender, versions)| match (contender.published, &versions.published) {
-                (None, _) => Choice::Absent,
-                (Some(_), None) => Choice::Candidate,
-                (Some(_), Some(_)) => Choice::Published,
+                (Published::Nothing, _) => Choice::Absent,
+                (_, None) => Choice::Candidate,
+                (_, Some(_)) => Choice::Published,
             },
         )
         .collect();
@@ -196,14 +221,12 @@ fn round(
 }
 
 fn versions(contender: &Contender<'_>) -> Versions {
-    let published = contender
-        .published
-        .filter(|published| {
-            !std::ptr::eq(*published, contender.candidate) && *published != contender.candidate
-        })
-        .map(claims);
+    let published = match contender.published {
+        Published::Other(published) => Some(published.claims.clone()),
+        Published::Nothing | Published::Candidate => None,
+    };
     Versions {
-        candidate: claims(contender.candidate),
+        candidate: contender.candidate.claims.clone(),
         published,
     }
 }
@@ -285,7 +308,7 @@ mod tests {
         created: Option<&str>,
         node_ports: &[u16],
         cluster_ip: &str,
-    ) -> (ObjectKey, Service) {
+    ) -> (ObjectKey, ServiceClaims) {
         let ports: Vec<serde_json::Value> = node_ports
             .iter()
             .enumerate()
@@ -295,22 +318,28 @@ mod tests {
         if let Some(created) = created {
             metadata["creationTimestamp"] = created.into();
         }
-        let service = serde_json::from_value(serde_json::json!({
+        let service: Service = serde_json::from_value(serde_json::json!({
             "metadata": metadata,
             "spec": {"type": "NodePort", "clusterIP": cluster_ip, "ports": ports}
         }))
         .unwrap();
         (
             ObjectKey::new(kpr_model::ObjectKind::Service, "default", name),
-            service,
+            ServiceClaims::of(&service),
         )
     }
 
+    /// `published` is the candidate itself when it is the very same version.
     fn contender<'a>(
-        entry: &'a (ObjectKey, Service),
-        published: Option<&'a Service>,
+        entry: &'a (ObjectKey, ServiceClaims),
+        published: Option<&'a ServiceClaims>,
         ordinal: usize,
     ) -> Contender<'a> {
+        let published = match published {
+            None => Published::Nothing,
+            Some(published) if std::ptr::eq(published, &entry.1) => Published::Candidate,
+            Some(published) => Published::Other(published),
+        };
         Contender {
             key: &entry.0,
             candidate: &entry.1,

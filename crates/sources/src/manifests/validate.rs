@@ -27,7 +27,7 @@ use kpr_model::{
 };
 
 use super::object::{ManifestObject, ObjectKey, printable, shown_path};
-use super::parse::FileObjects;
+use super::parse::{FileObjects, Placement};
 
 mod service;
 mod service_cidr;
@@ -95,17 +95,23 @@ pub fn validate_file(path: &Path, file: &mut FileObjects, rules: &ValidationRule
             Some((key.clone(), rejection))
         })
         .collect();
-    for (key, mut rejection) in invalid {
+    for (key, rejection) in invalid {
         file.objects.remove(&key);
         let placement = file.placements.remove(&key);
-        let file_name = shown_path(path);
-        rejection.detail = match placement {
-            Some(placement) => format!("{} (in {file_name}, {})", rejection.detail, placement.label),
-            None => format!("{} (in {file_name})", rejection.detail),
-        };
-        file.rejections.push(rejection);
+        file.rejections
+            .push(with_place(rejection, path, placement.as_ref()));
         file.failed.insert(key);
     }
+}
+
+/// A rule's rejection, saying where in `path` the object was defined.
+pub(crate) fn with_place(mut rejection: Rejection, path: &Path, placement: Option<&Placement>) -> Rejection {
+    let file_name = shown_path(path);
+    rejection.detail = match placement {
+        Some(placement) => format!("{} (in {file_name}, {})", rejection.detail, placement.label),
+        None => format!("{} (in {file_name})", rejection.detail),
+    };
+    rejection
 }
 
 /// Builds the rejections of one object, so rules name only the field and the reason.

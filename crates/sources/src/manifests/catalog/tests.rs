@@ -291,6 +291,27 @@ fn this_nodes_node_is_reported_changed_and_deleted() {
     assert_eq!(summary(&catalog.apply(snapshot(&[]))), ["-Node"]);
 }
 
+/// Start-up reads events until it has the Node and keeps all it read meanwhile: the Node
+/// must come before the Services and EndpointSlices (however the files order them), or
+/// every one of them is decoded and held at once.
+#[test]
+fn the_node_comes_before_the_services_and_slices() {
+    let mut catalog = ManifestCatalog::new(Some("worker-1".into()));
+    let text = format!(
+        "{}{}apiVersion: v1\nkind: Node\nmetadata: {{name: worker-1}}\n",
+        service("web", "10.0.0.1"),
+        slice("web-1", &["10.1.0.1"])
+    );
+    assert_eq!(
+        summary(&catalog.apply(snapshot(&[("/m/a.yaml", &text)]))),
+        [
+            "+Node worker-1",
+            "+Service default/web 10.0.0.1",
+            "+EndpointSlice default/web-1 10.1.0.1"
+        ]
+    );
+}
+
 #[test]
 fn an_emptied_file_is_believed_only_after_the_grace() {
     let t0 = Instant::now();

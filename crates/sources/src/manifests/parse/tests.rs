@@ -594,3 +594,66 @@ fn a_list_whose_items_are_not_a_list_is_refused() {
         refused.detail
     );
 }
+
+/// `parse_and_store` validates each document as it is decoded; it must come to exactly what
+/// `parse_manifest` then `validate_file` come to, also when one object has several documents
+/// of which only some are valid (only the one that counts is reported).
+#[test]
+fn storing_while_parsing_equals_parsing_then_validating() {
+    use crate::manifests::object::Stored;
+    use crate::manifests::validate::{ValidationRules, validate_file};
+
+    let service = |name: &str, port: u32, ip: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\n\
+             spec: {{clusterIP: {ip}, ports: [{{port: {port}}}]}}\n"
+        )
+    };
+    let documents = [
+        service("ok", 80, "10.0.0.1"),
+        service("later-invalid", 80, "10.0.0.2"),
+        service("later-invalid", 0, "10.0.0.2"),
+        service("earlier-invalid", 0, "10.0.0.3"),
+        service("earlier-invalid", 81, "10.0.0.3"),
+        service("only-invalid", 80, "not-an-ip"),
+        "apiVersion: v9\nkind: Service\nmetadata: {name: ok}\n".to_owned(),
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: listed}\n  \
+         spec: {clusterIP: 10.0.0.9, ports: [{port: 90}]}\n"
+            .to_owned(),
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, labels: {kubernetes.io/service-name: ok}}\n\
+         addressType: IPv4\nendpoints: [{addresses: [10.1.0.1]}]\n"
+            .to_owned(),
+        "apiVersion: v1\nkind: Node\nmetadata: {name: worker-1}\n".to_owned(),
+        "just a string\n".to_owned(),
+    ];
+    let text = documents.join("---\n");
+    let path = Path::new("/m/a.yaml");
+    let rules = ValidationRules::default();
+    let mut expected = parse_at("/m/a.yaml", &text);
+    validate_file(path, &mut expected, &rules);
+    let ParsedFile::Documents(stored) =
+        super::parse_and_store(path, text.as_bytes(), Some("worker-1"), &rules)
+    else {
+        panic!("malformed");
+    };
+    assert_eq!(
+        stored.objects.keys().collect::<Vec<_>>(),
+        expected.objects.keys().collect::<Vec<_>>()
+    );
+    for (key, object) in &expected.objects {
+        assert!(
+            Stored::of(object).unwrap().same_content(&stored.objects[key]),
+            "{key}"
+        );
+    }
+    assert_eq!(stored.placements, expected.placements);
+    assert_eq!(stored.failed, expected.failed);
+    assert_eq!(stored.rejections, expected.rejections);
+    // The fixture exercises what it claims to.
+    let mut names: Vec<&str> = expected.objects.keys().map(|k| &*k.id.name).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["earlier-invalid", "listed", "ok", "s", "worker-1"]);
+    assert!(expected.failed.iter().any(|k| &*k.id.name == "later-invalid"));
+    assert!(expected.failed.iter().any(|k| &*k.id.name == "only-invalid"));
+    assert!(!expected.failed.iter().any(|k| &*k.id.name == "earlier-invalid"));
+}

@@ -8,14 +8,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_model::{IpFamily, NamespacedName, Sizes};
 use kpr_nftables::{NftablesBackend, NftablesOptions, NoKernel};
-use kpr_runner::SyncRunner;
 use kpr_sources::Event;
 use kpr_world::churn::{Change, churn};
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
 
 use crate::Shared;
 use crate::sync::sync_once;
@@ -43,24 +40,14 @@ impl DualStack {
     fn new() -> Self {
         let mut settings = settings(vec!["manifests"]);
         settings.node_name = kpr_world::NODE.into();
-        let mut registry = Registry::default();
-        let metrics = Metrics::new(&mut registry);
-        let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
-        let families = [IpFamily::V4, IpFamily::V6];
-        let shared = Arc::new(Shared::new(&settings, &families, metrics, health));
-        let triggers = families
-            .iter()
-            .map(|_| SyncRunner::new(settings.runner).1)
-            .collect();
-        let (ready, _) = watch::channel(false);
-        let expected = settings.sources.iter().copied().collect();
-        let mut intake = Intake::new(shared.clone(), expected, triggers, ready);
+        let (mut intake, shared, registry) =
+            super::tests::dual_stack_intake_with(&settings, Duration::from_secs(60));
         intake.apply(Event::Synced { source: "manifests" });
         Self {
             intake,
             shared,
             registry,
-            backends: families.into_iter().map(nftables).collect(),
+            backends: [IpFamily::V4, IpFamily::V6].into_iter().map(nftables).collect(),
         }
     }
 

@@ -1,6 +1,5 @@
 //! Intake on its own: Node events into health and the trackers.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +10,8 @@ use kpr_runner::SyncRunner;
 use kpr_sources::Event;
 use kpr_world::slice_object;
 use prometheus_client::registry::Registry;
+
+use crate::ProxySettings;
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -400,18 +401,26 @@ fn versions_that_change_nothing_queue_no_sync() {
 
 /// A dual-stack intake with every source in, and its metrics.
 fn dual_stack_intake(health_timeout: Duration) -> (Intake, Arc<Shared>, Registry) {
-    let settings = settings(vec![]);
+    dual_stack_intake_with(&settings(vec![]), health_timeout)
+}
+
+/// A dual-stack intake of `settings`, waiting for its sources, and its metrics.
+pub(super) fn dual_stack_intake_with(
+    settings: &ProxySettings,
+    health_timeout: Duration,
+) -> (Intake, Arc<Shared>, Registry) {
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let health = Arc::new(ProxyHealth::new(health_timeout));
     let families = [kpr_model::IpFamily::V4, kpr_model::IpFamily::V6];
-    let shared = Arc::new(Shared::new(&settings, &families, metrics, health));
+    let shared = Arc::new(Shared::new(settings, &families, metrics, health));
     let triggers = families
         .iter()
         .map(|_| SyncRunner::new(settings.runner).1)
         .collect();
     let (ready, _) = watch::channel(false);
-    let intake = Intake::new(shared.clone(), BTreeSet::new(), triggers, ready);
+    let expected = settings.sources.iter().copied().collect();
+    let intake = Intake::new(shared.clone(), expected, triggers, ready);
     (intake, shared, registry)
 }
 

@@ -1,0 +1,25 @@
+#!/bin/busybox sh
+# The guest's PID 1: a minimal system (proc, sys, dev, tmpfs /run and /tmp, lo up), then
+# /payload/run (by dash), then the result line the host looks for, then power-off. Host tools in
+# /usr come before busybox's applets in PATH.
+/bin/busybox --install -s /bin
+# busybox's sh runs its own applets (its small `ip`) before anything in PATH: `sh` is the
+# host's dash, so scripts reach the host tools.
+ln -sf /usr/bin/dash /bin/sh
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export KPR_VM_GUEST=1 HOME=/tmp
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /run
+mount -t tmpfs tmpfs /tmp
+mkdir -p /run/netns /var
+ln -s /run /var/run
+ip link set lo up
+stty -F /dev/ttyS1 raw -echo 2>/dev/null
+echo "KPR-VM: guest up: kernel $(uname -r), uptime $(cut -d' ' -f1 /proc/uptime) s"
+(cd /payload && ./run)
+rc=$?
+echo "KPR-VM: RESULT rc=$rc uptime=$(cut -d' ' -f1 /proc/uptime) s"
+sync
+poweroff -f

@@ -25,9 +25,8 @@
 //!   other objects are still removed; the caller logs them, and `--cleanup` exits non-zero.
 //!
 //! All I/O is netlink ([`kpr_netlink`]) in the calling thread's network namespace: links
-//! and addresses through netlink-packet-route, the generic-netlink controller through
-//! netlink-packet-generic, and the nftables batch, ipset and IPVS messages built here
-//! (their bytes are pinned by tests).
+//! and addresses through netlink-packet-route, IPVS through kpr-ipvs-netlink, and the
+//! nftables batch and ipset messages built here (their bytes are pinned by tests).
 
 mod ipset;
 mod ipvs;
@@ -37,7 +36,7 @@ mod nftables;
 use kpr_netlink::NetlinkError;
 
 pub use ipset::{destroy_request, remove_ipvs_sets};
-pub use ipvs::{IPVS_FAMILY, VirtualService, delete_service_request, parse_service, upstreams_services};
+pub use ipvs::upstreams_services;
 pub use link::{IPVS_LINK, IpvsLink, find_ipvs_link};
 pub use nftables::{NFTABLES_TABLE, NftFamily, delete_table_batch};
 

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use kpr_ipvs_netlink::{
-    Destination, FLAG_PERSISTENT, Ipvs, Protocol, Scheduler, Service, ServiceKey, Timeouts,
+    Destination, FLAG_PERSISTENT, Ipvs, IpvsLinks, Protocol, Scheduler, Service, ServiceKey, Timeouts,
 };
 use kpr_netns::Netns;
 use kpr_vm::in_guest;
@@ -135,5 +135,40 @@ fn timeouts_are_set_and_a_zero_keeps_the_kernels_value() {
         );
         let shown = node.sh("ipvsadm -L --timeout").unwrap();
         assert!(shown.contains(&format!("900 120 {}", before.udp)), "{shown}");
+    });
+}
+
+#[test]
+fn kube_ipvs0_is_created_down_and_holds_the_bound_addresses() {
+    in_guest("kube_ipvs0_is_created_down_and_holds_the_bound_addresses", || {
+        let node = Netns::new("ipvs").unwrap();
+        let (v4, v6) = ("10.96.0.1".parse().unwrap(), "fd00::10".parse().unwrap());
+        node.run(|| {
+            let mut links = IpvsLinks::open().unwrap();
+            assert!(links.find().unwrap().is_none());
+            let link = links.ensure().unwrap();
+            assert_eq!(links.ensure().unwrap().index, link.index, "ensure keeps the link");
+            for ip in [v4, v6, v4] {
+                links.bind(&link, ip).unwrap();
+            }
+        });
+        let shown = node.sh("ip -d addr show dev kube-ipvs0").unwrap();
+        assert!(shown.contains("dummy") && shown.contains("state DOWN"), "{shown}");
+        assert!(
+            shown.contains("inet 10.96.0.1/32") && shown.contains("inet6 fd00::10/128"),
+            "{shown}"
+        );
+
+        node.run(|| {
+            let mut links = IpvsLinks::open().unwrap();
+            let link = links.find().unwrap().unwrap();
+            assert_eq!(link.addresses, [v4, v6]);
+            links.unbind(&link, v4).unwrap();
+            links.unbind(&link, v4).unwrap();
+            assert_eq!(links.find().unwrap().unwrap().addresses, [v6]);
+            assert!(links.delete(&link).unwrap());
+            assert!(!links.delete(&link).unwrap(), "already gone");
+            assert!(links.find().unwrap().is_none());
+        });
     });
 }

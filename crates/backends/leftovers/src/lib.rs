@@ -25,19 +25,19 @@
 //!   other objects are still removed; the caller logs them, and `--cleanup` exits non-zero.
 //!
 //! All I/O is netlink ([`kpr_netlink`]) in the calling thread's network namespace: links
-//! and addresses through netlink-packet-route, IPVS through kpr-ipvs-netlink, and the
+//! and IPVS through kpr-ipvs-netlink, and the
 //! nftables batch and ipset messages built here (their bytes are pinned by tests).
 
 mod ipset;
 mod ipvs;
-mod link;
 mod nftables;
 
 use kpr_netlink::NetlinkError;
 
 pub use ipset::{destroy_request, remove_ipvs_sets};
 pub use ipvs::upstreams_services;
-pub use link::{IPVS_LINK, IpvsLink, find_ipvs_link};
+use kpr_ipvs_netlink::IpvsLinks;
+pub use kpr_ipvs_netlink::{IPVS_LINK, IpvsLink};
 pub use nftables::{NFTABLES_TABLE, NftFamily, delete_table_batch};
 
 /// One object that could not be removed, and why.
@@ -106,13 +106,19 @@ pub fn remove_ipvs_leftovers() -> Report {
 }
 
 fn remove_ipvs_objects(report: &mut Report) {
-    match find_ipvs_link() {
-        Ok(Some(link)) => {
+    let object = format!("link {IPVS_LINK}");
+    let found = IpvsLinks::open().and_then(|mut links| Ok((links.find()?, links)));
+    match found {
+        Ok((Some(link), mut links)) => {
             ipvs::remove_services_on(&link.addresses, report);
-            link::remove(&link, report);
+            match links.delete(&link) {
+                Ok(true) => report.removed(object),
+                Ok(false) => {}
+                Err(error) => report.failed(LeftoverError::netlink(object, &error)),
+            }
         }
-        Ok(None) => {}
-        Err(error) => report.failed(LeftoverError::netlink(format!("link {IPVS_LINK}"), &error)),
+        Ok((None, _)) => {}
+        Err(error) => report.failed(LeftoverError::netlink(object, &error)),
     }
     remove_ipvs_sets(report);
 }

@@ -126,18 +126,15 @@ pub fn list_services_request(family_id: u16, sequence: u32) -> Vec<u8> {
 }
 
 pub fn new_service_request(family_id: u16, service: &Service, sequence: u32) -> Vec<u8> {
-    let attribute = nested(CMD_ATTR_SERVICE, &full_service(service));
-    request(family_id, Command::NewService, ACKED, &[attribute], sequence)
+    service_request(family_id, Command::NewService, full_service(service), sequence)
 }
 
 pub fn set_service_request(family_id: u16, service: &Service, sequence: u32) -> Vec<u8> {
-    let attribute = nested(CMD_ATTR_SERVICE, &full_service(service));
-    request(family_id, Command::SetService, ACKED, &[attribute], sequence)
+    service_request(family_id, Command::SetService, full_service(service), sequence)
 }
 
 pub fn delete_service_request(family_id: u16, key: &ServiceKey, sequence: u32) -> Vec<u8> {
-    let attribute = nested(CMD_ATTR_SERVICE, &service_key(key));
-    request(family_id, Command::DelService, ACKED, &[attribute], sequence)
+    service_request(family_id, Command::DelService, service_key(key), sequence)
 }
 
 pub fn list_destinations_request(family_id: u16, key: &ServiceKey, sequence: u32) -> Vec<u8> {
@@ -151,11 +148,8 @@ pub fn new_destination_request(
     destination: &Destination,
     sequence: u32,
 ) -> Vec<u8> {
-    let attributes = [
-        nested(CMD_ATTR_SERVICE, &service_key(key)),
-        nested(CMD_ATTR_DEST, &full_destination(destination)),
-    ];
-    request(family_id, Command::NewDest, ACKED, &attributes, sequence)
+    let attributes = full_destination(destination);
+    destination_request(family_id, Command::NewDest, key, attributes, sequence)
 }
 
 pub fn set_destination_request(
@@ -164,11 +158,8 @@ pub fn set_destination_request(
     destination: &Destination,
     sequence: u32,
 ) -> Vec<u8> {
-    let attributes = [
-        nested(CMD_ATTR_SERVICE, &service_key(key)),
-        nested(CMD_ATTR_DEST, &full_destination(destination)),
-    ];
-    request(family_id, Command::SetDest, ACKED, &attributes, sequence)
+    let attributes = full_destination(destination);
+    destination_request(family_id, Command::SetDest, key, attributes, sequence)
 }
 
 pub fn delete_destination_request(
@@ -177,11 +168,34 @@ pub fn delete_destination_request(
     destination: &Destination,
     sequence: u32,
 ) -> Vec<u8> {
+    let attributes = destination_key(destination);
+    destination_request(family_id, Command::DelDest, key, attributes, sequence)
+}
+
+/// An acknowledged request about one service: its attributes nested.
+fn service_request(family_id: u16, command: Command, service: Vec<DefaultNla>, sequence: u32) -> Vec<u8> {
+    request(
+        family_id,
+        command,
+        ACKED,
+        &[nested(CMD_ATTR_SERVICE, &service)],
+        sequence,
+    )
+}
+
+/// An acknowledged request about one real server of `key`'s service.
+fn destination_request(
+    family_id: u16,
+    command: Command,
+    key: &ServiceKey,
+    destination: Vec<DefaultNla>,
+    sequence: u32,
+) -> Vec<u8> {
     let attributes = [
         nested(CMD_ATTR_SERVICE, &service_key(key)),
-        nested(CMD_ATTR_DEST, &destination_key(destination)),
+        nested(CMD_ATTR_DEST, &destination),
     ];
-    request(family_id, Command::DelDest, ACKED, &attributes, sequence)
+    request(family_id, command, ACKED, &attributes, sequence)
 }
 
 /// `ipvsadm --set`: the non-zero timeouts only (the kernel keeps a timeout given as 0).

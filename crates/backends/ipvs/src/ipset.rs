@@ -1,0 +1,274 @@
+//! The ipvs mode's ipsets as values, and the `ipset restore` script that turns what the
+//! kernel holds into what is wanted.
+//!
+//! Why the `ipset` tool and not netlink: one `ipset restore -exist` applies any number of
+//! changes in one process, the same way upstream programs its sets, and reading a set back
+//! is one `ipset save`. The script is generated from typed values only (addresses, ports,
+//! CIDRs, protocol names and fixed set names), so nothing from an API object reaches it as
+//! text. Sets are created with upstream's sizes and never destroyed while the mode runs (an
+//! empty set costs nothing, and iptables rules may still name it); `--cleanup` and mode
+//! switches destroy them (kpr-leftovers).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::{self, Write as _};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+/// The transport protocol in a member, as ipset spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+            Self::Sctp => "sctp",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        match text {
+            "tcp" => Some(Self::Tcp),
+            "udp" => Some(Self::Udp),
+            "sctp" => Some(Self::Sctp),
+            _ => None,
+        }
+    }
+}
+
+/// The set types the ipvs mode uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetKind {
+    /// `hash:ip,port`: a service address and port.
+    IpPort,
+    /// `hash:ip,port,ip`: an address and port plus a second address (hairpin, source IP).
+    IpPortIp,
+    /// `hash:ip,port,net`: an address and port plus a source range.
+    IpPortNet,
+    /// `hash:ip`: an address.
+    Ip,
+    /// `bitmap:port`: a port.
+    Port,
+}
+
+impl SetKind {
+    pub fn type_name(self) -> &'static str {
+        match self {
+            Self::IpPort => "hash:ip,port",
+            Self::IpPortIp => "hash:ip,port,ip",
+            Self::IpPortNet => "hash:ip,port,net",
+            Self::Ip => "hash:ip",
+            Self::Port => "bitmap:port",
+        }
+    }
+
+    /// Upstream's creation options: hash sets of the family, 1024 buckets, 65536 members at
+    /// most; the port bitmap covers every port.
+    fn create_options(self, family: Family) -> String {
+        match self {
+            Self::Port => "range 0-65535".to_string(),
+            _ => format!("family {} hashsize 1024 maxelem 65536", family.as_str()),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::V4 => "inet",
+            Self::V6 => "inet6",
+        }
+    }
+}
+
+/// One member of a set, in the shape its set's kind takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Member {
+    IpPort(IpAddr, Protocol, u16),
+    IpPortIp(IpAddr, Protocol, u16, IpAddr),
+    IpPortNet(IpAddr, Protocol, u16, IpNet),
+    Ip(IpAddr),
+    Port(u16),
+}
+
+impl Member {
+    pub fn kind(&self) -> SetKind {
+        match self {
+            Self::IpPort(..) => SetKind::IpPort,
+            Self::IpPortIp(..) => SetKind::IpPortIp,
+            Self::IpPortNet(..) => SetKind::IpPortNet,
+            Self::Ip(_) => SetKind::Ip,
+            Self::Port(_) => SetKind::Port,
+        }
+    }
+
+    /// The member as `ipset save` prints it for a set of `kind`.
+    pub fn parse(kind: SetKind, text: &str) -> Result<Self, String> {
+        let bad = || format!("{text:?} is not a {} member", kind.type_name());
+        let parts: Vec<&str> = text.split(',').collect();
+        let ip = |s: &str| s.parse::<IpAddr>().map_err(|_| bad());
+        let proto_port = |s: &str| -> Result<(Protocol, u16), String> {
+            let (proto, port) = s.split_once(':').ok_or_else(bad)?;
+            let proto = Protocol::parse(proto).ok_or_else(bad)?;
+            Ok((proto, port.parse().map_err(|_| bad())?))
+        };
+        match (kind, parts.as_slice()) {
+            (SetKind::IpPort, [a, pp]) => {
+                let (proto, port) = proto_port(pp)?;
+                Ok(Self::IpPort(ip(a)?, proto, port))
+            }
+            (SetKind::IpPortIp, [a, pp, b]) => {
+                let (proto, port) = proto_port(pp)?;
+                Ok(Self::IpPortIp(ip(a)?, proto, port, ip(b)?))
+            }
+            (SetKind::IpPortNet, [a, pp, net]) => {
+                let (proto, port) = proto_port(pp)?;
+                let net = net
+                    .parse::<IpNet>()
+                    .or_else(|_| ip(net).map(IpNet::from))
+                    .map_err(|_| bad())?;
+                Ok(Self::IpPortNet(ip(a)?, proto, port, net))
+            }
+            (SetKind::Ip, [a]) => Ok(Self::Ip(ip(a)?)),
+            (SetKind::Port, [p]) => Ok(Self::Port(p.parse().map_err(|_| bad())?)),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl fmt::Display for Member {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::IpPort(ip, proto, port) => write!(f, "{ip},{}:{port}", proto.as_str()),
+            Self::IpPortIp(ip, proto, port, ip2) => write!(f, "{ip},{}:{port},{ip2}", proto.as_str()),
+            Self::IpPortNet(ip, proto, port, net) => write!(f, "{ip},{}:{port},{net}", proto.as_str()),
+            Self::Ip(ip) => write!(f, "{ip}"),
+            Self::Port(port) => write!(f, "{port}"),
+        }
+    }
+}
+
+/// A set the mode owns: its name (one of upstream's), kind and family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SetSpec {
+    pub name: &'static str,
+    pub kind: SetKind,
+    pub family: Family,
+}
+
+/// Sets by name with their members.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sets {
+    sets: BTreeMap<&'static str, (SetSpec, BTreeSet<Member>)>,
+}
+
+impl Sets {
+    /// Declares `spec` (a set exists, maybe empty, once declared).
+    pub fn declare(&mut self, spec: SetSpec) {
+        self.sets
+            .entry(spec.name)
+            .or_insert_with(|| (spec, BTreeSet::new()));
+    }
+
+    /// Adds `member` to the declared set `name`; a member of another kind is a bug in the
+    /// caller, reported as an error rather than written.
+    pub fn insert(&mut self, name: &str, member: Member) -> Result<(), String> {
+        let (spec, members) = self
+            .sets
+            .get_mut(name)
+            .ok_or_else(|| format!("ipset {name} is not declared"))?;
+        if member.kind() != spec.kind {
+            return Err(format!(
+                "{member} is not a member of {} ({})",
+                spec.name,
+                spec.kind.type_name()
+            ));
+        }
+        members.insert(member);
+        Ok(())
+    }
+
+    pub fn members(&self, name: &str) -> Option<&BTreeSet<Member>> {
+        self.sets.get(name).map(|(_, members)| members)
+    }
+
+    pub fn is_empty(&self, name: &str) -> bool {
+        self.members(name).is_none_or(BTreeSet::is_empty)
+    }
+
+    pub fn specs(&self) -> impl Iterator<Item = &SetSpec> {
+        self.sets.values().map(|(spec, _)| spec)
+    }
+
+    /// Members across all sets, for metrics and benchmarks.
+    pub fn member_count(&self) -> usize {
+        self.sets.values().map(|(_, members)| members.len()).sum()
+    }
+}
+
+/// The `ipset restore -exist` script that makes the kernel's sets (`current`, as read back)
+/// hold exactly `wanted`'s members: creations for every wanted set (`-exist` keeps one that
+/// is there), deletions of members no longer wanted, additions of new ones. Empty when
+/// nothing differs.
+pub fn restore_script(wanted: &Sets, current: &Sets) -> String {
+    let mut script = String::new();
+    for (name, (spec, members)) in &wanted.sets {
+        let had = current.members(name);
+        if had.is_none() {
+            let _ = writeln!(
+                script,
+                "create {name} {} {}",
+                spec.kind.type_name(),
+                spec.kind.create_options(spec.family)
+            );
+        }
+        let empty = BTreeSet::new();
+        let had = had.unwrap_or(&empty);
+        for gone in had.difference(members) {
+            let _ = writeln!(script, "del {name} {gone}");
+        }
+        for new in members.difference(had) {
+            let _ = writeln!(script, "add {name} {new}");
+        }
+    }
+    script
+}
+
+/// The members of `specs`' sets in `ipset save` output; sets not in `specs` are skipped,
+/// and a set in `specs` that the output lacks is absent from the result.
+pub fn parse_save(text: &str, specs: &[SetSpec]) -> Result<Sets, String> {
+    let mut sets = Sets::default();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(verb), Some(name)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let Some(spec) = specs.iter().find(|spec| spec.name == name) else {
+            continue;
+        };
+        match verb {
+            "create" => sets.declare(*spec),
+            "add" => {
+                let text = words.next().ok_or_else(|| format!("{line:?}: no member"))?;
+                sets.insert(name, Member::parse(spec.kind, text)?)?;
+            }
+            _ => {}
+        }
+    }
+    Ok(sets)
+}
+
+#[cfg(test)]
+mod tests;

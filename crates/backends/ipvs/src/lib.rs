@@ -1,0 +1,13 @@
+//! ipvs mode: upstream's IPVS proxier in kube-proxy-rs's pipeline.
+//!
+//! Every Service address becomes an IPVS virtual server whose real servers are the
+//! endpoints; the addresses are bound to the `kube-ipvs0` dummy link so the node accepts
+//! their traffic; a small, fixed iptables ruleset does what IPVS cannot (masquerading,
+//! source ranges, Local policies, dropping what no Service holds), matching the Services
+//! through ipsets instead of a rule per Service. The kernel objects come from
+//! kpr-ipvs-netlink; this crate decides what they must be.
+//!
+//! - [`ipset`]: the sets as values, the `ipset restore` script that turns what the kernel
+//!   has into what is wanted (pure), and reading a set back from `ipset save`.
+
+pub mod ipset;

@@ -7,6 +7,9 @@
 //! through ipsets instead of a rule per Service. The kernel objects come from
 //! kpr-ipvs-netlink; this crate decides what they must be.
 //!
+//! What upstream does, sync by sync, is written down in `UPSTREAM.md` beside this crate
+//! (from reading upstream, in our own words): the plan follows it case by case.
+//!
 //! - [`ipset`]: the sets as values, the `ipset restore` script that turns what the kernel
 //!   has into what is wanted (pure), and reading a set back from `ipset save`.
 

@@ -23,6 +23,6 @@ pub use client::{Ipvs, Listing};
 pub use link::{IPVS_LINK, IpvsLink, IpvsLinks};
 pub use messages::IPVS_FAMILY;
 pub use types::{
-    CALLER_FLAGS, Destination, FLAG_HASHED, FLAG_PERSISTENT, FLAG_SCHED1, Protocol, Scheduler, Service,
+    CALLER_FLAGS, Destination, FLAG_HASHED, FLAG_MH_PORT, FLAG_PERSISTENT, Protocol, Scheduler, Service,
     ServiceKey, Timeouts,
 };

@@ -65,9 +65,9 @@ impl fmt::Display for ServiceKey {
 pub const FLAG_PERSISTENT: u32 = 0x1;
 /// `IP_VS_SVC_F_HASHED`: set by the kernel on every listed service, never by a caller.
 pub const FLAG_HASHED: u32 = 0x2;
-/// `IP_VS_SVC_F_SCHED1`: for the `mh` scheduler, fall back to another server (upstream sets
-/// it for `mh`).
-pub const FLAG_SCHED1: u32 = 0x8;
+/// `IP_VS_SVC_F_SCHED2`, for the `mh` scheduler `IP_VS_SVC_F_SCHED_MH_PORT`: hash the
+/// source port too (upstream sets it whenever the scheduler is `mh`).
+pub const FLAG_MH_PORT: u32 = 0x10;
 /// The flags a caller sets; the kernel keeps its own in the others.
 pub const CALLER_FLAGS: u32 = !FLAG_HASHED;
 

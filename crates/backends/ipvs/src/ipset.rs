@@ -14,33 +14,7 @@ use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-
-/// The transport protocol in a member, as ipset spells it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Protocol {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-impl Protocol {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Tcp => "tcp",
-            Self::Udp => "udp",
-            Self::Sctp => "sctp",
-        }
-    }
-
-    fn parse(text: &str) -> Option<Self> {
-        match text {
-            "tcp" => Some(Self::Tcp),
-            "udp" => Some(Self::Udp),
-            "sctp" => Some(Self::Sctp),
-            _ => None,
-        }
-    }
-}
+pub use kpr_model::Protocol;
 
 /// The set types the ipvs mode uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -121,7 +95,10 @@ impl Member {
         let ip = |s: &str| s.parse::<IpAddr>().map_err(|_| bad());
         let proto_port = |s: &str| -> Result<(Protocol, u16), String> {
             let (proto, port) = s.split_once(':').ok_or_else(bad)?;
-            let proto = Protocol::parse(proto).ok_or_else(bad)?;
+            let proto = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+                .into_iter()
+                .find(|p| p.lower() == proto)
+                .ok_or_else(bad)?;
             Ok((proto, port.parse().map_err(|_| bad())?))
         };
         match (kind, parts.as_slice()) {
@@ -151,9 +128,9 @@ impl Member {
 impl fmt::Display for Member {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::IpPort(ip, proto, port) => write!(f, "{ip},{}:{port}", proto.as_str()),
-            Self::IpPortIp(ip, proto, port, ip2) => write!(f, "{ip},{}:{port},{ip2}", proto.as_str()),
-            Self::IpPortNet(ip, proto, port, net) => write!(f, "{ip},{}:{port},{net}", proto.as_str()),
+            Self::IpPort(ip, proto, port) => write!(f, "{ip},{}:{port}", proto.lower()),
+            Self::IpPortIp(ip, proto, port, ip2) => write!(f, "{ip},{}:{port},{ip2}", proto.lower()),
+            Self::IpPortNet(ip, proto, port, net) => write!(f, "{ip},{}:{port},{net}", proto.lower()),
             Self::Ip(ip) => write!(f, "{ip}"),
             Self::Port(port) => write!(f, "{port}"),
         }

@@ -10,7 +10,15 @@
 //! What upstream does, sync by sync, is written down in `UPSTREAM.md` beside this crate
 //! (from reading upstream, in our own words): the plan follows it case by case.
 //!
+//! - [`plan()`]: the pure decision of a sync, one family's desired state in, virtual servers
+//!   with their real servers, `kube-ipvs0` addresses and set members out ([`IpvsPlan`],
+//!   printable for `--dry-run` and golden files).
+//! - [`sets`]: the seventeen sets, their names per family and upstream's comments.
 //! - [`ipset`]: the sets as values, the `ipset restore` script that turns what the kernel
 //!   has into what is wanted (pure), and reading a set back from `ipset save`.
 
 pub mod ipset;
+mod plan;
+pub mod sets;
+
+pub use plan::{IpvsPlan, PlanInputs, VirtualServer, plan};

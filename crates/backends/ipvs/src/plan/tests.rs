@@ -1,0 +1,339 @@
+//! Each case of `UPSTREAM.md` §2-§3 as a golden plan (`tests/golden/<name>.plan`).
+//! `UPDATE_GOLDEN=1` rewrites the files; review the diff before committing it.
+
+use std::path::PathBuf;
+
+use kpr_world::{World, ep};
+use serde_json::{Value, json};
+
+use super::*;
+use k8s_openapi::api::core::v1 as core_v1;
+
+const NODE_ADDRESSES: [&str; 2] = ["192.168.0.10", "172.17.0.1"];
+
+fn check(name: &str, plan: &IpvsPlan) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/{name}.plan"));
+    kpr_world::golden::check(&path, &plan.to_string());
+}
+
+fn ips(list: &[&str]) -> Vec<IpAddr> {
+    list.iter().map(|ip| ip.parse().unwrap()).collect()
+}
+
+fn plan_of(world: &mut World, scheduler: &str) -> IpvsPlan {
+    let node_ports = ips(&NODE_ADDRESSES);
+    let others: BTreeSet<IpAddr> = node_ports.iter().copied().chain(ips(&["203.0.113.50"])).collect();
+    let scheduler = Scheduler::new(scheduler).unwrap();
+    let inputs = PlanInputs {
+        family: IpFamily::V4,
+        scheduler: &scheduler,
+        node_port_addresses: &node_ports,
+        other_interface_addresses: &others,
+        node_ip: Some("192.168.0.10".parse().unwrap()),
+    };
+    plan(&world.state(), &inputs)
+}
+
+fn web(spec: Value, endpoints: Vec<Value>) -> World {
+    let mut world = World::new();
+    world
+        .service("web", spec)
+        .slice("web", json!([{"name": "http", "port": 8080}]), endpoints);
+    world
+}
+
+fn spec(extra: Value) -> Value {
+    let mut spec = json!({"type": "ClusterIP", "clusterIP": "10.96.0.10",
+        "ports": [{"name": "http", "port": 80, "targetPort": 8080}]});
+    for (key, value) in extra.as_object().unwrap() {
+        spec[key] = value.clone();
+    }
+    spec
+}
+
+fn nodeport(extra: Value) -> Value {
+    let mut spec = spec(extra);
+    spec["type"] = json!("NodePort");
+    spec["ports"][0]["nodePort"] = json!(30080);
+    spec
+}
+
+#[test]
+fn a_cluster_ip_is_a_bound_virtual_server_with_every_ready_endpoint() {
+    let mut world = web(
+        spec(json!({})),
+        vec![ep("10.244.1.5"), ep("10.244.2.6"), ep("10.244.3.7 notready")],
+    );
+    let plan = plan_of(&mut world, "rr");
+    let server = &plan.virtual_servers[&service_key(Protocol::Tcp, "10.96.0.10".parse().unwrap(), 80)];
+    assert_eq!(
+        server.real_servers.len(),
+        2,
+        "the unready endpoint is not a real server"
+    );
+    assert_eq!(plan.bound, ["10.96.0.10".parse().unwrap()].into());
+    check("clusterip", &plan);
+}
+
+#[test]
+fn no_endpoints_keep_the_virtual_server_without_real_servers() {
+    let mut world = web(spec(json!({})), vec![]);
+    let plan = plan_of(&mut world, "rr");
+    assert_eq!(plan.virtual_servers.len(), 1);
+    assert!(plan.virtual_servers.values().all(|s| s.real_servers.is_empty()));
+    check("no_endpoints", &plan);
+}
+
+#[test]
+fn terminating_endpoints_serve_only_when_nothing_is_ready() {
+    let mut world = web(spec(json!({})), vec![ep("10.244.1.5 serving terminating")]);
+    assert_eq!(
+        plan_of(&mut world, "rr")
+            .virtual_servers
+            .values()
+            .next()
+            .unwrap()
+            .real_servers
+            .len(),
+        1
+    );
+    let mut world = web(
+        spec(json!({})),
+        vec![ep("10.244.1.5 serving terminating"), ep("10.244.2.6")],
+    );
+    let plan = plan_of(&mut world, "rr");
+    let reals: Vec<String> = plan
+        .virtual_servers
+        .values()
+        .next()
+        .unwrap()
+        .real_servers
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+    assert_eq!(reals, ["10.244.2.6:8080"]);
+}
+
+#[test]
+fn client_ip_affinity_is_persistence_with_the_timeout() {
+    let mut world = web(
+        spec(
+            json!({"sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}}}),
+        ),
+        vec![ep("10.244.1.5")],
+    );
+    let plan = plan_of(&mut world, "rr");
+    let service = &plan.virtual_servers.values().next().unwrap().service;
+    assert_eq!((service.flags, service.timeout), (FLAG_PERSISTENT, 600));
+    check("affinity", &plan);
+}
+
+#[test]
+fn the_mh_scheduler_hashes_the_source_port_too() {
+    let mut world = web(spec(json!({})), vec![ep("10.244.1.5")]);
+    let plan = plan_of(&mut world, "mh");
+    assert_eq!(
+        plan.virtual_servers.values().next().unwrap().service.flags,
+        FLAG_MH_PORT
+    );
+}
+
+#[test]
+fn a_node_port_is_a_virtual_server_per_node_address_never_bound() {
+    let mut world = web(
+        nodeport(json!({})),
+        vec![ep("10.244.1.5 local"), ep("10.244.2.6")],
+    );
+    let plan = plan_of(&mut world, "rr");
+    assert_eq!(plan.virtual_servers.len(), 3, "cluster IP + two node addresses");
+    assert_eq!(plan.bound.len(), 1, "only the cluster IP");
+    check("nodeport", &plan);
+}
+
+#[test]
+fn no_node_port_address_leaves_node_ports_and_health_checks_out() {
+    let mut world = web(nodeport(json!({})), vec![ep("10.244.1.5")]);
+    let scheduler = Scheduler::new("rr").unwrap();
+    let none = BTreeSet::new();
+    let inputs = PlanInputs {
+        family: IpFamily::V4,
+        scheduler: &scheduler,
+        node_port_addresses: &[],
+        other_interface_addresses: &none,
+        node_ip: None,
+    };
+    let plan = plan(&world.state(), &inputs);
+    assert_eq!(plan.virtual_servers.len(), 1);
+    assert!(plan.sets.is_empty("KUBE-NODE-PORT-TCP"));
+}
+
+#[test]
+fn external_local_uses_local_endpoints_and_falls_back_to_all_without_them() {
+    let local = json!({"externalTrafficPolicy": "Local"});
+    let mut world = web(
+        nodeport(local.clone()),
+        vec![ep("10.244.1.5 local"), ep("10.244.2.6")],
+    );
+    let plan = plan_of(&mut world, "rr");
+    check("external_local", &plan);
+    let node_port =
+        &plan.virtual_servers[&service_key(Protocol::Tcp, "192.168.0.10".parse().unwrap(), 30080)];
+    assert_eq!(node_port.real_servers.len(), 1, "local only");
+    assert!(
+        plan.sets
+            .members("KUBE-NODE-PORT-LOCAL-TCP")
+            .is_some_and(|m| m.len() == 1)
+    );
+
+    let mut world = web(nodeport(local), vec![ep("10.244.2.6")]);
+    let plan = plan_of(&mut world, "rr");
+    let node_port =
+        &plan.virtual_servers[&service_key(Protocol::Tcp, "192.168.0.10".parse().unwrap(), 30080)];
+    assert_eq!(
+        node_port.real_servers.len(),
+        1,
+        "upstream's ipvs mode falls back to the cluster's endpoints"
+    );
+}
+
+#[test]
+fn internal_local_cluster_ip_without_local_endpoints_has_no_real_server() {
+    let mut world = web(
+        spec(json!({"internalTrafficPolicy": "Local"})),
+        vec![ep("10.244.2.6")],
+    );
+    let plan = plan_of(&mut world, "rr");
+    assert!(
+        plan.virtual_servers
+            .values()
+            .next()
+            .unwrap()
+            .real_servers
+            .is_empty()
+    );
+    check("internal_local_no_local", &plan);
+}
+
+#[test]
+fn external_ips_are_bound_unless_another_interface_has_them() {
+    let mut world = web(
+        spec(json!({"externalIPs": ["198.51.100.7", "203.0.113.50"]})),
+        vec![ep("10.244.1.5")],
+    );
+    let plan = plan_of(&mut world, "rr");
+    assert!(plan.bound.contains(&"198.51.100.7".parse().unwrap()));
+    assert!(
+        !plan.bound.contains(&"203.0.113.50".parse().unwrap()),
+        "on another interface"
+    );
+    assert_eq!(plan.virtual_servers.len(), 3, "both are served");
+    check("external_ips", &plan);
+}
+
+/// A LoadBalancer Service `name` (Local policy) whose load balancer gave it `ingress_ip`.
+fn load_balancer(
+    name: &str,
+    cluster_ip: &str,
+    node_port: u16,
+    ranges: Value,
+    ingress_ip: &str,
+) -> core_v1::Service {
+    let mut spec = nodeport(json!({
+        "externalTrafficPolicy": "Local", "healthCheckNodePort": 32000, "loadBalancerSourceRanges": ranges}));
+    spec["type"] = json!("LoadBalancer");
+    spec["clusterIP"] = json!(cluster_ip);
+    spec["ports"][0]["nodePort"] = json!(node_port);
+    let mut object = kpr_world::service_object(name, spec);
+    object.status =
+        serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": ingress_ip}]}})).unwrap();
+    object
+}
+
+#[test]
+fn load_balancer_source_ranges_fill_the_firewall_sets() {
+    let mut world = World::new();
+    let web = load_balancer(
+        "web",
+        "10.96.0.10",
+        30080,
+        json!(["192.0.2.0/24", "192.168.0.0/24"]),
+        "203.0.113.1",
+    );
+    let other = load_balancer(
+        "other",
+        "10.96.0.11",
+        30081,
+        json!(["192.0.2.0/24"]),
+        "203.0.113.2",
+    );
+    assert!(world.apply_service(&web).is_empty() && world.apply_service(&other).is_empty());
+    world.slice(
+        "web",
+        json!([{"name": "http", "port": 8080}]),
+        vec![ep("10.244.1.5 local")],
+    );
+    let plan = plan_of(&mut world, "rr");
+    let source_ip = plan.sets.members("KUBE-LOAD-BALANCER-SOURCE-IP");
+    assert!(
+        source_ip.is_some_and(|m| m.len() == 1),
+        "web's ranges hold the node"
+    );
+    assert_eq!(plan.out_filter.len(), 1, "other's ranges leave the node out");
+    check("load_balancer_source_ranges", &plan);
+}
+
+#[test]
+fn udp_and_sctp_node_ports_use_their_sets() {
+    let mut world = World::new();
+    world.service("dns", {
+        let mut spec = nodeport(json!({}));
+        spec["ports"] = json!([
+            {"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP", "nodePort": 30053},
+            {"name": "sig", "port": 2905, "protocol": "SCTP", "nodePort": 30905}]);
+        spec
+    });
+    let plan = plan_of(&mut world, "rr");
+    assert!(
+        plan.sets
+            .members("KUBE-NODE-PORT-UDP")
+            .is_some_and(|m| m.len() == 1)
+    );
+    assert_eq!(
+        plan.sets.members("KUBE-NODE-PORT-SCTP-HASH").map(|m| m.len()),
+        Some(2),
+        "one per node address"
+    );
+    check("udp_sctp_node_ports", &plan);
+}
+
+#[test]
+fn an_ipv6_plan_uses_the_ipv6_set_names() {
+    let mut world = World::with_family(IpFamily::V6);
+    world
+        .service(
+            "web",
+            json!({"type": "ClusterIP", "clusterIP": "fd00:96::10", "ipFamilies": ["IPv6"],
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+        )
+        .slice(
+            "web",
+            json!([{"name": "http", "port": 8080}]),
+            vec![ep("fd00:244::5 local")],
+        );
+    let scheduler = Scheduler::new("rr").unwrap();
+    let none = BTreeSet::new();
+    let inputs = PlanInputs {
+        family: IpFamily::V6,
+        scheduler: &scheduler,
+        node_port_addresses: &[],
+        other_interface_addresses: &none,
+        node_ip: None,
+    };
+    let plan = plan(&world.state(), &inputs);
+    check("ipv6", &plan);
+    assert!(
+        plan.sets
+            .members("KUBE-6-CLUSTER-IP")
+            .is_some_and(|m| m.len() == 1)
+    );
+}

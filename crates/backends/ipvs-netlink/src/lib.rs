@@ -20,6 +20,7 @@ pub mod messages;
 mod types;
 
 pub use client::{Ipvs, Listing};
+pub use kpr_netlink::NetlinkError;
 pub use link::{IPVS_LINK, IpvsLink, IpvsLinks};
 pub use messages::IPVS_FAMILY;
 pub use types::{

@@ -13,12 +13,17 @@
 //! - [`plan()`]: the pure decision of a sync, one family's desired state in, virtual servers
 //!   with their real servers, `kube-ipvs0` addresses and set members out ([`IpvsPlan`],
 //!   printable for `--dry-run` and golden files).
+//! - [`reconcile`]: from the kernel's IPVS table to the plan's as a list of operations
+//!   (pure), with graceful termination (a removed TCP real server with connections drains
+//!   at weight 0); [`kernel`] reads the table and writes the operations.
 //! - [`sets`]: the seventeen sets, their names per family and upstream's comments.
 //! - [`ipset`]: the sets as values, the `ipset restore` script that turns what the kernel
 //!   has into what is wanted (pure), and reading a set back from `ipset save`.
 
 pub mod ipset;
+pub mod kernel;
 mod plan;
+pub mod reconcile;
 pub mod sets;
 
 pub use plan::{IpvsPlan, PlanInputs, VirtualServer, plan};

@@ -16,10 +16,13 @@
 //! - [`reconcile`]: from the kernel's IPVS table to the plan's as a list of operations
 //!   (pure), with graceful termination (a removed TCP real server with connections drains
 //!   at weight 0); [`kernel`] reads the table and writes the operations.
+//! - [`addresses`]: this host's addresses split as a sync needs them (on kube-ipvs0, on
+//!   other interfaces, serving NodePorts).
 //! - [`sets`]: the seventeen sets, their names per family and upstream's comments.
 //! - [`ipset`]: the sets as values, the `ipset restore` script that turns what the kernel
 //!   has into what is wanted (pure), and reading a set back from `ipset save`.
 
+pub mod addresses;
 pub mod ipset;
 pub mod kernel;
 mod plan;

@@ -225,6 +225,7 @@ impl EndpointsTracker {
     /// changes measures its network-programming latency from them.
     pub fn take_trigger_times(&mut self) -> Vec<SystemTime> {
         let mut times: Vec<_> = self.trigger_times.drain().flat_map(|(_, t)| t).collect();
+        self.trigger_times.shrink_to(crate::ROOM_AFTER_TAKE);
         times.sort();
         times
     }
@@ -253,6 +254,7 @@ impl EndpointsTracker {
     pub fn take(&mut self) -> Changes<EndpointsChange, EndpointsMap> {
         let mut changed = Vec::new();
         let dirty: Vec<_> = self.dirty.drain().collect();
+        self.dirty.shrink_to(crate::ROOM_AFTER_TAKE);
         let merged: Vec<_> = dirty
             .into_iter()
             .map(|svc| {

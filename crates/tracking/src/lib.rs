@@ -20,6 +20,12 @@ pub use services::{ServiceChange, ServiceMap, ServiceTracker};
 
 use kpr_model::{IgnoredValue, Rejection};
 
+/// Entries of room a map of pending changes keeps after `take()` empties it. The initial
+/// lists make it as large as the cluster (every object is a change), and an emptied
+/// `HashMap` keeps its buckets: 3 MB per map at 50k Services, held for the life of the
+/// process for the few changes a sync sees after that.
+const ROOM_AFTER_TAKE: usize = 1024;
+
 /// What recording one object version did to a tracker.
 #[derive(Debug)]
 pub struct Recorded {

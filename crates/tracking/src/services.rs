@@ -111,6 +111,7 @@ impl ServiceTracker {
                 current,
             });
         }
+        self.pending.shrink_to(crate::ROOM_AFTER_TAKE);
         changed.sort_by(|a, b| a.id.cmp(&b.id));
         Changes {
             changed,

@@ -221,7 +221,7 @@ pub use model::{
 pub use netlink::{GenerationLog, NetlinkTransport, lower as lower_batch, rule_exprs};
 pub use options::{DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, NftablesOptions, OptionsError};
 pub use render::{TABLE, render_text, rule_text};
-pub use slots::assign as assign_slots;
+pub use slots::{SlotOrder, assign as assign_slots};
 pub use support::{MissingFeature, check_support};
 pub use transport::{Listing, NftCli, NoKernel, Transport, TransportError, parse_listing};
 

@@ -407,7 +407,9 @@ impl NftablesBackend {
                 ports.entry(name.service.clone()).or_default().push(name.clone());
             }
         }
-        let bundles: HashMap<Owner, Bundle> = ruleset.bundles.into_iter().collect();
+        // Sized at once: growing by doubling would hold both tables at the last rehash.
+        let mut bundles: HashMap<Owner, Bundle> = HashMap::with_capacity(ruleset.bundles.len());
+        bundles.extend(ruleset.bundles);
         // The baseline is what we just wrote, when listing is cheap (netlink: rules and set
         // names, no elements); else it comes from the next reconcile's listing, as an nft
         // listing here would cost every full sync a process and a parse.

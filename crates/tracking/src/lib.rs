@@ -8,7 +8,10 @@
 //!
 //! The snapshot is an `Arc`'d map: the proxier can read it for seconds while sources keep
 //! feeding the tracker, and the tracker copies the map only if a snapshot is still alive
-//! when it next applies changes.
+//! when it next applies changes. That copy is of keys and pointers only: each Service's
+//! ports and endpoints are `Arc`s shared by the tracker and every snapshot, and the
+//! endpoints of a Service with one slice are that slice's own lists, so a snapshot holds no
+//! second copy of the cluster.
 
 mod endpoints;
 mod services;

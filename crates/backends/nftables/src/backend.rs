@@ -407,6 +407,8 @@ impl NftablesBackend {
                 ports.entry(name.service.clone()).or_default().push(name.clone());
             }
         }
+        // Kept until the Service changes: a Vec's first push makes room for four names.
+        ports.values_mut().for_each(Vec::shrink_to_fit);
         // Sized at once: growing by doubling would hold both tables at the last rehash.
         let mut bundles: HashMap<Owner, Bundle> = HashMap::with_capacity(ruleset.bundles.len());
         bundles.extend(ruleset.bundles);
@@ -496,7 +498,10 @@ impl NftablesBackend {
         }
         for service in request.changed {
             match new_ports.remove(service) {
-                Some(names) => applied.ports.insert(service.clone(), names),
+                Some(mut names) => {
+                    names.shrink_to_fit();
+                    applied.ports.insert(service.clone(), names)
+                }
                 None => applied.ports.remove(service),
             };
         }

@@ -59,8 +59,59 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub zone_hints: Arc<[Arc<str>]>,
-    pub node_hints: Arc<[Arc<str>]>,
+    pub hints: Hints,
+}
+
+/// An endpoint's topology hints (`hints.forZones`, `hints.forNodes`): both lists behind one
+/// pointer, and every endpoint without hints (most) shares one empty pair. Two `Arc<[_]>`
+/// made every `Endpoint` 24 bytes larger, 11 MB at 50k Services x 10 endpoints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hints(Arc<HintLists>);
+
+#[derive(Debug, Default, PartialEq, Eq)]
+struct HintLists {
+    zones: Box<[Arc<str>]>,
+    nodes: Box<[Arc<str>]>,
+}
+
+impl Hints {
+    /// The hints of these zone and node names.
+    pub fn new<'a>(
+        zones: impl IntoIterator<Item = &'a str>,
+        nodes: impl IntoIterator<Item = &'a str>,
+    ) -> Self {
+        let lists = HintLists {
+            zones: zones.into_iter().map(Arc::from).collect(),
+            nodes: nodes.into_iter().map(Arc::from).collect(),
+        };
+        if lists == HintLists::default() {
+            return Self::default();
+        }
+        Self(Arc::new(lists))
+    }
+
+    /// The zones this endpoint should serve (`hints.forZones`).
+    pub fn zones(&self) -> &[Arc<str>] {
+        &self.0.zones
+    }
+
+    /// The nodes this endpoint should serve (`hints.forNodes`).
+    pub fn nodes(&self) -> &[Arc<str>] {
+        &self.0.nodes
+    }
+
+    /// Whether the hints are the one shared empty pair.
+    pub fn is_shared_empty(&self) -> bool {
+        Arc::ptr_eq(&self.0, &Self::default().0)
+    }
+}
+
+/// No hints: one shared empty pair, so an endpoint without hints allocates nothing.
+impl Default for Hints {
+    fn default() -> Self {
+        static NONE: OnceLock<Arc<HintLists>> = OnceLock::new();
+        Self(NONE.get_or_init(Arc::default).clone())
+    }
 }
 
 impl Endpoint {
@@ -73,8 +124,7 @@ impl Endpoint {
             ready: address.ready,
             serving: address.serving,
             terminating: address.terminating,
-            zone_hints: address.zone_hints.clone(),
-            node_hints: address.node_hints.clone(),
+            hints: address.hints.clone(),
         }
     }
 
@@ -101,8 +151,7 @@ pub struct SliceAddress {
     pub terminating: bool,
     pub node_name: Option<Arc<str>>,
     pub zone: Option<Arc<str>>,
-    pub zone_hints: Arc<[Arc<str>]>,
-    pub node_hints: Arc<[Arc<str>]>,
+    pub hints: Hints,
 }
 
 /// A converted EndpointSlice.
@@ -295,14 +344,12 @@ fn slice_addresses(
             terminating,
             node_name: endpoint.node_name.as_deref().map(Into::into),
             zone: endpoint.zone.as_deref().map(Into::into),
-            zone_hints: hint_names(
+            hints: Hints::new(
                 hints
                     .and_then(|h| h.for_zones.as_deref())
                     .unwrap_or_default()
                     .iter()
                     .map(|z| z.name.as_str()),
-            ),
-            node_hints: hint_names(
                 hints
                     .and_then(|h| h.for_nodes.as_deref())
                     .unwrap_or_default()
@@ -312,19 +359,6 @@ fn slice_addresses(
         });
     }
     out
-}
-
-/// A hint list. Most endpoints carry no hints, and an empty `Arc<[T]>` still allocates its
-/// reference counts, two per address of every slice (3.2 MB of heap at 10k Services x 10
-/// endpoints): endpoints without hints all share one empty list instead.
-fn hint_names<'a>(names: impl Iterator<Item = &'a str>) -> Arc<[Arc<str>]> {
-    static NONE: OnceLock<Arc<[Arc<str>]>> = OnceLock::new();
-    let names: Vec<Arc<str>> = names.map(Arc::from).collect();
-    if names.is_empty() {
-        NONE.get_or_init(|| Arc::from([])).clone()
-    } else {
-        names.into()
-    }
 }
 
 #[cfg(test)]
@@ -372,10 +406,10 @@ mod tests {
         let [plain, hinted, empty] = &addresses[..] else {
             panic!("three addresses: {addresses:?}");
         };
-        assert!(Arc::ptr_eq(&plain.zone_hints, &plain.node_hints));
-        assert!(Arc::ptr_eq(&plain.zone_hints, &empty.zone_hints));
-        assert!(Arc::ptr_eq(&plain.node_hints, &hinted.node_hints));
-        assert_eq!(&*hinted.zone_hints, &[Arc::<str>::from("z1")]);
+        assert!(plain.hints.is_shared_empty() && empty.hints.is_shared_empty());
+        assert!(!hinted.hints.is_shared_empty());
+        assert_eq!(hinted.hints.zones(), &[Arc::<str>::from("z1")]);
+        assert!(hinted.hints.nodes().is_empty());
     }
 
     #[test]
@@ -403,7 +437,7 @@ mod tests {
         );
         let first = Endpoint::new(&view.addresses[0], 8080, "node1");
         assert!(first.is_local && first.ready && first.serving && !first.terminating);
-        assert_eq!(&*first.zone_hints[0], "z1");
+        assert_eq!(&*first.hints.zones()[0], "z1");
         let second = Endpoint::new(&view.addresses[1], 8080, "node1");
         assert!(!second.is_local && !second.ready && second.serving && second.terminating);
         assert_eq!(second.addr_string(), "10.244.2.10:8080");

@@ -26,8 +26,8 @@ mod sizes;
 pub mod syntax;
 
 pub use endpoint::{
-    Endpoint, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, SERVICE_NAME_LABEL, SliceAddress, SlicePort, SliceView,
-    last_change_trigger_time, slice_view,
+    Endpoint, Hints, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, SERVICE_NAME_LABEL, SliceAddress, SlicePort,
+    SliceView, last_change_trigger_time, slice_view,
 };
 pub use ident::{IpFamily, NamespacedName, ObjectKind, Protocol, ServicePortName};
 pub use ignored::{Converted, IgnoredValue};

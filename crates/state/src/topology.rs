@@ -81,12 +81,20 @@ fn topology(endpoints: &[Endpoint], node: &str, zone: &str) -> Topology {
     if ready.is_empty() {
         return Topology::Everywhere;
     }
-    let all_node_hints = ready.iter().all(|ep| !ep.node_hints.is_empty());
-    if all_node_hints && ready.iter().any(|ep| ep.node_hints.iter().any(|n| &**n == node)) {
+    let all_node_hints = ready.iter().all(|ep| !ep.hints.nodes().is_empty());
+    if all_node_hints
+        && ready
+            .iter()
+            .any(|ep| ep.hints.nodes().iter().any(|n| &**n == node))
+    {
         return Topology::SameNode;
     }
-    let all_zone_hints = ready.iter().all(|ep| !ep.zone_hints.is_empty());
-    if all_zone_hints && ready.iter().any(|ep| ep.zone_hints.iter().any(|z| &**z == zone)) {
+    let all_zone_hints = ready.iter().all(|ep| !ep.hints.zones().is_empty());
+    if all_zone_hints
+        && ready
+            .iter()
+            .any(|ep| ep.hints.zones().iter().any(|z| &**z == zone))
+    {
         return Topology::SameZone;
     }
     Topology::Everywhere
@@ -95,8 +103,8 @@ fn topology(endpoints: &[Endpoint], node: &str, zone: &str) -> Topology {
 fn available_for(ep: &Endpoint, topology: Topology, node: &str, zone: &str) -> bool {
     match topology {
         Topology::Everywhere => true,
-        Topology::SameNode => ep.node_hints.iter().any(|n| &**n == node),
-        Topology::SameZone => ep.zone_hints.iter().any(|z| &**z == zone),
+        Topology::SameNode => ep.hints.nodes().iter().any(|n| &**n == node),
+        Topology::SameZone => ep.hints.zones().iter().any(|z| &**z == zone),
     }
 }
 

@@ -1,10 +1,19 @@
 //! EndpointSlices, joined per Service and split per service port.
 //!
-//! The tracker caches every converted slice. An update only marks the owning Service dirty;
-//! at `take()` each dirty Service's slices are merged again (duplicates across slices
-//! removed as upstream's EndpointSliceCache does: a copy that is not terminating wins) and
-//! compared with what the proxier last saw, so a slice update that changes nothing the rules
-//! depend on costs no sync work.
+//! The tracker keeps every slice as the endpoints it gives each Service port, already in the
+//! form the proxier reads (`Endpoint`s, deduplicated and sorted), not as the converted slice:
+//! most Services have one slice, and then the snapshot shares that slice's lists instead of
+//! holding a second copy of every endpoint (at 50k Services x 10 endpoints the copy was
+//! ~50 MB). An update only marks the owning Service dirty; at `take()` each dirty Service's
+//! slices are merged again (duplicates across slices removed as upstream's
+//! EndpointSliceCache does: a copy that is not terminating wins) and compared with what the
+//! proxier last saw, so a slice update that changes nothing the rules depend on costs no
+//! sync work.
+//!
+//! A slice version counts as changed when its Service or its endpoints as the proxier sees
+//! them changed. Fields the rules never read (the zone, which other node an endpoint runs
+//! on) are not kept, so a version differing only there changes nothing here; upstream
+//! would queue a sync for it that then writes nothing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -83,11 +92,19 @@ pub struct EndpointsChange {
     pub current: Option<Arc<ServiceEndpoints>>,
 }
 
+/// What the tracker keeps of one slice: its Service and the endpoints it gives each port.
+#[derive(Debug, PartialEq)]
+struct TrackedSlice {
+    service: NamespacedName,
+    /// Shared with the snapshot while the slice is its Service's only one.
+    endpoints: Arc<ServiceEndpoints>,
+}
+
 #[derive(Debug)]
 pub struct EndpointsTracker {
     family: IpFamily,
     node_name: Arc<str>,
-    slices: HashMap<NamespacedName, Arc<SliceView>>,
+    slices: HashMap<NamespacedName, TrackedSlice>,
     /// Slice ids per Service, sorted so merging is deterministic. A sorted `Vec`, not a
     /// `BTreeSet`: most Services have one slice, and a one-element `BTreeSet` allocates a
     /// whole node (~370 bytes; 18 MB at 50k Services).
@@ -133,7 +150,8 @@ impl EndpointsTracker {
             Some(Ok(Converted { view, ignored })) => (view, Ok(ignored)),
             Some(Err(rejection)) => (None, Err(rejection)),
         };
-        let changed = self.slices.get(&id).map(|old| &**old) != view.as_ref();
+        let tracked = view.as_ref().map(|view| self.track(view));
+        let changed = self.slices.get(&id) != tracked.as_ref();
         if !changed {
             // The same version again (a relist), or a slice of the other family: nothing to
             // merge, no latency sample.
@@ -150,17 +168,33 @@ impl EndpointsTracker {
             }
             self.forget_slice(&old.service, &id);
         }
-        if let Some(view) = view {
-            let ids = self.slices_by_service.entry(view.service.clone()).or_default();
+        if let Some(tracked) = tracked {
+            let ids = self.slices_by_service.entry(tracked.service.clone()).or_default();
             if let Err(at) = ids.binary_search(&id) {
                 // Exactly one more: a Vec's first growth would make room for four.
                 ids.reserve_exact(1);
                 ids.insert(at, id.clone());
             }
-            self.dirty.insert(view.service.clone());
-            self.slices.insert(id, Arc::new(view));
+            self.dirty.insert(tracked.service.clone());
+            self.slices.insert(id, tracked);
         }
         Recorded { changed, outcome }
+    }
+
+    /// The slice as the tracker keeps it: each port's endpoints, as one merge of this slice
+    /// alone would give them.
+    fn track(&self, view: &SliceView) -> TrackedSlice {
+        let mut by_port = ByPort::new();
+        for port in &view.ports {
+            let set = by_port.entry((port.name.clone(), port.protocol)).or_default();
+            for address in &view.addresses {
+                keep_preferred_copy(set, Endpoint::new(address, port.port, &self.node_name));
+            }
+        }
+        TrackedSlice {
+            service: view.service.clone(),
+            endpoints: Arc::new(sorted_per_port(by_port)),
+        }
     }
 
     /// Upstream's sample rule: a slice of this proxier's family that changed (the caller
@@ -191,6 +225,7 @@ impl EndpointsTracker {
     /// changes measures its network-programming latency from them.
     pub fn take_trigger_times(&mut self) -> Vec<SystemTime> {
         let mut times: Vec<_> = self.trigger_times.drain().flat_map(|(_, t)| t).collect();
+        self.trigger_times.shrink_to(crate::ROOM_AFTER_TAKE);
         times.sort();
         times
     }
@@ -219,6 +254,7 @@ impl EndpointsTracker {
     pub fn take(&mut self) -> Changes<EndpointsChange, EndpointsMap> {
         let mut changed = Vec::new();
         let dirty: Vec<_> = self.dirty.drain().collect();
+        self.dirty.shrink_to(crate::ROOM_AFTER_TAKE);
         let merged: Vec<_> = dirty
             .into_iter()
             .map(|svc| {
@@ -248,29 +284,46 @@ impl EndpointsTracker {
         }
     }
 
+    /// The Service's endpoints from all its slices; a Service with one slice shares that
+    /// slice's lists.
     fn merge(&self, service: &NamespacedName) -> Option<Arc<ServiceEndpoints>> {
         let ids = self.slices_by_service.get(service)?;
-        let mut by_port: BTreeMap<PortKey, HashMap<SocketAddr, Endpoint>> = BTreeMap::new();
-        for slice in ids.iter().filter_map(|id| self.slices.get(id)) {
-            for port in &slice.ports {
-                let set = by_port.entry((port.name.clone(), port.protocol)).or_default();
-                for address in &slice.addresses {
-                    let endpoint = Endpoint::new(address, port.port, &self.node_name);
-                    keep_preferred_copy(set, endpoint);
+        let mut slices = ids.iter().filter_map(|id| self.slices.get(id));
+        let merged = match (slices.next(), ids.len()) {
+            (None, _) => return None,
+            (Some(only), 1) => only.endpoints.clone(),
+            (Some(first), _) => {
+                let mut by_port = ByPort::new();
+                for slice in std::iter::once(first).chain(slices) {
+                    for (key, endpoints) in slice.endpoints.iter() {
+                        let set = by_port.entry(key.clone()).or_default();
+                        for endpoint in endpoints.iter() {
+                            keep_preferred_copy(set, endpoint.clone());
+                        }
+                    }
                 }
+                Arc::new(sorted_per_port(by_port))
             }
-        }
-        let merged: ServiceEndpoints = by_port
-            .into_iter()
-            .filter(|(_, set)| !set.is_empty())
-            .map(|(key, set)| {
-                let mut eps: Vec<_> = set.into_values().map(|e| (e.addr_string(), e)).collect();
-                eps.sort_by(|a, b| a.0.cmp(&b.0));
-                (key, eps.into_iter().map(|(_, e)| e).collect())
-            })
-            .collect();
-        (!merged.is_empty()).then(|| Arc::new(merged))
+        };
+        (!merged.is_empty()).then_some(merged)
     }
+}
+
+/// Endpoints per port while slices are merged, one copy per `ip:port`.
+type ByPort = BTreeMap<PortKey, HashMap<SocketAddr, Endpoint>>;
+
+/// Each port's endpoints sorted by `ip:port` string, as upstream sorts them; ports without
+/// endpoints left out.
+fn sorted_per_port(by_port: ByPort) -> ServiceEndpoints {
+    by_port
+        .into_iter()
+        .filter(|(_, set)| !set.is_empty())
+        .map(|(key, set)| {
+            let mut eps: Vec<_> = set.into_values().map(|e| (e.addr_string(), e)).collect();
+            eps.sort_by(|a, b| a.0.cmp(&b.0));
+            (key, eps.into_iter().map(|(_, e)| e).collect())
+        })
+        .collect()
 }
 
 /// Adds `endpoint` unless `set` already holds a better copy of the same `ip:port`.
@@ -377,6 +430,63 @@ mod tests {
                 "the running copy wins: {eps:?}"
             );
         }
+    }
+
+    /// A Service with one slice: the snapshot holds that slice's lists, not a copy of them.
+    #[test]
+    fn a_single_slice_is_shared_with_the_snapshot() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        let id = NamespacedName::new("default", "web-a");
+        t.update(
+            id.clone(),
+            Some(&slice("web-a", "web", &["10.0.0.3", "10.0.0.2"], 80)),
+        )
+        .unwrap();
+        let snap = t.take().snapshot;
+        assert_eq!(addrs(&snap), ["10.0.0.2:80", "10.0.0.3:80"]);
+        assert!(Arc::ptr_eq(&t.slices[&id].endpoints, &snap[&web()]));
+    }
+
+    /// Within one slice, duplicates resolve as across slices: the copy that is not
+    /// terminating wins, whichever comes first.
+    #[test]
+    fn duplicates_within_one_slice_prefer_the_copy_that_is_not_terminating() {
+        for terminating_first in [true, false] {
+            let mut s = slice("web-a", "web", &["10.0.0.7", "10.0.0.7"], 80);
+            let at = usize::from(!terminating_first);
+            s.endpoints[at].conditions = Some(k8s_openapi::api::discovery::v1::EndpointConditions {
+                ready: Some(false),
+                serving: Some(true),
+                terminating: Some(true),
+            });
+            let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+            t.update(NamespacedName::new("default", "web-a"), Some(&s))
+                .unwrap();
+            let snap = t.take().snapshot;
+            let eps = endpoints_for(&snap, &port());
+            assert_eq!(eps.len(), 1, "{eps:?}");
+            assert!(eps[0].ready && !eps[0].terminating, "{eps:?}");
+        }
+    }
+
+    /// The tracker keeps what the rules read: a version that differs only in the zone or
+    /// in which other node runs an endpoint changes nothing; one that makes an endpoint
+    /// local does.
+    #[test]
+    fn a_version_differing_only_in_what_no_rule_reads_changes_nothing() {
+        let mut t = EndpointsTracker::new(IpFamily::V4, "me");
+        let id = NamespacedName::new("default", "web-a");
+        let base = slice("web-a", "web", &["10.0.0.2"], 80);
+        assert!(t.record(id.clone(), Some(&base)).changed);
+        t.take();
+        let mut moved = base.clone();
+        moved.endpoints[0].node_name = Some("yet-another".into());
+        moved.endpoints[0].zone = Some("z9".into());
+        assert!(!t.record(id.clone(), Some(&moved)).changed);
+        let mut local = base;
+        local.endpoints[0].node_name = Some("me".into());
+        assert!(t.record(id, Some(&local)).changed);
+        assert!(endpoints_for(&t.take().snapshot, &port())[0].is_local);
     }
 
     /// Two copies that are both terminating: the first one seen (in slice-name order) stays.

@@ -33,7 +33,9 @@ use kpr_iptables::restore_syntax::{looks_like_table_option, split_args};
 use kpr_iptables::{
     InterfaceName, IptablesOptions, LocalDetector, NodePortAddresses, Ruleset, Variant, build,
 };
-use kpr_model::{Endpoint, NamespacedName, NodeView, Protocol, ServicePort, ServicePortName, ServiceType};
+use kpr_model::{
+    Endpoint, Hints, NamespacedName, NodeView, Protocol, ServicePort, ServicePortName, ServiceType,
+};
 use kpr_naming::ServiceChains;
 use kpr_netns::Netns;
 use kpr_state::DesiredState;
@@ -233,8 +235,7 @@ impl PortSpec {
                 ready: *ready,
                 serving: *ready || *serving,
                 terminating: !*ready && *serving,
-                zone_hints: Arc::from([]),
-                node_hints: Arc::from([]),
+                hints: Hints::default(),
             })
             .collect()
     }

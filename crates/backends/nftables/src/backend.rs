@@ -407,7 +407,11 @@ impl NftablesBackend {
                 ports.entry(name.service.clone()).or_default().push(name.clone());
             }
         }
-        let bundles: HashMap<Owner, Bundle> = ruleset.bundles.into_iter().collect();
+        // Kept until the Service changes: a Vec's first push makes room for four names.
+        ports.values_mut().for_each(Vec::shrink_to_fit);
+        // Sized at once: growing by doubling would hold both tables at the last rehash.
+        let mut bundles: HashMap<Owner, Bundle> = HashMap::with_capacity(ruleset.bundles.len());
+        bundles.extend(ruleset.bundles);
         // The baseline is what we just wrote, when listing is cheap (netlink: rules and set
         // names, no elements); else it comes from the next reconcile's listing, as an nft
         // listing here would cost every full sync a process and a parse.
@@ -494,7 +498,10 @@ impl NftablesBackend {
         }
         for service in request.changed {
             match new_ports.remove(service) {
-                Some(names) => applied.ports.insert(service.clone(), names),
+                Some(mut names) => {
+                    names.shrink_to_fit();
+                    applied.ports.insert(service.clone(), names)
+                }
                 None => applied.ports.remove(service),
             };
         }

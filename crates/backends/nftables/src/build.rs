@@ -24,7 +24,7 @@ use crate::names::{
     ChainId, Choice, EndpointMap, EntryKind, FixedChain, KeySpace, PROTOCOLS, Refusal, SetName, SharedChain,
 };
 use crate::options::NftablesOptions;
-use crate::slots;
+use crate::slots::{self, SlotOrder};
 
 /// Who put an element or a shared chain into the table.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -85,7 +85,7 @@ pub struct Bundle {
     /// `cluster-ips`/`hairpin` elements; sorted.
     pub entries: Vec<Element>,
     /// The slot order of each endpoint group (see the `slots` module).
-    pub slots: Vec<(SlotGroup, Box<[SocketAddr]>)>,
+    pub slots: Vec<(SlotGroup, SlotOrder)>,
     /// Shared chains used, each once (including the chains they jump to).
     pub chains: Box<[SharedChain]>,
     /// The cluster IP (an element shared by every port of the Service).
@@ -101,11 +101,11 @@ pub struct Bundle {
 }
 
 impl Bundle {
-    pub fn slots_of(&self, group: &SlotGroup) -> Option<&[SocketAddr]> {
+    pub fn slots_of(&self, group: &SlotGroup) -> Option<&SlotOrder> {
         self.slots
             .iter()
             .find(|(g, _)| g.same_key(group))
-            .map(|(_, eps)| &eps[..])
+            .map(|(_, eps)| eps)
     }
 
     /// The elements only this owner writes (entries and endpoint slots), sorted.
@@ -120,7 +120,7 @@ impl Bundle {
                 out.push(Element::map(
                     group.choice(endpoints.len()).endpoints(),
                     key,
-                    ElemValue::Endpoint(*ep),
+                    ElemValue::Endpoint(ep),
                 ));
             }
         }
@@ -132,7 +132,7 @@ impl Bundle {
     pub fn hairpin_ips(&self) -> BTreeSet<IpAddr> {
         self.slots
             .iter()
-            .flat_map(|(_, eps)| eps.iter().map(SocketAddr::ip))
+            .flat_map(|(_, eps)| eps.iter().map(|ep| ep.ip()))
             .collect()
     }
 
@@ -680,9 +680,13 @@ impl PortBuilder<'_> {
         if current.is_empty() {
             return None;
         }
-        let order = slots::assign(self.history.and_then(|h| h.slots_of(&group)), &current);
+        let previous = self
+            .history
+            .and_then(|h| h.slots_of(&group))
+            .map(SlotOrder::to_vec);
+        let order = slots::assign(previous.as_deref(), &current);
         let count = u16::try_from(order.len()).unwrap_or(u16::MAX);
-        self.out.slots.push((group, order.into_boxed_slice()));
+        self.out.slots.push((group, SlotOrder::new(&order)));
         let choice = Choice {
             map,
             count,

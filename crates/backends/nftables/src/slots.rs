@@ -7,7 +7,57 @@
 //! one or two element changes, never a rewrite of the whole entry (D3's "replace the slot").
 
 use std::collections::HashSet;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, SocketAddrV4};
+
+/// Endpoints in slot order, as a bundle keeps them until its Service changes: IPv4 ones as
+/// `SocketAddrV4` (6 bytes; a `SocketAddr` is 32), which at 50k Services x 10 endpoints
+/// is 13 MB less.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotOrder {
+    V4(Box<[SocketAddrV4]>),
+    /// IPv6 (or, never in one family's table, mixed).
+    Any(Box<[SocketAddr]>),
+}
+
+impl SlotOrder {
+    pub fn new(order: &[SocketAddr]) -> Self {
+        let v4: Option<Box<[SocketAddrV4]>> = order
+            .iter()
+            .map(|ep| match ep {
+                SocketAddr::V4(ep) => Some(*ep),
+                SocketAddr::V6(_) => None,
+            })
+            .collect();
+        match v4 {
+            Some(v4) => Self::V4(v4),
+            None => Self::Any(order.into()),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Self::V4(eps) => eps.len(),
+            Self::Any(eps) => eps.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The endpoints, slot 0 first.
+    pub fn iter(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        let (v4, any) = match self {
+            Self::V4(eps) => (&eps[..], &[][..]),
+            Self::Any(eps) => (&[][..], &eps[..]),
+        };
+        v4.iter().map(|ep| SocketAddr::V4(*ep)).chain(any.iter().copied())
+    }
+
+    pub fn to_vec(&self) -> Vec<SocketAddr> {
+        self.iter().collect()
+    }
+}
 
 /// The new slot order for `current` endpoints, given the order of the previous sync
 /// (`None`: no history, endpoints in their given order).
@@ -55,6 +105,19 @@ mod tests {
             .iter()
             .map(|h| SocketAddr::from(([10, 0, 0, *h], 80)))
             .collect()
+    }
+
+    #[test]
+    fn slot_orders_keep_the_order_compact_or_not() {
+        let v4 = eps(&[3, 1, 2]);
+        let order = SlotOrder::new(&v4);
+        assert!(matches!(order, SlotOrder::V4(_)));
+        assert_eq!(order.to_vec(), v4);
+        let v6: Vec<SocketAddr> = vec!["[fd00::2]:80".parse().unwrap(), "[fd00::1]:81".parse().unwrap()];
+        let order = SlotOrder::new(&v6);
+        assert!(matches!(order, SlotOrder::Any(_)));
+        assert_eq!((order.to_vec(), order.len()), (v6, 2));
+        assert!(SlotOrder::new(&[]).is_empty());
     }
 
     #[test]

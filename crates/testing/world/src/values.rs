@@ -62,8 +62,8 @@ mod tests {
         let e = endpoint("10.0.0.1 serving terminating local hint-zone=z1 hint-node=node-b");
         assert_eq!(e.addr, "10.0.0.1:80".parse().unwrap());
         assert!(e.is_local && e.serving && e.terminating && !e.ready);
-        assert_eq!(&*e.zone_hints, [std::sync::Arc::from("z1")]);
-        assert_eq!(&*e.node_hints, [std::sync::Arc::from("node-b")]);
+        assert_eq!(e.hints.zones(), [std::sync::Arc::from("z1")]);
+        assert_eq!(e.hints.nodes(), [std::sync::Arc::from("node-b")]);
         let v6 = endpoint("fd00::1");
         assert_eq!(v6.addr, "[fd00::1]:80".parse().unwrap());
         assert!(!v6.is_local && v6.ready);

@@ -168,6 +168,7 @@ fn apply_flags(flags: &Flags, config: &mut KubeProxyConfiguration) -> Result<Fla
     apply_ipvs_flags(flags, config, &mut origins);
     apply_local_traffic_flags(flags, config, &mut origins);
     apply_conntrack_flags(flags, config, &mut origins);
+    apply_userspace_flags(flags, config, &mut origins);
     Ok(origins)
 }
 
@@ -376,6 +377,17 @@ fn apply_local_traffic_flags(flags: &Flags, config: &mut KubeProxyConfiguration,
     }
     if let Some(adj) = origins.given(flags.oom_score_adj, "oom-score-adj", &["oomScoreAdj"]) {
         config.oom_score_adj = Some(adj);
+    }
+}
+
+fn apply_userspace_flags(flags: &Flags, config: &mut KubeProxyConfiguration, origins: &mut FlagOrigins) {
+    let range = flags.proxy_port_range.clone();
+    if let Some(range) = origins.given(range, "proxy-port-range", &["portRange"]) {
+        config.port_range = range;
+    }
+    let timeout = flags.udp_timeout;
+    if let Some(timeout) = origins.given(timeout, "udp-timeout", &["udpIdleTimeout"]) {
+        config.udp_idle_timeout = timeout;
     }
 }
 

@@ -15,9 +15,11 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nix::sys::socket::{Shutdown, shutdown};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::OwnedSemaphorePermit;
@@ -41,7 +43,7 @@ const BACKLOG: u32 = 4096;
 /// A service port's TCP socket: accepting, or only holding its port.
 #[derive(Debug)]
 pub enum Listener {
-    Accepting { port: u16, task: AbortOnDrop },
+    Accepting { port: u16, accepting: Accepting },
     Held { port: u16, socket: TcpSocket },
 }
 
@@ -57,14 +59,30 @@ impl Listener {
     }
 }
 
-/// A task that ends with its owner: aborting the accept loop drops the listening socket;
-/// accepted connections run in their own tasks and carry on.
+/// A task that ends with its owner; accepted connections run in their own tasks and
+/// carry on.
 #[derive(Debug)]
 pub struct AbortOnDrop(pub JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// A listening socket and its accept loop. Dropping it stops the listening at once
+/// (`shutdown(SHUT_RD)` takes a listener out of LISTEN synchronously, so the very next
+/// connection is refused and the port can be bound again), while the task, and with it
+/// the socket, ends on the runtime a moment later.
+#[derive(Debug)]
+pub struct Accepting {
+    listener: Arc<TcpListener>,
+    _task: AbortOnDrop,
+}
+
+impl Drop for Accepting {
+    fn drop(&mut self) {
+        let _ = shutdown(self.listener.as_raw_fd(), Shutdown::Read);
     }
 }
 
@@ -92,11 +110,14 @@ pub fn accept(
     runtime: &Handle,
 ) -> io::Result<Listener> {
     let _entered = runtime.enter();
-    let listener = socket.listen(BACKLOG)?;
-    let task = runtime.spawn(accept_loop(listener, state, slots));
+    let listener = Arc::new(socket.listen(BACKLOG)?);
+    let task = runtime.spawn(accept_loop(listener.clone(), state, slots));
     Ok(Listener::Accepting {
         port,
-        task: AbortOnDrop(task),
+        accepting: Accepting {
+            listener,
+            _task: AbortOnDrop(task),
+        },
     })
 }
 
@@ -127,7 +148,7 @@ fn hold(listener: Listener, ip: IpAddr) -> io::Result<Listener> {
     Ok(Listener::Held { port, socket })
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<PortState>, slots: Arc<Slots>) {
+async fn accept_loop(listener: Arc<TcpListener>, state: Arc<PortState>, slots: Arc<Slots>) {
     let closed = state.closed();
     tokio::select! {
         () = wait_closed(closed.clone()) => {}
@@ -139,6 +160,8 @@ async fn accept_loop(listener: TcpListener, state: Arc<PortState>, slots: Arc<Sl
                         let Some(slot) = slots.try_take() else { continue };
                         tokio::spawn(carry(client, peer, state.clone(), slot));
                     }
+                    // The listener was shut down (see Accepting): the task ends.
+                    Err(error) if error.kind() == io::ErrorKind::InvalidInput => return,
                     Err(error) => {
                         // EMFILE and friends: wait a little rather than spin.
                         tracing::warn!(service = %state.name, %error, "accept failed");

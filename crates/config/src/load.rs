@@ -44,6 +44,10 @@ pub struct Settings {
     /// `--manifests-max-file-bytes`: larger manifest files are rejected, their last good
     /// contents kept; `None` leaves the source's default (128 MiB).
     pub manifests_max_file_bytes: Option<u64>,
+    /// `--userspace-max-connections` / `--userspace-max-udp-sessions`: userspace mode's
+    /// bounds; `None` leaves the mode's defaults. Not part of `KubeProxyConfiguration`.
+    pub userspace_max_connections: Option<u32>,
+    pub userspace_max_udp_sessions: Option<u32>,
     /// `--master`: overrides the API server address from the kubeconfig.
     pub master: Option<String>,
     /// The `-v` level (from the flag, else the file's `logging.verbosity`).
@@ -99,6 +103,8 @@ pub fn settings_from_flags(flags: Flags) -> Result<Settings, ConfigError> {
         manifests: flags.manifests,
         service_node_port_range: flags.service_node_port_range,
         manifests_max_file_bytes: flags.manifests_max_file_bytes,
+        userspace_max_connections: flags.userspace_max_connections,
+        userspace_max_udp_sessions: flags.userspace_max_udp_sessions,
         master: flags.master.filter(|m| !m.is_empty()),
         warnings,
     })

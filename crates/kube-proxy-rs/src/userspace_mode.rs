@@ -43,7 +43,7 @@ pub fn options(settings: &Settings, family: IpFamily, node: &NodeFacts) -> Resul
         .udp_idle_timeout
         .to_std()
         .ok_or_else(|| Fatal::usage("udpIdleTimeout must be greater than 0"))?;
-    let defaults = Limits::default();
+    let defaults = Limits::within_descriptors(raise_descriptor_limit());
     let limit = |flag: Option<u32>, default: usize| flag.map_or(default, |n| n as usize);
     Ok(UserspaceOptions {
         family,
@@ -57,7 +57,24 @@ pub fn options(settings: &Settings, family: IpFamily, node: &NodeFacts) -> Resul
             max_connections: limit(settings.userspace_max_connections, defaults.max_connections),
             max_udp_sessions: limit(settings.userspace_max_udp_sessions, defaults.max_udp_sessions),
         },
+        copy: kpr_userspace::CopyMethod::default(),
     })
+}
+
+/// Raises the soft limit on open descriptors to the hard one (upstream's userspace mode set
+/// 64000; a proxy carrying connections needs them), and returns the limit now in force.
+fn raise_descriptor_limit() -> usize {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
+    };
+    if soft < hard {
+        match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => return usize::try_from(hard).unwrap_or(usize::MAX),
+            Err(error) => tracing::warn!(%error, soft, hard, "cannot raise the open-file limit"),
+        }
+    }
+    usize::try_from(soft).unwrap_or(usize::MAX)
 }
 
 /// `family`'s backend, its listeners on the current tokio runtime.

@@ -1,9 +1,12 @@
 //! Moving a connection's bytes both ways, as fast as the kernel allows.
 //!
-//! Two ways to do it, both without `unsafe`: [`CopyMethod::Splice`] moves bytes socket ->
-//! pipe -> socket with splice(2), so they never enter this process's memory (the way
-//! HAProxy forwards); [`CopyMethod::Buffer`] reads into a buffer and writes it out. The
-//! default is the one measured faster (see BENCHMARKS.md, "userspace mode"): splice.
+//! Three ways, all without `unsafe`: [`CopyMethod::Splice`] moves bytes socket -> pipe ->
+//! socket with splice(2), so they never enter this process's memory (the way HAProxy
+//! forwards bulk data); [`CopyMethod::Buffer`] reads into a buffer and writes it out;
+//! [`CopyMethod::Auto`] (the default) starts with a small buffer and turns to splice at the
+//! first read that fills it. Measured side by side with HAProxy (BENCHMARKS.md, "userspace
+//! mode"; `examples/vs_haproxy.rs`): splice wins on bulk streams, the buffer on short
+//! request/answer connections (no pipe to create), and Auto keeps the better of both.
 //!
 //! Each direction ends at its end of stream, which is passed on as a half-close
 //! (`shutdown(SHUT_WR)`), so protocols that close one side first keep working; the
@@ -24,22 +27,26 @@ use crate::port::PortStats;
 /// How a connection's bytes are moved.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CopyMethod {
-    /// splice(2) through a pipe per direction (zero copy).
+    /// A small buffer while messages are small; splice(2) from the first read that fills
+    /// it (bulk data). Short request/answer connections never pay for a pipe (two
+    /// descriptors and a syscall per direction); long transfers move without copies. What
+    /// HAProxy's `splice-auto` does.
     #[default]
+    Auto,
+    /// splice(2) through a pipe per direction (zero copy) from the first byte.
     Splice,
     /// read(2) into a buffer, write(2) out.
     Buffer,
 }
 
+/// [`CopyMethod::Auto`]'s buffer: a read that fills it means bulk data.
+const SMALL: usize = 16 * 1024;
+
 /// Bytes one splice or read moves at most, and the pipe's capacity.
 const CHUNK: usize = 256 * 1024;
 
 /// Carries `client` <-> `endpoint` until both directions ended.
-pub async fn copy_both_ways(client: &TcpStream, endpoint: &TcpStream, stats: &PortStats) -> io::Result<()> {
-    copy_both_ways_with(CopyMethod::default(), client, endpoint, stats).await
-}
-
-pub async fn copy_both_ways_with(
+pub async fn copy_both_ways(
     method: CopyMethod,
     client: &TcpStream,
     endpoint: &TcpStream,
@@ -53,8 +60,15 @@ pub async fn copy_both_ways_with(
 
 async fn one_way(method: CopyMethod, from: &TcpStream, to: &TcpStream, bytes: &Counter) -> io::Result<()> {
     match method {
+        CopyMethod::Auto => {
+            if buffer_one_way(from, to, bytes, SMALL, true).await? == Ended::Bulk {
+                splice_one_way(from, to, bytes).await?;
+            }
+        }
         CopyMethod::Splice => splice_one_way(from, to, bytes).await?,
-        CopyMethod::Buffer => buffer_one_way(from, to, bytes).await?,
+        CopyMethod::Buffer => {
+            buffer_one_way(from, to, bytes, CHUNK, false).await?;
+        }
     }
     // End of stream: pass the half-close on. The peer may be gone already.
     let _ = shutdown(to.as_raw_fd(), Shutdown::Write);
@@ -109,14 +123,29 @@ async fn splice_one_way(from: &TcpStream, to: &TcpStream, bytes: &Counter) -> io
     }
 }
 
-async fn buffer_one_way(from: &TcpStream, to: &TcpStream, bytes: &Counter) -> io::Result<()> {
-    let mut buffer = vec![0u8; CHUNK];
+/// Why [`buffer_one_way`] returned.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// End of stream.
+    Eof,
+    /// A read filled the buffer and the caller asked to hear of it.
+    Bulk,
+}
+
+async fn buffer_one_way(
+    from: &TcpStream,
+    to: &TcpStream,
+    bytes: &Counter,
+    size: usize,
+    stop_at_bulk: bool,
+) -> io::Result<Ended> {
+    let mut buffer = vec![0u8; size];
     loop {
         let read = from
             .async_io(Interest::READABLE, || from.try_read(&mut buffer))
             .await?;
         if read == 0 {
-            return Ok(());
+            return Ok(Ended::Eof);
         }
         let mut written = 0;
         while written < read {
@@ -125,5 +154,8 @@ async fn buffer_one_way(from: &TcpStream, to: &TcpStream, bytes: &Counter) -> io
                 .await?;
         }
         bytes.inc_by(read as u64);
+        if stop_at_bulk && read == size {
+            return Ok(Ended::Bulk);
+        }
     }
 }

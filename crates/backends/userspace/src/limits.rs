@@ -14,15 +14,36 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use kpr_metrics::{LimitLabels, UserspaceMetrics};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Upstream raised its descriptor limit to 64000 for this mode; two per connection.
+/// Upstream raised its descriptor limit to 64000 for this mode.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 32_000;
 pub const DEFAULT_MAX_UDP_SESSIONS: usize = 16_000;
+/// Descriptors a carried connection may hold: its two sockets and, once it splices, a pipe
+/// (two descriptors) per direction.
+pub const DESCRIPTORS_PER_CONNECTION: usize = 6;
+/// Descriptors kept for everything else (listeners, API watches, HTTP servers, UDP).
+pub const DESCRIPTORS_RESERVED: usize = 1024;
 
 /// The configured bounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub max_connections: usize,
     pub max_udp_sessions: usize,
+}
+
+impl Limits {
+    /// The defaults, lowered so that connections and UDP sessions (one descriptor each)
+    /// fit in `descriptors` (the process's limit) with [`DESCRIPTORS_RESERVED`] to spare.
+    pub fn within_descriptors(descriptors: usize) -> Self {
+        let usable = descriptors.saturating_sub(DESCRIPTORS_RESERVED).max(2);
+        let sessions = DEFAULT_MAX_UDP_SESSIONS.min(usable / 4).max(1);
+        let connections = DEFAULT_MAX_CONNECTIONS
+            .min((usable - sessions.min(usable)) / DESCRIPTORS_PER_CONNECTION)
+            .max(1);
+        Self {
+            max_connections: connections,
+            max_udp_sessions: sessions,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -118,6 +139,21 @@ impl Slots {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn defaults_fit_the_descriptor_limit() {
+        assert_eq!(Limits::within_descriptors(1 << 20), Limits::default());
+        let small = Limits::within_descriptors(20_000);
+        let used = small.max_connections * DESCRIPTORS_PER_CONNECTION + small.max_udp_sessions;
+        assert!(used <= 20_000 - DESCRIPTORS_RESERVED, "{small:?}");
+        assert_eq!(small.max_udp_sessions, 4744);
+        assert_eq!(small.max_connections, 2372);
+        let tiny = Limits::within_descriptors(100);
+        assert!(
+            tiny.max_connections >= 1 && tiny.max_udp_sessions >= 1,
+            "{tiny:?}"
+        );
+    }
 
     #[test]
     fn slots_run_out_at_the_limit_count_it_and_come_back() {

@@ -15,6 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
 use crate::balancer::PortBalancer;
+use crate::copy::CopyMethod;
 
 /// The metric handles of one service port, looked up once: a connection only increments.
 /// Without registered metrics (tests, tools) they count into the void.
@@ -63,15 +64,18 @@ pub struct PortState {
     pub name: String,
     balancer: Mutex<PortBalancer>,
     pub stats: PortStats,
+    /// How this port's TCP connections move their bytes.
+    pub copy: CopyMethod,
     closed: watch::Sender<bool>,
 }
 
 impl PortState {
-    pub fn new(name: String, balancer: PortBalancer, stats: PortStats) -> Arc<Self> {
+    pub fn new(name: String, balancer: PortBalancer, stats: PortStats, copy: CopyMethod) -> Arc<Self> {
         Arc::new(Self {
             name,
             balancer: Mutex::new(balancer),
             stats,
+            copy,
             closed: watch::Sender::new(false),
         })
     }

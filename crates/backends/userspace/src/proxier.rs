@@ -28,6 +28,7 @@ use kpr_state::{
 use tokio::runtime::Handle;
 
 use crate::balancer::PortBalancer;
+use crate::copy::CopyMethod;
 use crate::limits::{Kind, Limits, Slots};
 use crate::port::{PortState, PortStats};
 use crate::portals::{Portal, PortalTargets, jump_rules, render};
@@ -49,6 +50,8 @@ pub struct UserspaceOptions {
     /// `--udp-timeout`.
     pub udp_timeout: Duration,
     pub limits: Limits,
+    /// How TCP bytes are moved (splice unless a measurement says otherwise).
+    pub copy: CopyMethod,
 }
 
 impl UserspaceOptions {
@@ -61,6 +64,7 @@ impl UserspaceOptions {
             port_range: None,
             udp_timeout: Duration::from_millis(250),
             limits: Limits::default(),
+            copy: CopyMethod::default(),
         }
     }
 
@@ -339,7 +343,12 @@ impl UserspaceBackend {
             Some(metrics) => PortStats::registered(metrics, &labels),
             None => PortStats::default(),
         };
-        let state = PortState::new(name.clone(), PortBalancer::new(affinity), stats);
+        let state = PortState::new(
+            name.clone(),
+            PortBalancer::new(affinity),
+            stats,
+            self.options.copy,
+        );
         let ip = self.options.bind_ip();
         let start = self.random_start();
         let listen_error = |source| SyncError::Listen {

@@ -185,7 +185,7 @@ async fn carry(client: TcpStream, peer: SocketAddr, state: Arc<PortState>, _slot
             let Some(endpoint) = connect(&state, peer.ip()).await else { return };
             let _ = client.set_nodelay(true);
             let _ = endpoint.set_nodelay(true);
-            match copy_both_ways(&client, &endpoint, stats).await {
+            match copy_both_ways(state.copy, &client, &endpoint, stats).await {
                 Ok(()) => {}
                 Err(error) => tracing::debug!(service = %state.name, %peer, %error, "connection ended"),
             }

@@ -214,8 +214,14 @@ impl UserspaceBackend {
         for name in &gone {
             self.close(name);
         }
+        // A port that cannot get a listener (its range is full, say) does not hold back the
+        // others: they are served, and the sync still fails so that it is retried.
+        let mut failed = None;
         for port in &wanted {
-            self.reconcile(port, state)?;
+            if let Err(error) = self.reconcile(port, state) {
+                tracing::error!(%error, "service port left out of this sync");
+                failed.get_or_insert(error);
+            }
         }
         let portals: Vec<Portal<'_>> = wanted
             .iter()
@@ -241,6 +247,9 @@ impl UserspaceBackend {
         let now = Instant::now();
         for open in self.open.values() {
             open.state.balancer(|b| b.prune(now));
+        }
+        if let Some(error) = failed {
+            return Err(error);
         }
         let mut report = report(&ruleset, &payload);
         report.newly_unsafe = self.report_refusals(&ruleset);

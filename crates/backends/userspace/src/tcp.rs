@@ -19,7 +19,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::sys::socket::{Shutdown, shutdown};
+use nix::sys::socket::{Shutdown, setsockopt, shutdown, sockopt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::OwnedSemaphorePermit;
@@ -91,7 +91,12 @@ impl Drop for Accepting {
 pub fn bind(ip: IpAddr, port: u16) -> io::Result<(TcpSocket, u16)> {
     let socket = match ip {
         IpAddr::V4(_) => TcpSocket::new_v4()?,
-        IpAddr::V6(_) => TcpSocket::new_v6()?,
+        IpAddr::V6(_) => {
+            let socket = TcpSocket::new_v6()?;
+            // The IPv4 family has its own listeners, possibly on the same port numbers.
+            setsockopt(&socket, sockopt::Ipv6V6Only, &true)?;
+            socket
+        }
     };
     // A port we held a moment ago (the listener was closed and is opened again) may still
     // have connections in TIME_WAIT.

@@ -44,8 +44,34 @@ impl UdpListener {
 
 /// Binds `ip:port` (0: the kernel picks) and returns the std socket and its port.
 pub fn bind(ip: IpAddr, port: u16) -> io::Result<(std::net::UdpSocket, u16)> {
+    if ip.is_ipv6() && ip.is_unspecified() {
+        // std binds `[::]` dual-stack; the IPv4 family has its own sockets, possibly on the
+        // same port numbers, so this one must take IPv6 only: bind through tokio's socket.
+        return bind_v6_only(ip, port);
+    }
     let socket = std::net::UdpSocket::bind(SocketAddr::new(ip, port))?;
     socket.set_nonblocking(true)?;
+    let port = socket.local_addr()?.port();
+    Ok((socket, port))
+}
+
+fn bind_v6_only(ip: IpAddr, port: u16) -> io::Result<(std::net::UdpSocket, u16)> {
+    use nix::sys::socket::{
+        AddressFamily, SockFlag, SockType, SockaddrIn6, bind, setsockopt, socket, sockopt,
+    };
+    let IpAddr::V6(v6) = ip else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    let fd = socket(
+        AddressFamily::Inet6,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
+    let address = SockaddrIn6::from(std::net::SocketAddrV6::new(v6, port, 0, 0));
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &address)?;
+    let socket = std::net::UdpSocket::from(fd);
     let port = socket.local_addr()?.port();
     Ok((socket, port))
 }

@@ -563,3 +563,23 @@ fn sync_from_a_blocking_thread_of_the_runtime() {
         assert_eq!(rt.block_on(who(sock(VIP))).unwrap().0, ENDPOINTS[0]);
     });
 }
+
+/// Each family's backend has its own listeners: an IPv6 one must not take the IPv4 port of
+/// the same number (a dual-stack `[::]` socket would).
+#[test]
+fn ipv4_and_ipv6_listeners_share_port_numbers() {
+    let ns = node();
+    ns.run(|| {
+        let any4 = IpAddr::from([0, 0, 0, 0]);
+        let any6 = IpAddr::from([0u16; 8]);
+        let (tcp4, port) = kpr_userspace::tcp::bind(any4, 0).unwrap();
+        let (tcp6, same) = kpr_userspace::tcp::bind(any6, port).unwrap();
+        assert_eq!(same, port);
+        let rt = runtime();
+        let _entered = rt.enter();
+        let _listening = (tcp4.listen(16).unwrap(), tcp6.listen(16).unwrap());
+        let (_udp4, port) = kpr_userspace::udp::bind(any4, 0).unwrap();
+        let (_udp6, same) = kpr_userspace::udp::bind(any6, port).unwrap();
+        assert_eq!(same, port);
+    });
+}

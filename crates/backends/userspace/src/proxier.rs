@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use kpr_iptables::{ExecError, Iptables, Modes, RefusedPort, Ruleset, Table, cleanup_modes};
 use kpr_metrics::{PortLabels, ProtocolLabels, UserspaceMetrics};
-use kpr_model::{IpFamily, Protocol, ServicePort, ServicePortName};
+use kpr_model::{IpFamily, Protocol, ServicePort, ServicePortName, Sizes};
 use kpr_state::{
     Backend, BackendError, DesiredState, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount,
 };
@@ -131,21 +131,10 @@ pub enum SyncError {
 
 impl UserspaceBackend {
     pub fn new(options: UserspaceOptions, iptables: Box<dyn Iptables>, runtime: Handle) -> Self {
-        let family = options.family.label();
         Self {
             ports: PortAllocator::new(options.port_range.clone()),
-            connections: Arc::new(Slots::new(
-                Kind::Connections,
-                options.limits.max_connections,
-                family,
-                None,
-            )),
-            udp_sessions: Arc::new(Slots::new(
-                Kind::UdpSessions,
-                options.limits.max_udp_sessions,
-                family,
-                None,
-            )),
+            connections: slots(Kind::Connections, &options, None),
+            udp_sessions: slots(Kind::UdpSessions, &options, None),
             options,
             runtime,
             iptables,
@@ -159,20 +148,8 @@ impl UserspaceBackend {
 
     /// Reports to `metrics` (`kubeproxy_userspace_*`).
     pub fn with_metrics(mut self, metrics: UserspaceMetrics) -> Self {
-        let family = self.options.family.label();
-        let limits = self.options.limits;
-        self.connections = Arc::new(Slots::new(
-            Kind::Connections,
-            limits.max_connections,
-            family,
-            Some(metrics.clone()),
-        ));
-        self.udp_sessions = Arc::new(Slots::new(
-            Kind::UdpSessions,
-            limits.max_udp_sessions,
-            family,
-            Some(metrics.clone()),
-        ));
+        self.connections = slots(Kind::Connections, &self.options, Some(&metrics));
+        self.udp_sessions = slots(Kind::UdpSessions, &self.options, Some(&metrics));
         self.metrics = Some(metrics);
         self
     }
@@ -183,6 +160,21 @@ impl UserspaceBackend {
             .iter()
             .map(|(name, open)| (name.clone(), open.socket.port()))
             .collect()
+    }
+
+    /// Entry counts of everything kept between syncs (see `kpr_model::Sizes`).
+    pub fn footprint(&self) -> Sizes {
+        let sticky = self
+            .open
+            .values()
+            .map(|open| open.state.balancer(|b| b.sticky_clients()))
+            .sum();
+        Sizes::new()
+            .with("open_ports", self.open.len())
+            .with("allocated_ports", self.ports.in_use())
+            .with("sticky_clients", sticky)
+            .with("reported_refusals", self.reported_refusals.len())
+            .with("reported_sctp", self.reported_sctp.len())
     }
 
     /// TCP connections carried now, over all ports.
@@ -436,6 +428,15 @@ impl UserspaceBackend {
         self.reported_refusals = current;
         reported
     }
+}
+
+/// A backend's shared slots of one kind, at the configured limit.
+fn slots(kind: Kind, options: &UserspaceOptions, metrics: Option<&UserspaceMetrics>) -> Arc<Slots> {
+    let max = match kind {
+        Kind::Connections => options.limits.max_connections,
+        Kind::UdpSessions => options.limits.max_udp_sessions,
+    };
+    Arc::new(Slots::new(kind, max, options.family.label(), metrics.cloned()))
 }
 
 fn report(ruleset: &Ruleset, payload: &kpr_iptables::Payload) -> SyncReport {

@@ -181,3 +181,37 @@ fn sctp_ports_are_left_out_and_said_so() {
     assert!(logs.contains("default/sig"), "{logs}");
     assert!(!cluster.iptables_save().contains("10.96.0.77"));
 }
+
+#[test]
+fn dry_run_prints_the_portals_and_programs_nothing() {
+    let cluster = web_cluster(&[0], 1, Some(30080));
+    let out = cluster
+        .node()
+        .command(proxy_binary())
+        .args([
+            USERSPACE,
+            "--dry-run",
+            &format!("--hostname-override={NODE_NAME}"),
+        ])
+        .arg(format!("--manifests={}", cluster.manifest_path().display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with(
+            "# IPv4 portals (iptables-restore input; port 0 stands for each listener's port)\n*filter\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("-A KUBE-PORTALS-CONTAINER -m comment --comment default/web:p -p tcp -m tcp --dport 80 -d 10.96.0.10/32 -j REDIRECT --to-ports 0"),
+        "{text}"
+    );
+    assert!(text.contains("-A KUBE-NODEPORT-HOST"), "{text}");
+    let rules = cluster.iptables_save();
+    assert!(
+        !rules.contains("KUBE-"),
+        "dry run programmed the kernel:\n{rules}"
+    );
+}

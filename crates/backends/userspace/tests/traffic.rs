@@ -583,3 +583,50 @@ fn ipv4_and_ipv6_listeners_share_port_numbers() {
         assert_eq!(same, port);
     });
 }
+
+/// IPv6: the family's own listener (IPv6 only), ip6tables portals, DNAT to the node's IPv6
+/// address for the node's own traffic.
+#[test]
+fn ipv6_through_the_cluster_ip() {
+    const NODE6: &str = "fd00::10";
+    const ENDPOINTS6: [&str; 2] = ["fd00::21", "fd00::22"];
+    let ns = node();
+    for ip in std::iter::once(NODE6).chain(ENDPOINTS6) {
+        ns.ip(&["-6", "addr", "add", &format!("{ip}/128"), "dev", "lo", "nodad"])
+            .unwrap();
+    }
+    ns.ip(&["-6", "route", "add", "fd00:10:96::/112", "dev", "lo"])
+        .unwrap();
+    ns.run(|| {
+        let rt = runtime();
+        let options = UserspaceOptions::new(IpFamily::V6, NODE6.parse().unwrap());
+        let cli = IptablesCli::in_netns(IpFamily::V6, Variant::Auto, ns.name());
+        let mut backend = UserspaceBackend::new(options, Box::new(cli), rt.handle().clone());
+        rt.block_on(async {
+            for ip in ENDPOINTS6 {
+                tcp_server(ip).await;
+            }
+        });
+        let mut world = World::with_family(IpFamily::V6);
+        world
+            .service(
+                "web",
+                json!({"clusterIP": "fd00:10:96::10", "ipFamilies": ["IPv6"],
+                       "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+            )
+            .slice(
+                "web",
+                json!([{"name": "http", "port": PORT}]),
+                ENDPOINTS6.iter().map(|ip| ep(ip)).collect(),
+            );
+        sync(&mut backend, world.state());
+        let counts = rt.block_on(spread(sock("[fd00:10:96::10]:80"), 10));
+        assert_eq!(
+            counts,
+            ENDPOINTS6
+                .iter()
+                .map(|ip| (ip.to_string(), 5))
+                .collect::<BTreeMap<_, _>>()
+        );
+    });
+}

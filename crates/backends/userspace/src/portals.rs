@@ -63,14 +63,10 @@ pub fn render(portals: &[Portal<'_>], targets: PortalTargets) -> Ruleset {
     rs.filter.declare(&chains.non_local, ChainKind::Fixed);
     for portal in portals {
         let port = portal.port;
-        let svc = match SafeText::new(&port.name.to_string()) {
+        let svc = match checked_name(port) {
             Ok(svc) => svc,
-            Err(error) => {
-                rs.refused.push(RefusedPort {
-                    port: port.name.clone(),
-                    field: refused_field(&port.name, &error),
-                    error,
-                });
+            Err(refused) => {
+                rs.refused.push(refused);
                 continue;
             }
         };
@@ -99,6 +95,16 @@ pub fn render(portals: &[Portal<'_>], targets: PortalTargets) -> Ruleset {
         }
     }
     rs
+}
+
+/// The port's `namespace/name:port` as rule text, or why it cannot be: the one check of
+/// whether a port can have portals (the proxier opens no listener for a refused one).
+pub fn checked_name(port: &ServicePort) -> Result<SafeText, RefusedPort> {
+    SafeText::new(&port.name.to_string()).map_err(|error| RefusedPort {
+        port: port.name.clone(),
+        field: refused_field(&port.name, &error),
+        error,
+    })
 }
 
 /// The addresses a service port is reached at: its cluster IP, external IPs and

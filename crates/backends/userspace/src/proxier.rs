@@ -31,7 +31,7 @@ use crate::balancer::PortBalancer;
 use crate::copy::CopyMethod;
 use crate::limits::{Kind, Limits, Slots};
 use crate::port::{PortState, PortStats};
-use crate::portals::{Portal, PortalTargets, jump_rules, render};
+use crate::portals::{Portal, PortalTargets, checked_name, jump_rules, render};
 use crate::ports::PortAllocator;
 use crate::tcp::{self, Listener};
 use crate::udp::{self, UdpListener};
@@ -200,7 +200,16 @@ impl UserspaceBackend {
     }
 
     fn try_sync(&mut self, state: &DesiredState) -> Result<SyncReport, SyncError> {
-        let wanted = self.served_ports(state);
+        // A port whose name cannot be written into a rule could have no portal, so nothing
+        // could reach a listener for it: it gets none.
+        let mut wanted = Vec::new();
+        let mut refused = Vec::new();
+        for port in self.served_ports(state) {
+            match checked_name(port) {
+                Ok(_) => wanted.push(port),
+                Err(refusal) => refused.push(refusal),
+            }
+        }
         let names: HashSet<&ServicePortName> = wanted.iter().map(|port| &port.name).collect();
         let gone: Vec<ServicePortName> = self.open.keys().filter(|n| !names.contains(n)).cloned().collect();
         for name in &gone {
@@ -226,11 +235,6 @@ impl UserspaceBackend {
             })
             .collect();
         let ruleset = render(&portals, self.targets());
-        // A port whose name cannot be written into a rule has no portal: nothing can reach
-        // its listener, so it is not kept open.
-        for refused in &ruleset.refused {
-            self.close(&refused.port);
-        }
         let payload = ruleset.render_full();
         self.iptables.restore(payload.text.as_bytes())?;
         for jump in jump_rules() {
@@ -244,7 +248,7 @@ impl UserspaceBackend {
             return Err(error);
         }
         let mut report = report(&ruleset, &payload);
-        report.newly_unsafe = self.report_refusals(&ruleset);
+        report.newly_unsafe = self.report_refusals(refused);
         Ok(report)
     }
 
@@ -417,8 +421,8 @@ impl UserspaceBackend {
         usize::try_from(self.random.hash_one(Instant::now()) % 65_536).unwrap_or(0)
     }
 
-    fn report_refusals(&mut self, ruleset: &Ruleset) -> Vec<kpr_state::UnsafeObject> {
-        let current: HashSet<RefusedPort> = ruleset.refused.iter().cloned().collect();
+    fn report_refusals(&mut self, refused: Vec<RefusedPort>) -> Vec<kpr_state::UnsafeObject> {
+        let current: HashSet<RefusedPort> = refused.into_iter().collect();
         let mut new: Vec<&RefusedPort> = current.difference(&self.reported_refusals).collect();
         new.sort_by(|a, b| a.port.cmp(&b.port));
         let reported: Vec<_> = new.into_iter().map(RefusedPort::unsafe_object).collect();

@@ -6,7 +6,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use kpr_iptables::{ExecError, Iptables, IptablesVersion, Table};
+mod common;
+
+use common::Accepting;
 use kpr_metrics::UserspaceMetrics;
 use kpr_model::IpFamily;
 use kpr_netns::Netns;
@@ -15,40 +17,6 @@ use kpr_userspace::{UserspaceBackend, UserspaceOptions};
 use kpr_world::World;
 use kpr_world::churn::{Change, churn};
 use prometheus_client::registry::Registry;
-
-/// Accepts every command.
-struct Accepting;
-
-impl Iptables for Accepting {
-    fn version(&self) -> Result<IptablesVersion, ExecError> {
-        Ok(IptablesVersion {
-            major: 1,
-            minor: 8,
-            patch: 9,
-        })
-    }
-    fn restore(&self, _: &[u8]) -> Result<(), ExecError> {
-        Ok(())
-    }
-    fn save(&self, _: Table) -> Result<String, ExecError> {
-        Ok(String::new())
-    }
-    fn chain_exists(&self, _: Table, _: &str) -> Result<bool, ExecError> {
-        Ok(true)
-    }
-    fn rule_exists(&self, _: Table, _: &str, _: &[String]) -> Result<bool, ExecError> {
-        Ok(true)
-    }
-    fn insert_rule(&self, _: Table, _: &str, _: &[String]) -> Result<(), ExecError> {
-        Ok(())
-    }
-    fn delete_rule(&self, _: Table, _: &str, _: &[String]) -> Result<(), ExecError> {
-        Ok(())
-    }
-    fn create_chain(&self, _: Table, _: &str) -> Result<(), ExecError> {
-        Ok(())
-    }
-}
 
 /// Syncs at every [`Change::Sync`]; returns the most ports open at once.
 fn run(world: &mut World, backend: &mut UserspaceBackend, changes: &[Change]) -> usize {

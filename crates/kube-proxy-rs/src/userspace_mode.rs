@@ -87,7 +87,8 @@ pub fn backend(options: UserspaceOptions) -> Result<UserspaceBackend, Fatal> {
         "userspace mode does not support SCTP: SCTP Service ports are not proxied \
          (each is logged, and counted in kubeproxy_userspace_unsupported_service_ports)"
     );
-    let backend = UserspaceBackend::new(options, Box::new(cli), runtime);
+    let backend = UserspaceBackend::new(options, Box::new(cli), runtime)
+        .with_conntrack(Box::new(kpr_conntrack::NetlinkTable::new()));
     Ok(match METRICS.get() {
         Some(metrics) => backend.with_metrics(metrics.clone()),
         None => backend,

@@ -21,6 +21,9 @@
 //!   limit clients are refused, counted and logged once.
 //! - **Metrics** are kpr-metrics' `kubeproxy_userspace_*`, per service port, removed with
 //!   the port.
+//! - **UDP flows to a closed listener are deleted** from conntrack ([`conntrack`]): the
+//!   portal's REDIRECT is remembered per flow, and a client that keeps its source port
+//!   would otherwise keep being sent to a port nobody listens on.
 //! - **SCTP is not supported** in this mode: such ports are left out, logged once each and
 //!   counted in `kubeproxy_userspace_unsupported_service_ports`.
 //! - [`UserspaceBackend`] ([`proxier`]) is the mode's `Backend`: it runs on the sync loop's
@@ -28,6 +31,7 @@
 //!   `Handle`.
 
 pub mod balancer;
+pub mod conntrack;
 pub mod copy;
 pub mod limits;
 pub mod port;

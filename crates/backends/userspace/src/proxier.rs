@@ -19,6 +19,7 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kpr_conntrack::{ConntrackTable, Scope};
 use kpr_iptables::{ExecError, Iptables, Modes, RefusedPort, Ruleset, Table, cleanup_modes};
 use kpr_metrics::{PortLabels, ProtocolLabels, UserspaceMetrics};
 use kpr_model::{IpFamily, Protocol, ServicePort, ServicePortName, Sizes};
@@ -28,6 +29,7 @@ use kpr_state::{
 use tokio::runtime::Handle;
 
 use crate::balancer::PortBalancer;
+use crate::conntrack::remove_stale;
 use crate::copy::CopyMethod;
 use crate::limits::{Kind, Limits, Slots};
 use crate::port::{PortState, PortStats};
@@ -100,6 +102,8 @@ struct OpenPort {
     state: Arc<PortState>,
     socket: Socket,
     labels: PortLabels,
+    /// UDP: where its flows are found in conntrack (empty for TCP).
+    flows: Vec<Scope>,
 }
 
 pub struct UserspaceBackend {
@@ -115,6 +119,10 @@ pub struct UserspaceBackend {
     reported_refusals: HashSet<RefusedPort>,
     reported_sctp: HashSet<ServicePortName>,
     random: RandomState,
+    conntrack: Option<Box<dyn ConntrackTable>>,
+    /// UDP ports opened or closed in this sync: their flows' scopes and the listener port
+    /// they must lead to now (`None`: closed).
+    flow_cleanups: Vec<(Vec<Scope>, Option<u16>)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -143,7 +151,16 @@ impl UserspaceBackend {
             reported_refusals: HashSet::new(),
             reported_sctp: HashSet::new(),
             random: RandomState::new(),
+            conntrack: None,
+            flow_cleanups: Vec::new(),
         }
+    }
+
+    /// Deletes UDP flows that lead to a closed or replaced listener (see
+    /// [`crate::conntrack`]) through `table`.
+    pub fn with_conntrack(mut self, table: Box<dyn ConntrackTable>) -> Self {
+        self.conntrack = Some(table);
+        self
     }
 
     /// Reports to `metrics` (`kubeproxy_userspace_*`).
@@ -240,6 +257,7 @@ impl UserspaceBackend {
         for jump in jump_rules() {
             self.iptables.ensure_rule(jump.table, jump.chain, &jump.args)?;
         }
+        self.remove_stale_flows();
         let now = Instant::now();
         for open in self.open.values() {
             open.state.balancer(|b| b.prune(now));
@@ -250,6 +268,22 @@ impl UserspaceBackend {
         let mut report = report(&ruleset, &payload);
         report.newly_unsafe = self.report_refusals(refused);
         Ok(report)
+    }
+
+    /// The flow cleanups this sync queued, after its portals are in.
+    fn remove_stale_flows(&mut self) {
+        let cleanups = std::mem::take(&mut self.flow_cleanups);
+        let Some(table) = self.conntrack.as_mut() else {
+            return;
+        };
+        let family = self.options.family;
+        let deleted: usize = cleanups
+            .iter()
+            .map(|(scopes, listener)| remove_stale(table.as_mut(), family, scopes, *listener))
+            .sum();
+        if deleted > 0 {
+            tracing::info!(deleted, "deleted UDP flows that led to closed listeners");
+        }
     }
 
     fn targets(&self) -> PortalTargets {
@@ -360,8 +394,10 @@ impl UserspaceBackend {
             port: name.clone(),
             source,
         };
+        let mut flows = Vec::new();
         let socket = match port.name.protocol {
             Protocol::Udp => {
+                flows = crate::conntrack::scopes(port);
                 let (socket, bound) = self
                     .ports
                     .allocate(start, |p| udp::bind(ip, p))
@@ -374,6 +410,7 @@ impl UserspaceBackend {
                     self.options.udp_timeout,
                     &self.runtime,
                 );
+                self.flow_cleanups.push((flows.clone(), Some(bound)));
                 Socket::Udp(served.map_err(|source| SyncError::Listen {
                     port: name.clone(),
                     source: crate::ports::AllocError::Bind { port: bound, source },
@@ -395,6 +432,7 @@ impl UserspaceBackend {
                 state,
                 socket,
                 labels,
+                flows,
             },
         );
         Ok(())
@@ -403,6 +441,9 @@ impl UserspaceBackend {
     /// Closes one service port: listener, connections, sessions, port, metric series.
     fn close(&mut self, name: &ServicePortName) {
         if let Some(open) = self.open.remove(name) {
+            if !open.flows.is_empty() {
+                self.flow_cleanups.push((open.flows.clone(), None));
+            }
             self.release(&open.state, open.socket.port(), &open.labels);
         }
     }

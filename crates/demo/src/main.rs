@@ -46,7 +46,7 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 200, value_parser = at_least_one)]
     datagrams: usize,
     /// The proxy mode kube-proxy-rs runs in (`--proxy-mode`).
-    #[arg(long, value_name = "MODE", default_value = "iptables", value_parser = ["iptables", "nftables"])]
+    #[arg(long, value_name = "MODE", default_value = "iptables", value_parser = ["iptables", "nftables", "userspace"])]
     proxy_mode: String,
     /// How long kube-proxy-rs gets to serve /healthz and route the ClusterIP.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]

@@ -1,0 +1,87 @@
+//! The backend's decisions that need no kernel rules: which ports get listeners, what is
+//! reported. Real sockets, in a namespace this test creates.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::Accepting;
+use kpr_model::{IpFamily, NamespacedName, ServicePort, ServicePortName};
+use kpr_netns::Netns;
+use kpr_state::{Backend, DesiredState, PendingSync};
+use kpr_userspace::{UserspaceBackend, UserspaceOptions};
+use kpr_world::{World, ep};
+use serde_json::json;
+
+fn sync(backend: &mut UserspaceBackend, state: DesiredState) -> kpr_state::SyncReport {
+    let pending = PendingSync {
+        state,
+        changed: Default::default(),
+        service_changes: Vec::new(),
+        endpoint_changes: Vec::new(),
+    };
+    backend.sync(&pending.request(true)).unwrap()
+}
+
+/// `web` and `evil` on cluster IPs; `evil` then renamed to a name no rule may carry (the
+/// sources refuse such names; this is the second line of defence).
+fn with_evil_name() -> DesiredState {
+    let mut world = World::new();
+    for (name, ip) in [("web", "10.96.0.10"), ("evil", "10.96.0.66")] {
+        world
+            .service(
+                name,
+                json!({"clusterIP": ip, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+            )
+            .slice(
+                name,
+                json!([{"name": "http", "port": 8080}]),
+                vec![ep("10.244.1.5")],
+            );
+    }
+    let state = world.state();
+    let (from, to) = (
+        NamespacedName::new("default", "evil"),
+        NamespacedName::new("default", "evil\n-A X"),
+    );
+    let mut services = (*state.services).clone();
+    let ports: Vec<ServicePort> = services
+        .remove(&from)
+        .unwrap()
+        .iter()
+        .map(|port| ServicePort {
+            name: ServicePortName::new(&to.namespace, &to.name, &port.name.port, port.name.protocol),
+            ..port.clone()
+        })
+        .collect();
+    services.insert(to, Arc::from(ports));
+    DesiredState {
+        services: Arc::new(services),
+        ..state
+    }
+}
+
+#[test]
+fn a_port_whose_name_cannot_be_a_rule_gets_no_listener_and_is_reported_once() {
+    let ns = Netns::new("usrefuse").unwrap();
+    ns.ip(&["link", "set", "lo", "up"]).unwrap();
+    ns.run(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
+        let mut backend = UserspaceBackend::new(options, Box::new(Accepting), rt.handle().clone());
+        let first = sync(&mut backend, with_evil_name());
+        assert_eq!(first.newly_unsafe.len(), 1, "{:?}", first.newly_unsafe);
+        assert_eq!(first.newly_unsafe[0].field, "metadata.name");
+        let open: Vec<String> = backend.listeners().keys().map(ToString::to_string).collect();
+        assert_eq!(open, ["default/web:http"]);
+        let again = sync(&mut backend, with_evil_name());
+        assert!(again.newly_unsafe.is_empty(), "reported once, not on every sync");
+        assert_eq!(backend.footprint().get("reported_refusals"), Some(1));
+    });
+}

@@ -175,6 +175,9 @@ struct Args {
     /// Seconds each L4 phase is measured.
     #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
     l4_seconds: u64,
+    /// Runs of each L4 phase per path (the median run is reported).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=99))]
+    l4_runs: u16,
     /// The haproxy program for the L4 benchmark (default: `haproxy` from PATH).
     #[arg(long, value_name = "FILE")]
     haproxy: Option<PathBuf>,
@@ -437,6 +440,7 @@ fn l4(args: &Args) -> Result<l4::L4Run, String> {
         concurrency: args.l4_concurrency.into(),
         window: Duration::from_secs(args.l4_seconds),
         warm_up: Duration::from_millis(500),
+        runs: args.l4_runs.into(),
         timeout: Duration::from_secs(args.e2e_timeout),
     };
     eprintln!(

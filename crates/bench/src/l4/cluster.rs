@@ -210,6 +210,32 @@ mod tests {
         assert_eq!(unique.len(), on_the_node.len());
     }
 
+    /// The manifest passes the manifest source's own validation (what the proxy rows read),
+    /// whole: the Node, the Service and its slice, nothing refused.
+    #[test]
+    fn the_manifest_source_accepts_the_manifest() {
+        use kpr_sources::Event;
+        use kpr_sources::manifests::{FileRead, ManifestCatalog, Snapshot};
+        let mut scan = Snapshot::new(std::time::Instant::now());
+        scan.files.insert(
+            std::path::PathBuf::from("/bench/l4.json"),
+            FileRead::Bytes(manifest_json(4).into_bytes()),
+        );
+        let events = ManifestCatalog::new(Some(NODE_NAME.to_string())).apply(scan);
+        let kinds: Vec<&str> = events
+            .iter()
+            .map(|e| match e {
+                Event::Node { object: Some(_) } => "node",
+                Event::Service { object: Some(_), .. } => "service",
+                Event::EndpointSlice { object: Some(_), .. } => "slice",
+                Event::Rejected(r) => panic!("refused: {r}"),
+                _ => "other",
+            })
+            .filter(|k| *k != "other")
+            .collect();
+        assert_eq!(kinds, ["node", "service", "slice"]);
+    }
+
     #[test]
     fn manifest_matches_the_golden_file() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/l4-manifest.json");

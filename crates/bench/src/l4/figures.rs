@@ -23,6 +23,9 @@ pub struct Cpu {
 pub struct Phase<T> {
     pub result: T,
     pub cpu: Cpu,
+    /// When the phase ran several times (this is the median run): every run's figure, in
+    /// the order they ran.
+    pub runs: Vec<f64>,
 }
 
 /// Everything measured on one path.
@@ -71,6 +74,15 @@ pub fn core_percent(used: Duration, wall: Duration) -> f64 {
         return 0.0;
     }
     used.as_secs_f64() / wall * 100.0
+}
+
+/// The item whose `key` is the median (the lower of the two middle ones for an even count,
+/// so it is always a real run); `None` for no items.
+pub fn median_by<T>(items: Vec<T>, key: impl Fn(&T) -> f64) -> Option<T> {
+    let mut keyed: Vec<(f64, T)> = items.into_iter().map(|item| (key(&item), item)).collect();
+    keyed.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let middle = keyed.len().checked_sub(1)? / 2;
+    keyed.into_iter().nth(middle).map(|(_, item)| item)
 }
 
 /// Per-pod counts accepted between two readings of the servers' counters.
@@ -132,6 +144,16 @@ mod tests {
     fn cpu_is_percent_of_one_core() {
         assert!((core_percent(Duration::from_secs(3), Duration::from_secs(2)) - 150.0).abs() < 1e-9);
         assert_eq!(core_percent(Duration::from_secs(1), Duration::ZERO), 0.0);
+    }
+
+    #[test]
+    fn median_by_keeps_a_real_item() {
+        assert_eq!(median_by(vec![30, 10, 20], |&x| f64::from(x)), Some(20));
+        assert_eq!(median_by(vec![40, 10, 30, 20], |&x| f64::from(x)), Some(20));
+        assert_eq!(median_by(vec![7], |&x| f64::from(x)), Some(7));
+        assert_eq!(median_by(Vec::<u32>::new(), |&x| f64::from(x)), None);
+        // An unmeasured run (infinite) ranks last.
+        assert_eq!(median_by(vec![1.0, f64::INFINITY, 2.0], |&x| x), Some(2.0));
     }
 
     #[test]

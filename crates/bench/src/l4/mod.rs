@@ -35,7 +35,9 @@ use crate::proxy::{Launch, RunningProxy, Source};
 use crate::scratch::ScratchFile;
 use client::{Bulk, Client, Rounds};
 use cluster::{BULK, Path, RR};
-use figures::{Cpu, Figures, Phase, accepted_between};
+use figures::{
+    Cpu, Figures, Phase, accepted_between, gbit_per_second, latency_quantiles, median_by, rounds_per_second,
+};
 use servers::{BLOCK, Servers};
 
 /// Seeded request bytes the rounds cycle through.
@@ -57,6 +59,8 @@ pub struct L4Plan<'a> {
     pub window: Duration,
     /// Bulk streams read before counting.
     pub warm_up: Duration,
+    /// Runs of each phase; the median run is reported.
+    pub runs: usize,
     /// For kube-proxy-rs's first sync.
     pub timeout: Duration,
 }
@@ -69,6 +73,7 @@ pub struct L4Run {
     pub concurrency: usize,
     pub window: Duration,
     pub warm_up: Duration,
+    pub runs: usize,
     /// HAProxy's `nbthread`, kube-proxy-rs's worker threads.
     pub threads: usize,
     pub haproxy_version: String,
@@ -144,6 +149,7 @@ pub fn measure(plan: &L4Plan<'_>) -> Result<L4Run, String> {
         concurrency: plan.concurrency,
         window: plan.window,
         warm_up: plan.warm_up,
+        runs: plan.runs.max(1),
         threads,
         haproxy_version: haproxy::version(plan.haproxy),
         rows,
@@ -281,10 +287,13 @@ impl Bench<'_> {
                 self.plan.window,
             )
         };
-        let one_stream = self.phase(proxy_cpu, || bulk(1))?;
-        let streams = self.phase(proxy_cpu, || bulk(self.plan.streams))?;
-        let connections = self.phase(proxy_cpu, || rounds(self.plan.concurrency))?;
-        let latency = self.phase(proxy_cpu, || rounds(1))?;
+        let gbit = |b: &Bulk| gbit_per_second(b);
+        let one_stream = self.repeated(proxy_cpu, || bulk(1), gbit)?;
+        let streams = self.repeated(proxy_cpu, || bulk(self.plan.streams), gbit)?;
+        let connections = self.repeated(proxy_cpu, || rounds(self.plan.concurrency), rounds_per_second)?;
+        // The run with the median p50; a run without a completed round ranks last.
+        let p50_ms = |r: &Rounds| latency_quantiles(r).map_or(f64::INFINITY, |q| q.0.as_secs_f64() * 1e3);
+        let latency = self.repeated(proxy_cpu, || rounds(1), p50_ms)?;
         Ok(Figures {
             one_stream,
             streams,
@@ -294,12 +303,30 @@ impl Bench<'_> {
         })
     }
 
+    /// Runs a phase `plan.runs` times and keeps the run whose `figure` is the median, with
+    /// every run's figure beside it (how much the runs differed).
+    fn repeated<T>(
+        &self,
+        proxy_cpu: &dyn Fn() -> Option<Duration>,
+        work: impl Fn() -> Result<T, String>,
+        figure: impl Fn(&T) -> f64,
+    ) -> Result<Phase<T>, String> {
+        let mut runs = Vec::new();
+        for _ in 0..self.plan.runs.max(1) {
+            runs.push(self.phase(proxy_cpu, &work)?);
+        }
+        let figures: Vec<f64> = runs.iter().map(|run| figure(&run.result)).collect();
+        let mut median = median_by(runs, |run| figure(&run.result)).ok_or("no run")?;
+        median.runs = figures;
+        Ok(median)
+    }
+
     /// Runs `work` with the CPU time of every party counted around it, then lets the
     /// connections it closed settle.
     fn phase<T>(
         &self,
         proxy_cpu: &dyn Fn() -> Option<Duration>,
-        work: impl FnOnce() -> Result<T, String>,
+        work: &impl Fn() -> Result<T, String>,
     ) -> Result<Phase<T>, String> {
         let (client, servers, proxy) = (
             self.client.threads.cpu_time(),
@@ -317,7 +344,11 @@ impl Bench<'_> {
                 .map(|(before, after)| after.saturating_sub(before)),
         };
         std::thread::sleep(SETTLE);
-        Ok(Phase { result, cpu })
+        Ok(Phase {
+            result,
+            cpu,
+            runs: Vec::new(),
+        })
     }
 }
 

@@ -183,7 +183,8 @@ pub fn section(out: &mut String, run: &L4Run) {
          connections/s*: {concurrency} tasks each looping connect, send 1 byte, read the 1-byte \
          answer, close, for {window} s, completed rounds per second; *p50 / p99*: the same loop \
          with one task, each round's time from the start of the connect to the answer (nearest \
-         rank). Every answer is checked against what was sent, and a round that fails or takes \
+         rank). Each phase runs {runs} time(s) in a row; the run with the median figure is \
+         shown (and its CPU), the lowest and highest of the runs in brackets. Every answer is checked against what was sent, and a round that fails or takes \
          over {round} s is counted as failed and shown. *Pods reached*: connections each pod \
          accepted during the row (the proxies must spread them). Rows run one after the other \
          (direct, HAProxy, then the kube-proxy-rs rows, whose rules are removed with \
@@ -204,6 +205,7 @@ pub fn section(out: &mut String, run: &L4Run) {
         warm = run.warm_up.as_secs_f64(),
         concurrency = run.concurrency,
         round = ROUND_TIMEOUT.as_secs(),
+        runs = run.runs,
     );
     figures_table(out, run);
     failures(out, run);
@@ -250,7 +252,21 @@ fn failures(out: &mut String, run: &L4Run) {
 }
 
 fn gbit(phase: &Phase<super::client::Bulk>) -> String {
-    gbit_text(gbit_per_second(&phase.result))
+    let mut cell = gbit_text(gbit_per_second(&phase.result));
+    if let Some(span) = span(&phase.runs, |v| format!("{v:.2}")) {
+        let _ = write!(cell, " ({span})");
+    }
+    cell
+}
+
+/// `6.9-7.4`: the lowest and highest figure of a phase's runs, when it ran more than once.
+fn span(runs: &[f64], show: impl Fn(f64) -> String) -> Option<String> {
+    if runs.len() < 2 {
+        return None;
+    }
+    let min = runs.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = runs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some(format!("{}-{}", show(min), show(max)))
 }
 
 fn gbit_text(value: f64) -> String {
@@ -264,6 +280,9 @@ fn rate_text(value: f64) -> String {
 fn rate(f: &Figures) -> String {
     let r = &f.connections.result;
     let mut cell = rate_text(rounds_per_second(r));
+    if let Some(span) = span(&f.connections.runs, |v| count(v.round() as usize)) {
+        let _ = write!(cell, " ({span})");
+    }
     if r.failed > 0 {
         let _ = write!(
             cell,
@@ -282,6 +301,14 @@ fn latency(f: &Figures) -> String {
         |(p50, p99)| format!("{} / {}", duration(p50), duration(p99)),
     );
     let _ = write!(cell, " ({} rounds", count(r.latencies.len()));
+    // A run without a completed round ranks with an infinite p50.
+    let ms = |ms: f64| match Duration::try_from_secs_f64(ms / 1e3) {
+        Ok(d) => duration(d),
+        Err(_) => "none".to_string(),
+    };
+    if let Some(span) = span(&f.latency.runs, ms) {
+        let _ = write!(cell, "; p50 of the runs {span}");
+    }
     if r.failed > 0 {
         let _ = write!(cell, ", **{} failed**", count(r.failed));
     }
@@ -325,6 +352,7 @@ pub(crate) mod tests {
                 servers: Duration::from_millis(1_000),
                 proxy: Some(Duration::from_secs(4)),
             },
+            runs: Vec::new(),
         }
     }
 
@@ -343,6 +371,7 @@ pub(crate) mod tests {
                 servers: Duration::from_secs(1),
                 proxy: None,
             },
+            runs: Vec::new(),
         }
     }
 
@@ -369,6 +398,7 @@ pub(crate) mod tests {
             concurrency: 32,
             window: Duration::from_secs(5),
             warm_up: Duration::from_millis(500),
+            runs: 1,
             threads: 2,
             haproxy_version: "HAProxy version 2.6.12".into(),
             rows: vec![
@@ -465,5 +495,19 @@ pub(crate) mod tests {
             rate(&f)
         );
         assert_eq!(reached(&f.accepted), "**1 of 2** (0-10)");
+    }
+
+    #[test]
+    fn repeated_phases_show_the_range_of_their_runs() {
+        let mut f = figures(3.0, 8_000, 2);
+        f.one_stream.runs = vec![3.0, 2.5, 3.25];
+        f.connections.runs = vec![7_600.0, 8_000.0, 8_100.4];
+        f.latency.runs = vec![2.0, 1.5, 2.5];
+        assert_eq!(gbit(&f.one_stream), "3.00 Gbit/s (2.50-3.25)");
+        assert_eq!(rate(&f), "8,000/s (7,600-8,100)");
+        assert_eq!(
+            latency(&f),
+            "2.00 ms / 2.00 ms (1,000 rounds; p50 of the runs 1.50 ms-2.50 ms)"
+        );
     }
 }

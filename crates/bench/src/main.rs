@@ -444,8 +444,8 @@ fn l4(args: &Args) -> Result<l4::L4Run, String> {
         timeout: Duration::from_secs(args.e2e_timeout),
     };
     eprintln!(
-        "[l4] {} pods; {} s per phase; 1 and {} streams, {} connections at once",
-        plan.backends, args.l4_seconds, plan.streams, plan.concurrency
+        "[l4] {} pods; {} runs of {} s per phase; 1 and {} streams, {} connections at once",
+        plan.backends, plan.runs, args.l4_seconds, plan.streams, plan.concurrency
     );
     l4::measure(&plan)
 }

@@ -14,9 +14,11 @@
 //! file and from the test API server), the real binary's network programming latency
 //! under endpoint churn through the test API server, where the memory goes (`stages`: the
 //! product's pipeline in-process, heap bytes per stage, counted by this binary's own
-//! allocator), and (only when asked for: it lasts half an hour by default) the soak: the
+//! allocator), and, only when asked for, the soak (it lasts half an hour by default: the
 //! real binary's memory and metric series under long churn with watch drops and forced
-//! relists.
+//! relists) and the L4 data path (`l4`: TCP throughput, new connections per second and
+//! latency through the userspace mode beside HAProxy, the iptables mode and no proxy; it
+//! needs `haproxy`).
 
 mod api_lab;
 mod churn;
@@ -24,10 +26,12 @@ mod cluster;
 mod commentary;
 #[allow(unsafe_code)] // GlobalAlloc is an unsafe trait; see the module docs.
 mod counting;
+mod cpu;
 mod e2e;
 mod flushed;
 mod format;
 mod histogram;
+mod l4;
 mod load;
 mod machine;
 mod memory;
@@ -159,6 +163,24 @@ struct Args {
     /// Seconds between samples of the proxy's memory and metric series.
     #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     soak_sample_seconds: u64,
+    /// Backend pods of the L4 benchmark (`--parts l4`).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    l4_backends: u16,
+    /// Streams of the L4 benchmark's second bulk phase.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    l4_streams: u16,
+    /// Concurrent connections of the L4 benchmark's connection-rate phase.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    l4_concurrency: u16,
+    /// Seconds each L4 phase is measured.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
+    l4_seconds: u64,
+    /// Runs of each L4 phase per path (the median run is reported).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=99))]
+    l4_runs: u16,
+    /// The haproxy program for the L4 benchmark (default: `haproxy` from PATH).
+    #[arg(long, value_name = "FILE")]
+    haproxy: Option<PathBuf>,
     /// Whether `--modes` was given (the soak runs nftables mode only unless it was).
     #[arg(skip)]
     modes_given: bool,
@@ -189,6 +211,9 @@ enum Part {
     Soak,
     /// Heap bytes per pipeline stage, in-process (`--stage-services`, `--stage-sources`).
     Stages,
+    /// The L4 data path: TCP through the userspace mode beside HAProxy, the iptables mode
+    /// and no proxy (`--l4-*`; only when asked for).
+    L4,
 }
 
 impl BenchMode {
@@ -281,6 +306,11 @@ fn run(args: &Args) -> Result<(), String> {
     } else {
         Vec::new()
     };
+    let l4_run = if real_binary(Part::L4) {
+        Some(l4(args)?)
+    } else {
+        None
+    };
     settings.load_after = machine::load_average();
     let measured = report::Measured {
         rows: &rows,
@@ -289,6 +319,7 @@ fn run(args: &Args) -> Result<(), String> {
         churn_rows: &churn_rows,
         soak_rows: &soak_rows,
         stage_rows: &stage_rows,
+        l4: l4_run.as_ref(),
     };
     println!("{}", report::results(&measured));
     if let Some(path) = &args.out {
@@ -395,6 +426,28 @@ fn churn(args: &Args) -> Result<Vec<churn::ChurnRow>, String> {
         }
     }
     Ok(rows)
+}
+
+/// TCP through every path of the L4 lab.
+fn l4(args: &Args) -> Result<l4::L4Run, String> {
+    let haproxy = l4::haproxy::program(args.haproxy.as_deref())?;
+    let proxy = proxy_binary(args)?;
+    let plan = l4::L4Plan {
+        proxy: &proxy,
+        haproxy: &haproxy,
+        backends: args.l4_backends.into(),
+        streams: args.l4_streams.into(),
+        concurrency: args.l4_concurrency.into(),
+        window: Duration::from_secs(args.l4_seconds),
+        warm_up: Duration::from_millis(500),
+        runs: args.l4_runs.into(),
+        timeout: Duration::from_secs(args.e2e_timeout),
+    };
+    eprintln!(
+        "[l4] {} pods; {} runs of {} s per phase; 1 and {} streams, {} connections at once",
+        plan.backends, plan.runs, args.l4_seconds, plan.streams, plan.concurrency
+    );
+    l4::measure(&plan)
 }
 
 /// The real binary under long churn, per mode (nftables unless `--modes` was given).

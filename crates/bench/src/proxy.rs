@@ -1,6 +1,7 @@
-//! The real `kube-proxy-rs` binary inside a network namespace, as the end-to-end and churn
-//! measurements run it: the one place that spawns it, waits for its first sync, reads its
-//! metrics and its memory, and kills it (also on an early return or a panic).
+//! The real `kube-proxy-rs` binary inside a network namespace, as the end-to-end, churn,
+//! soak and L4 measurements run it: the one place that spawns it, waits for its first sync,
+//! reads its metrics, memory and CPU time, kills it (also on an early return or a panic), and
+//! removes the rules it left (`--cleanup`) when the namespace is used again.
 //!
 //! Its output goes to a log file whose last lines are shown when it dies, so a failed run
 //! says why.
@@ -133,7 +134,7 @@ impl<'a> RunningProxy<'a> {
     /// CPU time the proxy has used so far (user + system, all threads): beside a wall-clock
     /// figure, it tells the proxy's own work from waiting for others (the API server).
     pub fn cpu_time(&self) -> Option<Duration> {
-        cpu_time(&std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?)
+        crate::cpu::process(self.child.id())
     }
 
     /// The last lines the proxy logged, on one line.
@@ -151,18 +152,24 @@ impl Drop for RunningProxy<'_> {
     }
 }
 
-/// `/proc/<pid>/stat` counts in clock ticks of `USER_HZ`, 100 on every Linux architecture
-/// this runs on (the kernel fixes it for user space whatever its own tick rate).
-const USER_HZ: u64 = 100;
-
-/// utime + stime (fields 14 and 15) of a `/proc/<pid>/stat` line. The command name (field 2)
-/// may hold spaces and parentheses, so fields are counted after its last `)`.
-fn cpu_time(stat: &str) -> Option<Duration> {
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    let mut fields = after_name.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(Duration::from_millis((utime + stime) * 1000 / USER_HZ))
+/// Runs `binary --cleanup` inside `netns`: removes every rule any mode of kube-proxy-rs left
+/// there (a proxy killed by [`RunningProxy`]'s drop leaves its rules), so the next proxy run
+/// in the same namespace starts from a clean slate.
+pub fn cleanup(netns: &Netns, binary: &Path) -> Result<(), String> {
+    let output = netns
+        .command(binary)
+        .arg("--cleanup")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("running {} --cleanup: {e}", binary.display()))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "kube-proxy-rs --cleanup failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    ))
 }
 
 fn command(launch: &Launch<'_>) -> Command {
@@ -195,16 +202,6 @@ mod tests {
             .get_args()
             .map(|a| a.to_string_lossy().into_owned())
             .collect()
-    }
-
-    #[test]
-    fn cpu_time_is_utime_plus_stime_after_the_command_name() {
-        // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
-        let stat = "4242 (kube (proxy) rs) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 62 0 0 20 0 9 0";
-        assert_eq!(cpu_time(stat), Some(Duration::from_millis(3_120)));
-        assert_eq!(cpu_time("4242 (x) S 1"), None);
-        let own = std::fs::read_to_string("/proc/self/stat").unwrap();
-        assert!(cpu_time(&own).is_some(), "{own}");
     }
 
     #[test]

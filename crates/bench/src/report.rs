@@ -58,6 +58,8 @@ pub struct Measured<'a> {
     pub churn_rows: &'a [ChurnRow],
     pub soak_rows: &'a [SoakRow],
     pub stage_rows: &'a [StageRow],
+    /// The L4 data path (`--parts l4`).
+    pub l4: Option<&'a crate::l4::L4Run>,
 }
 
 /// The result tables (what the terminal shows).
@@ -89,6 +91,12 @@ pub fn results(m: &Measured<'_>) -> String {
     if !m.stage_rows.is_empty() {
         out.push('\n');
         stage_table(&mut out, m.stage_rows);
+    }
+    if let Some(run) = m.l4 {
+        out.push('\n');
+        crate::l4::report::figures_table(&mut out, run);
+        out.push('\n');
+        crate::l4::report::cpu_table(&mut out, run);
     }
     out
 }
@@ -326,6 +334,7 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
         churn_rows,
         soak_rows,
         stage_rows,
+        l4,
     } = *m;
     let mut out = String::from("# Benchmarks\n\n");
     out.push_str(
@@ -393,9 +402,17 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
         stage_table(&mut out, stage_rows);
         out.push('\n');
     }
+    if let Some(run) = l4 {
+        crate::l4::report::section(&mut out, run);
+    }
     method_section(&mut out, settings);
     out.push_str(&commentary(rows));
-    if !nft_rows.is_empty() || !e2e_rows.is_empty() || !churn_rows.is_empty() || !soak_rows.is_empty() {
+    if !nft_rows.is_empty()
+        || !e2e_rows.is_empty()
+        || !churn_rows.is_empty()
+        || !soak_rows.is_empty()
+        || l4.is_some()
+    {
         out.push('\n');
         out.push_str(&targets_section(m));
     }
@@ -555,6 +572,7 @@ pub(crate) mod tests {
             churn_rows: &[],
             soak_rows: &[],
             stage_rows: &[],
+            l4: None,
         });
         assert!(text.contains("| 10,000 × 10 | 120 ms | 30.0 MB | 250,000 | 110,000 | 4.90 s (median of 3) | timed out after 600 s | 9.80 s |"), "{text}");
         assert!(
@@ -648,6 +666,7 @@ pub(crate) mod tests {
             churn_rows: &[],
             soak_rows: &[],
             stage_rows: &stages,
+            l4: None,
         });
         assert!(
             text.contains("| stage | live after | added | peak within |"),
@@ -684,6 +703,7 @@ pub(crate) mod tests {
             churn_rows: &[],
             soak_rows: &[],
             stage_rows: &[],
+            l4: None,
         });
         assert!(
             text.contains("| source | spawn to first sync | proxy CPU time by then | peak RSS (VmHWM) | steady RSS (VmRSS) |"),
@@ -721,6 +741,7 @@ pub(crate) mod tests {
             churn_rows: &churn,
             soak_rows: &[],
             stage_rows: &[],
+            l4: None,
         });
         assert!(
             text.contains("| 10,000 × 10 | nftables | 1s | 2.10 s | 6,000 in 60.0 s | 12.0 ms / 80.0 ms | 6,000 | 400 MiB | n/a |"),
@@ -772,6 +793,7 @@ pub(crate) mod tests {
                 churn_rows: &[],
                 soak_rows: &[],
                 stage_rows: &[],
+                l4: None,
             },
         );
         for needle in [
@@ -801,6 +823,7 @@ pub(crate) mod tests {
                 churn_rows: &churn,
                 soak_rows: &[],
                 stage_rows: &[],
+                l4: None,
             },
         );
         assert!(

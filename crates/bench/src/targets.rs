@@ -2,7 +2,8 @@
 //! value and whether it is met, so a regression shows in review. Issue 9 (nftables mode):
 //! backend sync times, memory at 50k and the programming latency under churn; issue 12: the
 //! real binary's first sync at 10k, from the API server and from manifests, in both modes,
-//! and its memory and metric series flat under churn (the soak).
+//! and its memory and metric series flat under churn (the soak); issue 10: the userspace
+//! mode's data path at least as fast as HAProxy's on every figure of the L4 run.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -40,6 +41,7 @@ pub fn targets_section(m: &Measured<'_>) -> String {
     lines.extend(churn_targets(m));
     lines.extend(first_sync_targets(m));
     lines.extend(soak_targets(m));
+    lines.extend(l4_targets(m));
     render(&lines)
 }
 
@@ -183,6 +185,28 @@ fn soak_targets(m: &Measured<'_>) -> Vec<Target> {
     lines
 }
 
+/// Issue 10: the userspace mode against HAProxy's better configuration, figure by figure
+/// (only when the L4 run was made: it is not in the default run).
+fn l4_targets(m: &Measured<'_>) -> Vec<Target> {
+    let Some(run) = m.l4 else {
+        return Vec::new();
+    };
+    crate::l4::report::versus_haproxy(run)
+        .into_iter()
+        .map(|line| Target {
+            what: format!("L4, userspace mode: {}", line.what),
+            target: "at least HAProxy's",
+            measured: line.ours.map(|ours| {
+                format!(
+                    "{ours} (HAProxy {})",
+                    line.haproxy.as_deref().unwrap_or("not measured")
+                )
+            }),
+            met: line.met,
+        })
+        .collect()
+}
+
 fn nft(rows: &[NftRow], services: usize) -> Option<&NftRow> {
     rows.iter().find(|r| r.shape.services == services)
 }
@@ -261,6 +285,7 @@ mod tests {
             churn_rows: churn,
             soak_rows: &[],
             stage_rows: &[],
+            l4: None,
         })
     }
 
@@ -277,6 +302,7 @@ mod tests {
             churn_rows: &[],
             soak_rows: &[flat, grown, stopped],
             stage_rows: &[],
+            l4: None,
         });
         let what = "(10,000 Services, nftables mode, 5 min, 100 endpoint changes/s)";
         for line in [
@@ -360,5 +386,35 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
+    }
+
+    #[test]
+    fn l4_lines_compare_the_userspace_mode_with_haproxy_and_are_absent_without_the_run() {
+        use crate::l4::report::tests::{figures, run};
+        let measured = run(Outcome::Done(figures(6.0, 7_500, 1)));
+        let with = |l4| {
+            targets_section(&Measured {
+                rows: &[],
+                nft_rows: &[],
+                e2e_rows: &[],
+                churn_rows: &[],
+                soak_rows: &[],
+                stage_rows: &[],
+                l4,
+            })
+        };
+        let text = with(Some(&measured));
+        for line in [
+            "| L4, userspace mode: bulk throughput, 1 stream | at least HAProxy's | 6.00 Gbit/s (HAProxy 5.00 Gbit/s) | yes |",
+            "| L4, userspace mode: new connections/s, 32 at once | at least HAProxy's | 7,500/s (HAProxy 8,000/s) | **no** |",
+            "| L4, userspace mode: connect + request latency p99, one at a time | at least HAProxy's | 1.00 ms (HAProxy 2.00 ms) | yes |",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        let failed = run(Outcome::Failed("not available".into()));
+        assert!(with(Some(&failed)).contains(
+            "| L4, userspace mode: bulk throughput, 1 stream | at least HAProxy's | not measured | — |"
+        ));
+        assert!(!with(None).contains("L4"));
     }
 }

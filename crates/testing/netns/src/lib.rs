@@ -33,6 +33,6 @@ pub use error::{Error, Result};
 pub use eventually::eventually;
 pub use lab::Lab;
 pub use naming::NAME_PREFIX;
-pub use netns::Netns;
+pub use netns::{Netns, enter as enter_thread};
 pub use process::{ProcessGuard, STOP_GRACE};
 pub use sweep::sweep_stale_namespaces;

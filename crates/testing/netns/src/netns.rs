@@ -147,8 +147,13 @@ pub(crate) fn netns_path(name: &str) -> PathBuf {
     PathBuf::from(NETNS_DIR).join(name)
 }
 
-/// Moves the calling thread into the namespace pinned at `path`.
-pub(crate) fn enter(path: &std::path::Path) -> Result<()> {
+/// Moves the calling thread into the namespace pinned at `path` ([`Netns::path`]) for good.
+///
+/// For threads that must live there, such as the worker threads of an async runtime whose
+/// tasks open sockets in the namespace (call it from the runtime's `on_thread_start`, which
+/// can hold the path but not the [`Netns`]). Everything else should use [`Netns::run`],
+/// which leaves the caller's thread where it is.
+pub fn enter(path: &std::path::Path) -> Result<()> {
     let what = || format!("cannot enter network namespace {}", path.display());
     let file = File::open(path).map_err(|source| Error::Io { what: what(), source })?;
     setns(&file, CloneFlags::CLONE_NEWNET).map_err(|errno| Error::Io {
@@ -197,6 +202,24 @@ mod tests {
         let outside = std::fs::read_to_string("/proc/thread-self/net/dev").unwrap();
         assert!(inside.contains("kprprobe0"), "{inside}");
         assert!(!outside.contains("kprprobe0"), "{outside}");
+    }
+
+    #[test]
+    fn a_thread_that_enters_stays_inside() {
+        let netns = Netns::new("enter").unwrap();
+        netns.ip(&["link", "add", "kprprobe1", "type", "bridge"]).unwrap();
+        let inside = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    enter(&netns.path()).unwrap();
+                    std::fs::read_to_string("/proc/thread-self/net/dev").unwrap()
+                })
+                .join()
+                .unwrap()
+        });
+        assert!(inside.contains("kprprobe1"), "{inside}");
+        let outside = std::fs::read_to_string("/proc/thread-self/net/dev").unwrap();
+        assert!(!outside.contains("kprprobe1"), "{outside}");
     }
 
     #[test]

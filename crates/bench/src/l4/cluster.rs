@@ -1,0 +1,244 @@
+//! The one Service every path of the L4 benchmark reaches, written down once: its ports,
+//! its backends (the lab's pods), where each path's client connects, and the manifest the
+//! kube-proxy-rs rows read.
+//!
+//! One Service with two TCP ports, `bulk` (a server that sends without end) and `rr` (one
+//! byte answered with one byte), ClusterIP and NodePort, in front of every pod of the lab.
+//! The node is the lab's (`kpr_netns::NODE_IP`), named as the proxy is told
+//! (`--hostname-override`).
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+use kpr_netns::{NODE_IP, pod_ip};
+
+use crate::cluster::NODE_NAME;
+
+/// The Service's cluster IP: the address the client connects to through kube-proxy-rs.
+pub const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+pub const NAMESPACE: &str = "l4";
+pub const SERVICE: &str = "l4";
+
+/// One port of the Service and the HAProxy frontend standing in for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Port {
+    pub name: &'static str,
+    /// The Service port (on the cluster IP).
+    pub service: u16,
+    pub node_port: u16,
+    /// Where the pods' servers listen.
+    pub target: u16,
+    /// Where HAProxy listens on the node for this port.
+    pub haproxy: u16,
+}
+
+pub const BULK: Port = Port {
+    name: "bulk",
+    service: 5001,
+    node_port: 30501,
+    target: 5001,
+    haproxy: 15001,
+};
+
+pub const RR: Port = Port {
+    name: "rr",
+    service: 80,
+    node_port: 30080,
+    target: 8080,
+    haproxy: 18080,
+};
+
+/// Which path a row's traffic takes from the client to a pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// kube-proxy-rs `--proxy-mode userspace`: client → cluster IP → the proxy → pod.
+    Userspace,
+    /// HAProxy `mode tcp` on the node: client → node address → HAProxy → pod.
+    Haproxy,
+    /// The same with `option splice-auto` (HAProxy's zero-copy forwarding).
+    HaproxySplice,
+    /// kube-proxy-rs `--proxy-mode iptables`: client → cluster IP, DNAT in the node's kernel → pod.
+    Iptables,
+    /// Client → pod, no proxy: the floor every other row is measured against.
+    Direct,
+}
+
+impl Path {
+    /// In the report's order: the (a) to (d).
+    pub const ALL: [Self; 5] = [
+        Self::Userspace,
+        Self::Haproxy,
+        Self::HaproxySplice,
+        Self::Iptables,
+        Self::Direct,
+    ];
+
+    /// The order rows run in: paths that leave the node's netfilter untouched first. A
+    /// kube-proxy-rs row registers conntrack and NAT in the node namespace, which then costs
+    /// every later packet; no row may pay for an earlier row's rules.
+    pub const RUN_ORDER: [Self; 5] = [
+        Self::Direct,
+        Self::Haproxy,
+        Self::HaproxySplice,
+        Self::Userspace,
+        Self::Iptables,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Userspace => "(a) kube-proxy-rs userspace",
+            Self::Haproxy => "(b) HAProxy mode tcp",
+            Self::HaproxySplice => "(b) HAProxy mode tcp, splice-auto",
+            Self::Iptables => "(c) kube-proxy-rs iptables",
+            Self::Direct => "(d) direct to the pod",
+        }
+    }
+
+    /// The `--proxy-mode` of a kube-proxy-rs row.
+    pub fn proxy_mode(self) -> Option<&'static str> {
+        match self {
+            Self::Userspace => Some("userspace"),
+            Self::Iptables => Some("iptables"),
+            Self::Haproxy | Self::HaproxySplice | Self::Direct => None,
+        }
+    }
+
+    /// Where the client's connection number `n` to `port` goes: the Service's or HAProxy's
+    /// one address, or, without a proxy, the pods in turn (round robin, as the proxies
+    /// spread them).
+    pub fn target(self, port: Port, backends: usize, n: usize) -> SocketAddr {
+        match self {
+            Self::Userspace | Self::Iptables => SocketAddr::from((CLUSTER_IP, port.service)),
+            Self::Haproxy | Self::HaproxySplice => SocketAddr::from((NODE_IP, port.haproxy)),
+            Self::Direct => SocketAddr::from((pod_ip(n % backends.max(1)), port.target)),
+        }
+    }
+}
+
+/// The backends of `port`: every pod of the lab, pod 0 first.
+pub fn backends(port: Port, count: usize) -> Vec<SocketAddr> {
+    (0..count)
+        .map(|i| SocketAddr::from((pod_ip(i), port.target)))
+        .collect()
+}
+
+/// The manifest the kube-proxy-rs rows read: this node, the Service and its EndpointSlice
+/// (every pod ready), as a JSON `List`.
+pub fn manifest_json(backends: usize) -> String {
+    let port = |p: Port| {
+        serde_json::json!({"name": p.name, "port": p.service, "targetPort": p.target,
+            "nodePort": p.node_port, "protocol": "TCP"})
+    };
+    let slice_port = |p: Port| serde_json::json!({"name": p.name, "port": p.target, "protocol": "TCP"});
+    let endpoints: Vec<serde_json::Value> = (0..backends)
+        .map(|i| {
+            serde_json::json!({"addresses": [pod_ip(i).to_string()],
+                "conditions": {"ready": true, "serving": true, "terminating": false},
+                "nodeName": NODE_NAME})
+        })
+        .collect();
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_NAME},
+         "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP.to_string()}]}},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": SERVICE, "namespace": NAMESPACE},
+         "spec": {"type": "NodePort", "clusterIP": CLUSTER_IP.to_string(),
+                  "clusterIPs": [CLUSTER_IP.to_string()], "ports": [port(BULK), port(RR)]}},
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+         "metadata": {"name": format!("{SERVICE}-1"), "namespace": NAMESPACE,
+                      "labels": {"kubernetes.io/service-name": SERVICE}},
+         "addressType": "IPv4", "ports": [slice_port(BULK), slice_port(RR)],
+         "endpoints": endpoints},
+    ]});
+    format!("{list:#}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxied_paths_share_one_address_and_direct_goes_round_robin() {
+        for n in [0, 7] {
+            assert_eq!(Path::Userspace.target(RR, 4, n).to_string(), "10.96.0.10:80");
+            assert_eq!(Path::Iptables.target(BULK, 4, n).to_string(), "10.96.0.10:5001");
+            assert_eq!(Path::Haproxy.target(RR, 4, n).to_string(), "192.168.77.1:18080");
+        }
+        let direct: Vec<String> = (0..5)
+            .map(|n| Path::Direct.target(RR, 4, n).to_string())
+            .collect();
+        assert_eq!(
+            direct,
+            [
+                "10.244.1.10:8080",
+                "10.244.1.11:8080",
+                "10.244.1.12:8080",
+                "10.244.1.13:8080",
+                "10.244.1.10:8080"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_path_runs_once() {
+        let mut run = Path::RUN_ORDER.to_vec();
+        run.sort_by_key(|p| p.label());
+        let mut all = Path::ALL.to_vec();
+        all.sort_by_key(|p| p.label());
+        assert_eq!(run, all);
+        // No kube-proxy-rs row before a row without it.
+        let first_proxy = Path::RUN_ORDER
+            .iter()
+            .position(|p| p.proxy_mode().is_some())
+            .unwrap();
+        assert!(
+            Path::RUN_ORDER[first_proxy..]
+                .iter()
+                .all(|p| p.proxy_mode().is_some())
+        );
+    }
+
+    /// What listens on the node (HAProxy, the NodePorts) never shares a port, nor do the
+    /// pods' two servers.
+    #[test]
+    fn ports_do_not_collide() {
+        assert_ne!(BULK.target, RR.target);
+        assert_ne!(BULK.service, RR.service);
+        let on_the_node = [BULK.node_port, BULK.haproxy, RR.node_port, RR.haproxy];
+        let mut unique = on_the_node.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), on_the_node.len());
+    }
+
+    /// The manifest passes the manifest source's own validation (what the proxy rows read),
+    /// whole: the Node, the Service and its slice, nothing refused.
+    #[test]
+    fn the_manifest_source_accepts_the_manifest() {
+        use kpr_sources::Event;
+        use kpr_sources::manifests::{FileRead, ManifestCatalog, Snapshot};
+        let mut scan = Snapshot::new(std::time::Instant::now());
+        scan.files.insert(
+            std::path::PathBuf::from("/bench/l4.json"),
+            FileRead::Bytes(manifest_json(4).into_bytes()),
+        );
+        let events = ManifestCatalog::new(Some(NODE_NAME.to_string())).apply(scan);
+        let kinds: Vec<&str> = events
+            .iter()
+            .map(|e| match e {
+                Event::Node { object: Some(_) } => "node",
+                Event::Service { object: Some(_), .. } => "service",
+                Event::EndpointSlice { object: Some(_), .. } => "slice",
+                Event::Rejected(r) => panic!("refused: {r}"),
+                _ => "other",
+            })
+            .filter(|k| *k != "other")
+            .collect();
+        assert_eq!(kinds, ["node", "service", "slice"]);
+    }
+
+    #[test]
+    fn manifest_matches_the_golden_file() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/l4-manifest.json");
+        kpr_world::golden::check(&path, &manifest_json(2));
+    }
+}

@@ -1,0 +1,357 @@
+//! The L4 data path beside HAProxy (issue 10, item 6; `--parts l4`, only when asked): how
+//! fast TCP goes through kube-proxy-rs's userspace mode, next to HAProxy `mode tcp` on the
+//! same cores, the iptables mode (the kernel's DNAT) and no proxy at all.
+//!
+//! One lab for every row ([`kpr_netns::Lab`]): the outside client's namespace, the node's
+//! (where the proxy or HAProxy runs), and a namespace per backend pod running a bulk server
+//! and a request/response server ([`servers`]). One Service (ClusterIP + NodePort, two ports)
+//! stands in front of the pods ([`cluster`]). Per path, the client ([`client`]) measures on
+//! its own side: throughput of one stream and of N streams, the rate of new connections at a
+//! fixed concurrency, and the latency of one connect + request at a time, each phase with
+//! the CPU time the client, the servers and the proxy used ([`figures`]).
+//!
+//! Rows run one after the other in [`Path::RUN_ORDER`] (paths that leave the node's
+//! netfilter alone first); after each kube-proxy-rs row its rules are removed with
+//! `kube-proxy-rs --cleanup`. A path that cannot run (the userspace mode before it exists,
+//! HAProxy refusing its configuration) is a failed row that says why; the other rows still
+//! run. Nothing is pinned: on a shared machine the load average is reported beside the row.
+
+pub mod client;
+pub mod cluster;
+pub mod figures;
+pub mod haproxy;
+pub mod report;
+pub mod servers;
+
+use std::path::Path as FilePath;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kpr_netns::Lab;
+
+use crate::churn::{SEED, SplitMix64};
+use crate::load::Outcome;
+use crate::proxy::{Launch, RunningProxy, Source};
+use crate::scratch::ScratchFile;
+use client::{Bulk, Client, Rounds};
+use cluster::{BULK, Path, RR};
+use figures::{
+    Cpu, Figures, Phase, accepted_between, gbit_per_second, latency_quantiles, median_by, rounds_per_second,
+};
+use servers::{BLOCK, Servers};
+
+/// Seeded request bytes the rounds cycle through.
+const REQUESTS: usize = 4096;
+/// Between phases, so one phase's closing connections do not run into the next.
+const SETTLE: Duration = Duration::from_millis(500);
+/// How long a started path gets to answer its first request.
+const READY: Duration = Duration::from_secs(30);
+
+pub struct L4Plan<'a> {
+    pub proxy: &'a FilePath,
+    pub haproxy: &'a FilePath,
+    pub backends: usize,
+    /// Streams of the second bulk phase.
+    pub streams: usize,
+    /// Concurrent rounds of the connection-rate phase.
+    pub concurrency: usize,
+    /// Each phase's measured length.
+    pub window: Duration,
+    /// Bulk streams read before counting.
+    pub warm_up: Duration,
+    /// Runs of each phase; the median run is reported.
+    pub runs: usize,
+    /// For kube-proxy-rs's first sync.
+    pub timeout: Duration,
+}
+
+/// The whole L4 run: how it was set up, and a row per path.
+#[derive(Clone, Debug)]
+pub struct L4Run {
+    pub backends: usize,
+    pub streams: usize,
+    pub concurrency: usize,
+    pub window: Duration,
+    pub warm_up: Duration,
+    pub runs: usize,
+    /// HAProxy's `nbthread`, kube-proxy-rs's worker threads.
+    pub threads: usize,
+    pub haproxy_version: String,
+    pub rows: Vec<L4Row>,
+}
+
+#[derive(Clone, Debug)]
+pub struct L4Row {
+    pub path: Path,
+    pub figures: Outcome<Figures>,
+    /// 1-minute load average before and after the row.
+    pub load_before: String,
+    pub load_after: String,
+}
+
+impl L4Run {
+    pub fn row(&self, path: Path) -> Option<&Figures> {
+        self.rows
+            .iter()
+            .find(|r| r.path == path)
+            .and_then(|r| r.figures.done())
+    }
+}
+
+/// Builds the lab and measures every path.
+pub fn measure(plan: &L4Plan<'_>) -> Result<L4Run, String> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let lab = Lab::new(plan.backends).map_err(|e| format!("lab: {e}"))?;
+    tune(&lab)?;
+    let mut seed = SplitMix64(SEED);
+    let block: Arc<[u8]> = (0..BLOCK).map(|_| seed.below(256) as u8).collect();
+    let requests: Arc<[u8]> = (0..REQUESTS).map(|_| seed.below(256) as u8).collect();
+    let pods: Vec<_> = (0..plan.backends)
+        .map(|i| {
+            let (bulk, rr) = (
+                cluster::backends(BULK, plan.backends)[i],
+                cluster::backends(RR, plan.backends)[i],
+            );
+            (lab.pod(i), bulk, rr)
+        })
+        .collect();
+    let servers = Servers::start(&pods, Arc::clone(&block))?;
+    let client = Client::start(lab.client())?;
+    let manifest = ScratchFile::create("l4.json", cluster::manifest_json(plan.backends).as_bytes())?;
+    let bench = Bench {
+        plan,
+        lab: &lab,
+        servers: &servers,
+        client: &client,
+        block,
+        requests,
+        threads,
+    };
+    let mut rows = Vec::new();
+    for path in Path::RUN_ORDER {
+        eprintln!("[l4] {}", path.label());
+        let load_before = crate::machine::load_average();
+        let figures = bench.row(path, manifest.path())?;
+        let load_after = crate::machine::load_average();
+        eprintln!("[l4] {}: {}", path.label(), report::summary(&figures));
+        rows.push(L4Row {
+            path,
+            figures,
+            load_before,
+            load_after,
+        });
+    }
+    rows.sort_by_key(|r| Path::ALL.iter().position(|p| *p == r.path));
+    servers.stop();
+    Ok(L4Run {
+        backends: plan.backends,
+        streams: plan.streams,
+        concurrency: plan.concurrency,
+        window: plan.window,
+        warm_up: plan.warm_up,
+        runs: plan.runs.max(1),
+        threads,
+        haproxy_version: haproxy::version(plan.haproxy),
+        rows,
+    })
+}
+
+/// Many short connections from one client address, and from the node to the pods: the
+/// widest ephemeral port range and reuse of ports in TIME-WAIT, so ports never run out
+/// (per namespace; the root namespace is untouched).
+fn tune(lab: &Lab) -> Result<(), String> {
+    for netns in [lab.client(), lab.node()] {
+        netns
+            .set_sysctl("net.ipv4.ip_local_port_range", "1024 65535")
+            .and_then(|()| netns.set_sysctl("net.ipv4.tcp_tw_reuse", "1"))
+            .map_err(|e| format!("tuning {}: {e}", netns.name()))?;
+    }
+    Ok(())
+}
+
+/// What every row shares.
+struct Bench<'a> {
+    plan: &'a L4Plan<'a>,
+    lab: &'a Lab,
+    servers: &'a Servers,
+    client: &'a Client,
+    block: Arc<[u8]>,
+    requests: Arc<[u8]>,
+    threads: usize,
+}
+
+impl Bench<'_> {
+    /// One path: its proxy started, ready, measured, stopped. `Err` only when the lab itself
+    /// is in doubt (a proxy's rules could not be removed).
+    fn row(&self, path: Path, manifest: &FilePath) -> Result<Outcome<Figures>, String> {
+        match path {
+            Path::Direct => Ok(self.measured(path, &|| None)),
+            Path::Haproxy | Path::HaproxySplice => Ok(self.haproxy_row(path)),
+            Path::Userspace | Path::Iptables => {
+                let outcome = self.proxy_row(path, manifest);
+                crate::proxy::cleanup(self.lab.node(), self.plan.proxy)?;
+                Ok(outcome)
+            }
+        }
+    }
+
+    fn haproxy_row(&self, path: Path) -> Outcome<Figures> {
+        let config = haproxy::Config {
+            threads: self.threads,
+            splice: path == Path::HaproxySplice,
+            listeners: [BULK, RR]
+                .into_iter()
+                .map(|port| haproxy::Listener {
+                    port,
+                    bind: path.target(port, self.plan.backends, 0),
+                    servers: cluster::backends(port, self.plan.backends),
+                })
+                .collect(),
+        };
+        let file = match ScratchFile::create("haproxy.cfg", haproxy::config_text(&config).as_bytes()) {
+            Ok(file) => file,
+            Err(why) => return Outcome::Failed(why),
+        };
+        let command = haproxy::command(self.plan.haproxy, file.path());
+        let mut guard = match self.lab.spawn(self.lab.node(), command) {
+            Ok(guard) => guard,
+            Err(e) => return Outcome::Failed(format!("starting haproxy: {e}")),
+        };
+        let pid = guard.pid();
+        let outcome = self.measured(path, &|| crate::cpu::process(pid));
+        if let (Outcome::Failed(why), Ok(Some(status))) = (&outcome, guard.try_wait()) {
+            return Outcome::Failed(format!(
+                "haproxy exited ({status}): {} / {why}",
+                last_line(&guard.logs())
+            ));
+        }
+        let _ = guard.stop();
+        outcome
+    }
+
+    fn proxy_row(&self, path: Path, manifest: &FilePath) -> Outcome<Figures> {
+        let mode = path.proxy_mode().unwrap_or("iptables");
+        let launch = Launch {
+            binary: self.plan.proxy,
+            mode,
+            source: Source::Manifest(manifest),
+            min_sync_period: None,
+        };
+        let mut proxy = match RunningProxy::spawn(self.lab.node(), &launch) {
+            Ok(proxy) => proxy,
+            Err(why) => return Outcome::Failed(why),
+        };
+        match proxy.wait_first_sync(self.plan.timeout) {
+            Outcome::Done(_) => {}
+            Outcome::TimedOut(after) => {
+                return Outcome::Failed(format!(
+                    "kube-proxy-rs: proxy mode {mode} not available: no first sync within {} s",
+                    after.as_secs()
+                ));
+            }
+            Outcome::Failed(why) | Outcome::NotAvailable(why) => {
+                return Outcome::Failed(format!("kube-proxy-rs: proxy mode {mode} not available: {why}"));
+            }
+        }
+        self.measured(path, &|| proxy.cpu_time())
+    }
+
+    /// The four phases through `path`, once it answers.
+    fn measured(&self, path: Path, proxy_cpu: &dyn Fn() -> Option<Duration>) -> Outcome<Figures> {
+        match self.phases(path, proxy_cpu) {
+            Ok(figures) => Outcome::Done(figures),
+            Err(why) => Outcome::Failed(why),
+        }
+    }
+
+    fn phases(&self, path: Path, proxy_cpu: &dyn Fn() -> Option<Duration>) -> Result<Figures, String> {
+        let backends = self.plan.backends;
+        // The request/response port answering means the path is programmed (a bulk stream
+        // that does not connect fails its phase with the reason).
+        self.client.probe(path.target(RR, backends, 0), READY)?;
+        let before = self.servers.accepted();
+        let bulk = |streams: usize| -> Result<Bulk, String> {
+            let targets: Vec<_> = (0..streams).map(|n| path.target(BULK, backends, n)).collect();
+            self.client.bulk(
+                &targets,
+                Arc::clone(&self.block),
+                self.plan.warm_up,
+                self.plan.window,
+            )
+        };
+        let rounds = |concurrency: usize| -> Result<Rounds, String> {
+            self.client.rounds(
+                move |n| path.target(RR, backends, n),
+                Arc::clone(&self.requests),
+                concurrency,
+                self.plan.window,
+            )
+        };
+        let gbit = |b: &Bulk| gbit_per_second(b);
+        let one_stream = self.repeated(proxy_cpu, || bulk(1), gbit)?;
+        let streams = self.repeated(proxy_cpu, || bulk(self.plan.streams), gbit)?;
+        let connections = self.repeated(proxy_cpu, || rounds(self.plan.concurrency), rounds_per_second)?;
+        // The run with the median p50; a run without a completed round ranks last.
+        let p50_ms = |r: &Rounds| latency_quantiles(r).map_or(f64::INFINITY, |q| q.0.as_secs_f64() * 1e3);
+        let latency = self.repeated(proxy_cpu, || rounds(1), p50_ms)?;
+        Ok(Figures {
+            one_stream,
+            streams,
+            connections,
+            latency,
+            accepted: accepted_between(&before, &self.servers.accepted()),
+        })
+    }
+
+    /// Runs a phase `plan.runs` times and keeps the run whose `figure` is the median, with
+    /// every run's figure beside it (how much the runs differed).
+    fn repeated<T>(
+        &self,
+        proxy_cpu: &dyn Fn() -> Option<Duration>,
+        work: impl Fn() -> Result<T, String>,
+        figure: impl Fn(&T) -> f64,
+    ) -> Result<Phase<T>, String> {
+        let mut runs = Vec::new();
+        for _ in 0..self.plan.runs.max(1) {
+            runs.push(self.phase(proxy_cpu, &work)?);
+        }
+        let figures: Vec<f64> = runs.iter().map(|run| figure(&run.result)).collect();
+        let mut median = median_by(runs, |run| figure(&run.result)).ok_or("no run")?;
+        median.runs = figures;
+        Ok(median)
+    }
+
+    /// Runs `work` with the CPU time of every party counted around it, then lets the
+    /// connections it closed settle.
+    fn phase<T>(
+        &self,
+        proxy_cpu: &dyn Fn() -> Option<Duration>,
+        work: &impl Fn() -> Result<T, String>,
+    ) -> Result<Phase<T>, String> {
+        let (client, servers, proxy) = (
+            self.client.threads.cpu_time(),
+            self.servers.threads.cpu_time(),
+            proxy_cpu(),
+        );
+        let started = Instant::now();
+        let result = work()?;
+        let cpu = Cpu {
+            wall: started.elapsed(),
+            client: self.client.threads.cpu_time().saturating_sub(client),
+            servers: self.servers.threads.cpu_time().saturating_sub(servers),
+            proxy: proxy
+                .zip(proxy_cpu())
+                .map(|(before, after)| after.saturating_sub(before)),
+        };
+        std::thread::sleep(SETTLE);
+        Ok(Phase {
+            result,
+            cpu,
+            runs: Vec::new(),
+        })
+    }
+}
+
+fn last_line(text: &str) -> &str {
+    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
+}

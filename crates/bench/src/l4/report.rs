@@ -1,0 +1,513 @@
+//! The L4 run's part of the report: the figures per path, the CPU each party used per
+//! phase, and the userspace mode against HAProxy line by line (issue 10's target: at least
+//! HAProxy's figures on every line, against the better of its two configurations).
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::cluster::Path;
+use super::figures::{
+    Cpu, Figures, Phase, core_percent, gbit_per_second, latency_quantiles, rounds_per_second,
+};
+use super::{L4Run, client::ROUND_TIMEOUT};
+use crate::format::{count, duration, one_line, outcome};
+use crate::load::Outcome;
+
+/// One figure of the userspace mode against HAProxy's better configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Versus {
+    pub what: String,
+    pub ours: Option<String>,
+    pub haproxy: Option<String>,
+    /// `None` when either side was not measured.
+    pub met: Option<bool>,
+}
+
+/// A one-line account of a row, for the terminal while the run goes on.
+pub fn summary(figures: &Outcome<Figures>) -> String {
+    outcome(figures, |f| {
+        format!(
+            "1 stream {}, {} streams {}, {}, latency {}",
+            gbit(&f.one_stream),
+            f.streams.result.streams,
+            gbit(&f.streams),
+            rate(f),
+            latency(f)
+        )
+    })
+}
+
+/// The figures table (what the terminal shows too).
+pub fn figures_table(out: &mut String, run: &L4Run) {
+    let _ = write!(
+        out,
+        "| path | 1 stream | {streams} streams | new connections/s ({concurrency} at once) | connect + request p50 / p99 (one at a time) | pods reached (connections each) | load avg before / after |\n\
+         |---|---:|---:|---:|---:|---|---|\n",
+        streams = run.streams,
+        concurrency = run.concurrency,
+    );
+    for row in &run.rows {
+        let cells = match &row.figures {
+            Outcome::Done(f) => [
+                gbit(&f.one_stream),
+                gbit(&f.streams),
+                rate(f),
+                latency(f),
+                reached(&f.accepted),
+            ],
+            other => [
+                outcome(other, |_| String::new()),
+                "—".into(),
+                "—".into(),
+                "—".into(),
+                "—".into(),
+            ],
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} / {} |",
+            row.path.label(),
+            cells.join(" | "),
+            row.load_before,
+            row.load_after
+        );
+    }
+}
+
+/// CPU per phase and party, in percent of one core.
+pub fn cpu_table(out: &mut String, run: &L4Run) {
+    out.push_str(
+        "| path | phase | wall | client | servers | proxy |\n\
+         |---|---|---:|---:|---:|---:|\n",
+    );
+    for row in &run.rows {
+        let Outcome::Done(f) = &row.figures else {
+            continue;
+        };
+        let phases = [
+            ("1 stream".to_string(), f.one_stream.cpu),
+            (format!("{} streams", f.streams.result.streams), f.streams.cpu),
+            (
+                format!("connections, {} at once", f.connections.result.concurrency),
+                f.connections.cpu,
+            ),
+            ("connections, one at a time".to_string(), f.latency.cpu),
+        ];
+        for (phase, cpu) in phases {
+            let _ = writeln!(
+                out,
+                "| {} | {phase} | {} | {} | {} | {} |",
+                row.path.label(),
+                duration(cpu.wall),
+                percent(cpu.client, cpu),
+                percent(cpu.servers, cpu),
+                cpu.proxy.map_or_else(|| "—".to_string(), |p| percent(p, cpu)),
+            );
+        }
+    }
+}
+
+/// The userspace mode against the better HAProxy row, figure by figure.
+pub fn versus_haproxy(run: &L4Run) -> Vec<Versus> {
+    let ours = run.row(Path::Userspace);
+    let theirs: Vec<&Figures> = [Path::Haproxy, Path::HaproxySplice]
+        .into_iter()
+        .filter_map(|p| run.row(p))
+        .collect();
+    let more = |what: String, figure: fn(&Figures) -> f64, show: fn(f64) -> String| {
+        let best = theirs.iter().map(|f| figure(f)).reduce(f64::max);
+        let mine = ours.map(figure);
+        Versus {
+            what,
+            ours: mine.map(show),
+            haproxy: best.map(show),
+            met: mine.zip(best).map(|(m, b)| m >= b),
+        }
+    };
+    let less = |what: &str, figure: fn(&Figures) -> Option<Duration>| {
+        let best = theirs.iter().filter_map(|f| figure(f)).min();
+        let mine = ours.and_then(figure);
+        Versus {
+            what: what.to_string(),
+            ours: mine.map(duration),
+            haproxy: best.map(duration),
+            met: mine.zip(best).map(|(m, b)| m <= b),
+        }
+    };
+    vec![
+        more(
+            "bulk throughput, 1 stream".to_string(),
+            |f| gbit_per_second(&f.one_stream.result),
+            gbit_text,
+        ),
+        more(
+            format!("bulk throughput, {} streams", run.streams),
+            |f| gbit_per_second(&f.streams.result),
+            gbit_text,
+        ),
+        more(
+            format!("new connections/s, {} at once", run.concurrency),
+            |f| rounds_per_second(&f.connections.result),
+            rate_text,
+        ),
+        less("connect + request latency p50, one at a time", |f| {
+            latency_quantiles(&f.latency.result).map(|q| q.0)
+        }),
+        less("connect + request latency p99, one at a time", |f| {
+            latency_quantiles(&f.latency.result).map(|q| q.1)
+        }),
+    ]
+}
+
+/// The whole section of BENCHMARKS.md.
+pub fn section(out: &mut String, run: &L4Run) {
+    let _ = write!(
+        out,
+        "### L4 data path beside HAProxy (userspace mode, issue 10)\n\n\
+         One lab of network namespaces for every row, built once: the outside client, the node \
+         (where kube-proxy-rs or HAProxy runs) and {backends} backend pods on the node's bridge, \
+         each running a bulk server (sends a fixed-seed {block} KiB block again and again) and a \
+         request/response server (echoes each byte), both in Rust on tokio inside kpr-bench. One \
+         Service (ClusterIP + NodePort, ports `bulk` and `rr`) has every pod as a ready endpoint; \
+         the kube-proxy-rs rows read it from a manifest. Paths: (a) kube-proxy-rs \
+         `--proxy-mode userspace`, the client connecting to the cluster IP (its portal leads to \
+         the proxy, which connects to a pod); (b) HAProxy ({haproxy}) `mode tcp`, `balance \
+         roundrobin` over the same pods, `nbthread {threads}` (kube-proxy-rs's runtime starts \
+         one worker per core, {threads} here), no health checks, bound on the node's address \
+         the client connects to, once as configured by default and once with `option \
+         splice-auto` (zero-copy through pipes); (c) kube-proxy-rs `--proxy-mode iptables` (the \
+         kernel DNATs the cluster IP to a pod); (d) the client straight to the pods, in turn. \n\n\
+         The client is kpr-bench's own (tokio, {workers} worker threads living in the client \
+         namespace), measuring on its side: *1 stream* and *{streams} streams*: bytes read from \
+         the bulk port over {window} s after a {warm} s warm-up, in Gbit/s (10^9 bit/s); *new \
+         connections/s*: {concurrency} tasks each looping connect, send 1 byte, read the 1-byte \
+         answer, close, for {window} s, completed rounds per second; *p50 / p99*: the same loop \
+         with one task, each round's time from the start of the connect to the answer (nearest \
+         rank). Each phase runs {runs} time(s) in a row; the run with the median figure is \
+         shown (and its CPU), the lowest and highest of the runs in brackets. Every answer is checked against what was sent, and a round that fails or takes \
+         over {round} s is counted as failed and shown. *Pods reached*: connections each pod \
+         accepted during the row (the proxies must spread them). Rows run one after the other \
+         (direct, HAProxy, then the kube-proxy-rs rows, whose rules are removed with \
+         `kube-proxy-rs --cleanup` after each, so no row pays for an earlier row's netfilter \
+         state); the client and node namespaces use ports 1024-65535 and reuse TIME-WAIT \
+         ports. Nothing is pinned: the two cores are shared by the client, the servers, the \
+         proxy and the kernel's forwarding, and by whatever else the machine runs (the load \
+         average is beside each row). The CPU table says who used the cores per phase, in \
+         percent of one core (the kernel's softirq work on forwarding is nobody's there), so a \
+         client at its limit shows.\n\n",
+        backends = run.backends,
+        block = super::servers::BLOCK / 1024,
+        haproxy = run.haproxy_version,
+        threads = run.threads,
+        workers = super::client::WORKERS,
+        streams = run.streams,
+        window = run.window.as_secs_f64(),
+        warm = run.warm_up.as_secs_f64(),
+        concurrency = run.concurrency,
+        round = ROUND_TIMEOUT.as_secs(),
+        runs = run.runs,
+    );
+    figures_table(out, run);
+    failures(out, run);
+    out.push_str("\nCPU per phase (percent of one core):\n\n");
+    cpu_table(out, run);
+    out.push_str("\nThe userspace mode against HAProxy's better configuration, per figure:\n\n");
+    out.push_str("| figure | (a) userspace | (b) HAProxy, better of both | at least HAProxy's |\n|---|---:|---:|---|\n");
+    for line in versus_haproxy(run) {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            line.what,
+            line.ours.as_deref().unwrap_or("not measured"),
+            line.haproxy.as_deref().unwrap_or("not measured"),
+            match line.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "—",
+            }
+        );
+    }
+    out.push('\n');
+}
+
+/// Why rows failed, in full (the table's cell keeps one short line).
+fn failures(out: &mut String, run: &L4Run) {
+    let failed: Vec<_> = run
+        .rows
+        .iter()
+        .filter(|row| row.figures.done().is_none())
+        .collect();
+    if failed.is_empty() {
+        return;
+    }
+    out.push_str("\nRows without figures:\n\n");
+    for row in failed {
+        let why = match &row.figures {
+            Outcome::Failed(why) | Outcome::NotAvailable(why) => why.clone(),
+            Outcome::TimedOut(after) => format!("timed out after {} s", after.as_secs()),
+            Outcome::Done(_) => continue,
+        };
+        let _ = writeln!(out, "- {}: {}", row.path.label(), why.replace('\n', " / "));
+    }
+}
+
+fn gbit(phase: &Phase<super::client::Bulk>) -> String {
+    let mut cell = gbit_text(gbit_per_second(&phase.result));
+    if let Some(span) = span(&phase.runs, |v| format!("{v:.2}")) {
+        let _ = write!(cell, " ({span})");
+    }
+    cell
+}
+
+/// `6.9-7.4`: the lowest and highest figure of a phase's runs, when it ran more than once.
+fn span(runs: &[f64], show: impl Fn(f64) -> String) -> Option<String> {
+    if runs.len() < 2 {
+        return None;
+    }
+    let min = runs.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = runs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some(format!("{}-{}", show(min), show(max)))
+}
+
+fn gbit_text(value: f64) -> String {
+    format!("{value:.2} Gbit/s")
+}
+
+fn rate_text(value: f64) -> String {
+    format!("{}/s", count(value.round() as usize))
+}
+
+fn rate(f: &Figures) -> String {
+    let r = &f.connections.result;
+    let mut cell = rate_text(rounds_per_second(r));
+    if let Some(span) = span(&f.connections.runs, |v| count(v.round() as usize)) {
+        let _ = write!(cell, " ({span})");
+    }
+    if r.failed > 0 {
+        let _ = write!(
+            cell,
+            " (**{} failed**: {})",
+            count(r.failed),
+            one_line(r.first_error.as_deref().unwrap_or(""))
+        );
+    }
+    cell
+}
+
+fn latency(f: &Figures) -> String {
+    let r = &f.latency.result;
+    let mut cell = latency_quantiles(r).map_or_else(
+        || "n/a: no round completed".to_string(),
+        |(p50, p99)| format!("{} / {}", duration(p50), duration(p99)),
+    );
+    let _ = write!(cell, " ({} rounds", count(r.latencies.len()));
+    // A run without a completed round ranks with an infinite p50.
+    let ms = |ms: f64| match Duration::try_from_secs_f64(ms / 1e3) {
+        Ok(d) => duration(d),
+        Err(_) => "none".to_string(),
+    };
+    if let Some(span) = span(&f.latency.runs, ms) {
+        let _ = write!(cell, "; p50 of the runs {span}");
+    }
+    if r.failed > 0 {
+        let _ = write!(cell, ", **{} failed**", count(r.failed));
+    }
+    cell.push(')');
+    cell
+}
+
+/// `4 of 4 (11,980-12,040)`.
+fn reached(accepted: &[usize]) -> String {
+    let reached = accepted.iter().filter(|&&n| n > 0).count();
+    let min = accepted.iter().min().copied().unwrap_or(0);
+    let max = accepted.iter().max().copied().unwrap_or(0);
+    let all = if reached == accepted.len() {
+        format!("{reached} of {}", accepted.len())
+    } else {
+        format!("**{reached} of {}**", accepted.len())
+    };
+    format!("{all} ({}-{})", count(min), count(max))
+}
+
+fn percent(used: Duration, cpu: Cpu) -> String {
+    format!("{:.0} %", core_percent(used, cpu.wall))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::l4::L4Row;
+    use crate::l4::client::{Bulk, Rounds};
+
+    fn bulk(gbit: f64, streams: usize) -> Phase<Bulk> {
+        Phase {
+            result: Bulk {
+                streams,
+                bytes: (gbit * 1e9 / 8.0 * 5.0) as u64,
+                window: Duration::from_secs(5),
+            },
+            cpu: Cpu {
+                wall: Duration::from_secs(5),
+                client: Duration::from_millis(2_500),
+                servers: Duration::from_millis(1_000),
+                proxy: Some(Duration::from_secs(4)),
+            },
+            runs: Vec::new(),
+        }
+    }
+
+    fn rounds(concurrency: usize, n: usize, ms: u64) -> Phase<Rounds> {
+        Phase {
+            result: Rounds {
+                concurrency,
+                latencies: vec![Duration::from_micros(ms * 1000); n],
+                failed: 0,
+                first_error: None,
+                elapsed: Duration::from_secs(5),
+            },
+            cpu: Cpu {
+                wall: Duration::from_secs(5),
+                client: Duration::from_secs(1),
+                servers: Duration::from_secs(1),
+                proxy: None,
+            },
+            runs: Vec::new(),
+        }
+    }
+
+    pub(crate) fn figures(gbit: f64, per_second: usize, latency_ms: u64) -> Figures {
+        Figures {
+            one_stream: bulk(gbit, 1),
+            streams: bulk(gbit * 2.0, 8),
+            connections: rounds(32, per_second * 5, 3),
+            latency: rounds(1, 1000, latency_ms),
+            accepted: vec![100, 101, 99, 100],
+        }
+    }
+
+    pub(crate) fn run(userspace: Outcome<Figures>) -> L4Run {
+        let row = |path, figures| L4Row {
+            path,
+            figures,
+            load_before: "1.00".into(),
+            load_after: "2.00".into(),
+        };
+        L4Run {
+            backends: 4,
+            streams: 8,
+            concurrency: 32,
+            window: Duration::from_secs(5),
+            warm_up: Duration::from_millis(500),
+            runs: 1,
+            threads: 2,
+            haproxy_version: "HAProxy version 2.6.12".into(),
+            rows: vec![
+                row(Path::Userspace, userspace),
+                row(Path::Haproxy, Outcome::Done(figures(3.0, 8_000, 2))),
+                row(Path::HaproxySplice, Outcome::Done(figures(5.0, 7_000, 3))),
+                row(Path::Iptables, Outcome::Done(figures(9.0, 12_000, 1))),
+                row(Path::Direct, Outcome::Done(figures(10.0, 13_000, 1))),
+            ],
+        }
+    }
+
+    #[test]
+    fn the_table_shows_every_figure_and_a_failed_row_says_why() {
+        let run = run(Outcome::Failed(
+            "kube-proxy-rs: proxy mode userspace not available: exit status: 2".into(),
+        ));
+        let mut text = String::new();
+        figures_table(&mut text, &run);
+        assert!(
+            text.contains("| (a) kube-proxy-rs userspace | failed: kube-proxy-rs: proxy mode userspace not available: exit status: 2 | — | — | — | — | 1.00 / 2.00 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| (b) HAProxy mode tcp | 3.00 Gbit/s | 6.00 Gbit/s | 8,000/s | 2.00 ms / 2.00 ms (1,000 rounds) | 4 of 4 (99-101) | 1.00 / 2.00 |"),
+            "{text}"
+        );
+        let mut cpu = String::new();
+        cpu_table(&mut cpu, &run);
+        assert!(
+            cpu.contains("| (b) HAProxy mode tcp | 1 stream | 5.00 s | 50 % | 20 % | 80 % |"),
+            "{cpu}"
+        );
+        assert!(
+            cpu.contains("| (d) direct to the pod | connections, 32 at once | 5.00 s | 20 % | 20 % | — |"),
+            "{cpu}"
+        );
+        assert!(!cpu.contains("(a)"), "{cpu}");
+        let mut full = String::new();
+        failures(&mut full, &run);
+        assert_eq!(
+            full,
+            "\nRows without figures:\n\n- (a) kube-proxy-rs userspace: kube-proxy-rs: proxy mode userspace not available: exit status: 2\n"
+        );
+    }
+
+    #[test]
+    fn versus_takes_haproxys_better_configuration_per_figure() {
+        // Throughput as the splice row, connections and latency as the plain one.
+        let lines = versus_haproxy(&run(Outcome::Done(figures(4.0, 9_000, 2))));
+        let verdicts: Vec<(&str, Option<&str>, Option<bool>)> = lines
+            .iter()
+            .map(|l| (l.what.as_str(), l.haproxy.as_deref(), l.met))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [
+                ("bulk throughput, 1 stream", Some("5.00 Gbit/s"), Some(false)),
+                ("bulk throughput, 8 streams", Some("10.00 Gbit/s"), Some(false)),
+                ("new connections/s, 32 at once", Some("8,000/s"), Some(true)),
+                (
+                    "connect + request latency p50, one at a time",
+                    Some("2.00 ms"),
+                    Some(true)
+                ),
+                (
+                    "connect + request latency p99, one at a time",
+                    Some("2.00 ms"),
+                    Some(true)
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn versus_without_the_userspace_row_has_no_verdict() {
+        let lines = versus_haproxy(&run(Outcome::Failed("not available".into())));
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.met.is_none() && l.ours.is_none() && l.haproxy.is_some())
+        );
+    }
+
+    #[test]
+    fn failed_rounds_and_unreached_pods_are_bold() {
+        let mut f = figures(1.0, 100, 1);
+        f.connections.result.failed = 3;
+        f.connections.result.first_error = Some("connect 10.96.0.10:80: refused".into());
+        f.accepted = vec![10, 0];
+        assert!(
+            rate(&f).contains("(**3 failed**: connect 10.96.0.10:80: refused)"),
+            "{}",
+            rate(&f)
+        );
+        assert_eq!(reached(&f.accepted), "**1 of 2** (0-10)");
+    }
+
+    #[test]
+    fn repeated_phases_show_the_range_of_their_runs() {
+        let mut f = figures(3.0, 8_000, 2);
+        f.one_stream.runs = vec![3.0, 2.5, 3.25];
+        f.connections.runs = vec![7_600.0, 8_000.0, 8_100.4];
+        f.latency.runs = vec![2.0, 1.5, 2.5];
+        assert_eq!(gbit(&f.one_stream), "3.00 Gbit/s (2.50-3.25)");
+        assert_eq!(rate(&f), "8,000/s (7,600-8,100)");
+        assert_eq!(
+            latency(&f),
+            "2.00 ms / 2.00 ms (1,000 rounds; p50 of the runs 1.50 ms-2.50 ms)"
+        );
+    }
+}

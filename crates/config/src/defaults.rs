@@ -32,6 +32,7 @@ pub fn apply_defaults(config: &mut KubeProxyConfiguration) {
     default_nftables(config);
     default_conntrack(config);
     default_if_zero(&mut config.config_sync_period, GoDuration::from_mins(15));
+    default_if_zero(&mut config.udp_idle_timeout, GoDuration::from_millis(250));
     default_client_connection(config);
     default_logging(&mut config.logging);
 }
@@ -167,6 +168,11 @@ mod tests {
         assert_eq!(c.conntrack.udp_timeout, GoDuration::ZERO);
         assert!(!c.conntrack.tcp_be_liberal);
         assert_eq!(c.config_sync_period.to_string(), "15m0s");
+        assert_eq!(
+            c.udp_idle_timeout.to_string(),
+            "250ms",
+            "upstream's udpIdleTimeout"
+        );
         assert_eq!(
             c.client_connection.content_type,
             "application/vnd.kubernetes.protobuf"

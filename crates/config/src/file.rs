@@ -2,7 +2,7 @@
 //!
 //! Upstream first decodes strictly; when only unknown or duplicate fields make that fail, it
 //! decodes v1alpha1 again leniently and logs a warning, so ConfigMaps carrying fields from
-//! other releases (e.g. the long-removed `udpIdleTimeout`) keep working. We do the same in
+//! other releases (e.g. the long-removed `resourceContainer`) keep working. We do the same in
 //! one pass: [`Strictness::Strict`] turns unknown fields into an error, [`Strictness::Lenient`]
 //! returns them so the caller can warn. Either way a wrong `apiVersion`/`kind` or a value of
 //! the wrong type is an error naming the file and the field.
@@ -189,12 +189,12 @@ mod tests {
     #[test]
     fn unknown_fields_are_errors_when_strict() {
         let err = strict(&format!(
-            "{HEADER}udpIdleTimeout: 250ms\niptables:\n  masqueradeBits: 3\n"
+            "{HEADER}resourceContainer: /kube-proxy\niptables:\n  masqueradeBits: 3\n"
         ))
         .unwrap_err();
         match &err {
             ConfigError::UnknownFields { fields, .. } => {
-                assert_eq!(fields, &["udpIdleTimeout", "iptables.masqueradeBits"]);
+                assert_eq!(fields, &["resourceContainer", "iptables.masqueradeBits"]);
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -204,9 +204,9 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_reported_when_lenient() {
-        let text = format!("{HEADER}udpIdleTimeout: 250ms\nmode: ipvs\n");
+        let text = format!("{HEADER}resourceContainer: /kube-proxy\nmode: ipvs\n");
         let decoded = decode_config(&text, Path::new("c.yaml"), Strictness::Lenient).unwrap();
-        assert_eq!(decoded.unknown_fields, ["udpIdleTimeout"]);
+        assert_eq!(decoded.unknown_fields, ["resourceContainer"]);
         assert_eq!(decoded.config.mode, "ipvs");
     }
 

@@ -181,6 +181,14 @@ pub struct Flags {
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub conntrack_udp_timeout_stream: Option<GoDuration>,
 
+    // === userspace ===
+    /// Host ports the userspace proxy's listeners may use: "MIN-MAX", "PORT" or "BASE+OFFSET" (inclusive); blank lets the kernel pick.
+    #[arg(long, value_name = "RANGE")]
+    pub proxy_port_range: Option<String>,
+    /// How long an idle UDP session is kept open (userspace mode). [default: 250ms]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub udp_timeout: Option<GoDuration>,
+
     // === kube-proxy-rs only ===
     /// Read Services and EndpointSlices from this file or directory instead of the API server (repeatable).
     #[arg(long, value_name = "PATH", action = ArgAction::Append)]
@@ -191,6 +199,12 @@ pub struct Flags {
     /// NodePorts a manifest may use, as the API server's flag: "MIN-MAX" or one port (manifest source only). [default: 30000-32767]
     #[arg(long, value_name = "MIN-MAX", value_parser = parse_port_range)]
     pub service_node_port_range: Option<RangeInclusive<u16>>,
+    /// Userspace mode: TCP connections carried at once; more are refused (logged once, counted). [default: 32000]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub userspace_max_connections: Option<u32>,
+    /// Userspace mode: UDP client sessions held at once; datagrams that would open more are dropped. [default: 16000]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub userspace_max_udp_sessions: Option<u32>,
     /// Largest manifest file read; a larger one is rejected and what it defined before is kept. [default: 134217728 (128 MiB)]
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     pub manifests_max_file_bytes: Option<u64>,
@@ -227,6 +241,37 @@ pub fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
         return Err(format!("end port {high} is below start port {low}"));
     }
     Ok(low..=high)
+}
+
+/// `portRange` / `--proxy-port-range` as upstream's userspace proxy read it (apimachinery's
+/// `PortRange`): "MIN-MAX" or "BASE+OFFSET", both inclusive at both ends, or one port;
+/// blank (`None`) leaves the choice to the kernel.
+pub fn proxy_port_range(text: &str) -> Result<Option<RangeInclusive<u16>>, String> {
+    let port = |part: &str| {
+        part.trim()
+            .parse::<u16>()
+            .map_err(|_| format!("{part:?} is not a port number (0-65535)"))
+    };
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let (low, high) = if let Some((low, high)) = text.split_once('-') {
+        (port(low)?, port(high)?)
+    } else if let Some((base, offset)) = text.split_once('+') {
+        let base = port(base)?;
+        let high = base
+            .checked_add(port(offset)?)
+            .ok_or_else(|| format!("{text:?} goes beyond port 65535"))?;
+        (base, high)
+    } else {
+        let single = port(text)?;
+        (single, single)
+    };
+    if high < low {
+        return Err(format!("end port {high} is below start port {low}"));
+    }
+    Ok(Some(low..=high))
 }
 
 /// Upstream's `MapStringBool` flag value: "A=true,B=false"; blank is an empty map.
@@ -332,6 +377,20 @@ mod tests {
         let flags = parse(&["--manifests", "a.yaml", "--manifests=dir/", "--dry-run"]);
         assert_eq!(flags.manifests, [PathBuf::from("a.yaml"), PathBuf::from("dir/")]);
         assert_eq!(flags.dry_run, Some(true));
+    }
+
+    #[test]
+    fn proxy_port_range_as_upstreams_userspace_proxy_reads_it() {
+        assert_eq!(proxy_port_range(" "), Ok(None));
+        assert_eq!(proxy_port_range("30000-30010"), Ok(Some(30000..=30010)));
+        assert_eq!(proxy_port_range("30000+10"), Ok(Some(30000..=30010)));
+        assert_eq!(proxy_port_range("30000"), Ok(Some(30000..=30000)));
+        assert!(proxy_port_range("30010-30000").is_err());
+        assert!(proxy_port_range("65535+1").is_err());
+        assert!(proxy_port_range("a-b").is_err());
+        let flags = parse(&["--proxy-port-range=40000-40100", "--udp-timeout=1s"]);
+        assert_eq!(flags.proxy_port_range.as_deref(), Some("40000-40100"));
+        assert_eq!(flags.udp_timeout, Some(GoDuration::from_secs(1)));
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub use error::{ConfigError, FieldError, Origin};
 pub use file::{
     DecodedFile, Strictness, decode_config, from_json_value, read_config_file, to_yaml, write_config_file,
 };
-pub use flags::{Flags, parse_feature_gates, parse_go_bool, parse_port_range};
+pub use flags::{Flags, parse_feature_gates, parse_go_bool, parse_port_range, proxy_port_range};
 pub use load::{Settings, load, settings_from_flags};
 pub use logging::{LogFormat, UnknownLogFormat};
 pub use mode::{LocalMode, ModeError, ProxyMode};

@@ -44,6 +44,10 @@ pub struct Settings {
     /// `--manifests-max-file-bytes`: larger manifest files are rejected, their last good
     /// contents kept; `None` leaves the source's default (128 MiB).
     pub manifests_max_file_bytes: Option<u64>,
+    /// `--userspace-max-connections` / `--userspace-max-udp-sessions`: userspace mode's
+    /// bounds; `None` leaves the mode's defaults. Not part of `KubeProxyConfiguration`.
+    pub userspace_max_connections: Option<u32>,
+    pub userspace_max_udp_sessions: Option<u32>,
     /// `--master`: overrides the API server address from the kubeconfig.
     pub master: Option<String>,
     /// The `-v` level (from the flag, else the file's `logging.verbosity`).
@@ -99,6 +103,8 @@ pub fn settings_from_flags(flags: Flags) -> Result<Settings, ConfigError> {
         manifests: flags.manifests,
         service_node_port_range: flags.service_node_port_range,
         manifests_max_file_bytes: flags.manifests_max_file_bytes,
+        userspace_max_connections: flags.userspace_max_connections,
+        userspace_max_udp_sessions: flags.userspace_max_udp_sessions,
         master: flags.master.filter(|m| !m.is_empty()),
         warnings,
     })
@@ -168,6 +174,7 @@ fn apply_flags(flags: &Flags, config: &mut KubeProxyConfiguration) -> Result<Fla
     apply_ipvs_flags(flags, config, &mut origins);
     apply_local_traffic_flags(flags, config, &mut origins);
     apply_conntrack_flags(flags, config, &mut origins);
+    apply_userspace_flags(flags, config, &mut origins);
     Ok(origins)
 }
 
@@ -376,6 +383,17 @@ fn apply_local_traffic_flags(flags: &Flags, config: &mut KubeProxyConfiguration,
     }
     if let Some(adj) = origins.given(flags.oom_score_adj, "oom-score-adj", &["oomScoreAdj"]) {
         config.oom_score_adj = Some(adj);
+    }
+}
+
+fn apply_userspace_flags(flags: &Flags, config: &mut KubeProxyConfiguration, origins: &mut FlagOrigins) {
+    let range = flags.proxy_port_range.clone();
+    if let Some(range) = origins.given(range, "proxy-port-range", &["portRange"]) {
+        config.port_range = range;
+    }
+    let timeout = flags.udp_timeout;
+    if let Some(timeout) = origins.given(timeout, "udp-timeout", &["udpIdleTimeout"]) {
+        config.udp_idle_timeout = timeout;
     }
 }
 

@@ -323,10 +323,10 @@ fn detect_local_mode_needs_its_companion_flag() {
 #[test]
 fn unknown_config_fields_become_warnings() {
     let scratch = Scratch::new();
-    let settings = with_config(&scratch, "udpIdleTimeout: 250ms\n", &[]).unwrap();
+    let settings = with_config(&scratch, "resourceContainer: /kube-proxy\n", &[]).unwrap();
     assert_eq!(settings.warnings.len(), 1);
     assert!(
-        settings.warnings[0].contains("udpIdleTimeout"),
+        settings.warnings[0].contains("resourceContainer"),
         "{:?}",
         settings.warnings
     );

@@ -53,8 +53,12 @@ pub struct KubeProxyConfiguration {
     pub oom_score_adj: Option<i32>,
     pub conntrack: KubeProxyConntrackConfiguration,
     pub config_sync_period: GoDuration,
-    /// Unused upstream since the userspace proxy was removed; kept for compatibility.
+    /// Userspace mode: the host ports its listeners may use (`a-b`, `a`, `a+n`; blank: any
+    /// port the kernel picks). See [`crate::proxy_port_range`].
     pub port_range: String,
+    /// Userspace mode: how long a UDP session lives without traffic (upstream's
+    /// `udpIdleTimeout`, default 250ms).
+    pub udp_idle_timeout: GoDuration,
     /// Windows only; accepted so upstream-written files load.
     #[serde(skip_serializing_if = "is_false")]
     pub windows_run_as_service: bool,
@@ -167,6 +171,7 @@ impl KubeProxyConfiguration {
             conntrack: KubeProxyConntrackConfiguration::default(),
             config_sync_period: GoDuration::ZERO,
             port_range: String::new(),
+            udp_idle_timeout: GoDuration::ZERO,
             windows_run_as_service: false,
         }
     }

@@ -303,9 +303,12 @@ fn check_cluster_cidrs(text: &str) -> Result<(), String> {
 }
 
 fn validate_misc(config: &KubeProxyConfiguration, errors: &mut Errors) {
-    let range_ok = valid_port_range(&config.port_range);
+    let range_ok = crate::flags::proxy_port_range(&config.port_range).is_ok();
     let reason = "must be a valid port range (e.g. 300-2000)";
     errors.check(range_ok, "portRange", &config.port_range, reason);
+    let udp = config.udp_idle_timeout;
+    let positive = !udp.is_negative() && !udp.is_zero();
+    errors.check(positive, "udpIdleTimeout", udp, "must be greater than 0");
     let version = &config.show_hidden_metrics_for_version;
     let reason = "must be <major>.<minor>, e.g. 1.34";
     errors.check(
@@ -314,21 +317,6 @@ fn validate_misc(config: &KubeProxyConfiguration, errors: &mut Errors) {
         version,
         reason,
     );
-}
-
-/// Upstream's port range syntax: blank, "N", "MIN-MAX" or "BASE+OFFSET".
-fn valid_port_range(text: &str) -> bool {
-    let port = |s: &str| s.trim().parse::<u16>().ok();
-    if text.trim().is_empty() {
-        return true;
-    }
-    if let Some((low, high)) = text.split_once('-') {
-        return matches!((port(low), port(high)), (Some(l), Some(h)) if l <= h);
-    }
-    if let Some((base, offset)) = text.split_once('+') {
-        return matches!((port(base), port(offset)), (Some(b), Some(o)) if b.checked_add(o).is_some());
-    }
-    port(text).is_some()
 }
 
 fn valid_minor_version(text: &str) -> bool {
@@ -633,6 +621,8 @@ mod tests {
         );
         assert!(errors_for(|c| c.port_range = "300-2000".into()).is_empty());
         assert!(errors_for(|c| c.port_range = "300+10".into()).is_empty());
+        assert!(!errors_for(|c| c.port_range = "65000+1000".into()).is_empty());
+        assert!(!errors_for(|c| c.udp_idle_timeout = GoDuration::ZERO).is_empty());
         assert_single(
             &errors_for(|c| c.show_hidden_metrics_for_version = "v1.3".into()),
             "showHiddenMetricsForVersion",

@@ -213,9 +213,10 @@ impl PacketCounters for NfacctCounters {
 /// cleanup removes them only when switching to nftables, and on `--cleanup`); we remove
 /// them too, because IPVS mode's filter rules (KUBE-IPVS-FILTER rejects new connections
 /// to addresses in its sets) and `kube-ipvs0`'s addresses keep acting on traffic after a
-/// switch. The chains both modes share stay: our first sync rewrites them.
+/// switch. The chains both modes share stay: our first sync rewrites them. Userspace mode's
+/// portals go too: they would redirect Service traffic to listeners that are gone.
 pub fn remove_other_modes_leftovers() {
-    remove_iptables_leftovers(Modes::IPVS);
+    remove_iptables_leftovers(Modes::IPTABLES.others());
     // Logs what it removed and what it could not.
     kpr_leftovers::remove_kernel_leftovers();
 }

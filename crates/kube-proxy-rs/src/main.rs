@@ -17,6 +17,7 @@ mod mode;
 mod nftables_mode;
 mod node;
 mod proxy;
+mod userspace_mode;
 
 use std::process::ExitCode;
 

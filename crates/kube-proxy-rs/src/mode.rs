@@ -28,6 +28,7 @@ use crate::health_check_servers;
 use crate::iptables_mode;
 use crate::nftables_mode;
 use crate::node::NodeFacts;
+use crate::userspace_mode;
 
 /// Upstream's order of the families a dual-stack proxy serves: the primary one first.
 const BOTH: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
@@ -35,10 +36,10 @@ const BOTH: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
 /// Fails for a mode this version cannot run.
 pub fn ensure_available(mode: ProxyMode) -> Result<(), Fatal> {
     match mode {
-        ProxyMode::Iptables | ProxyMode::Nftables => Ok(()),
+        ProxyMode::Iptables | ProxyMode::Nftables | ProxyMode::Userspace => Ok(()),
         other => Err(Fatal::usage(format!(
             "proxy mode {other} is not available in this version of kube-proxy-rs yet; \
-             use --proxy-mode=iptables or --proxy-mode=nftables"
+             use --proxy-mode=iptables, --proxy-mode=nftables or --proxy-mode=userspace"
         ))),
     }
 }
@@ -66,11 +67,12 @@ pub fn uses_service_cidrs(mode: ProxyMode) -> bool {
     mode == ProxyMode::Nftables
 }
 
-/// Upstream's `platformCheckSupported` for `mode` (iptables or nftables, see
+/// Upstream's `platformCheckSupported` for `mode` (iptables, nftables or userspace, see
 /// [`ensure_available`]).
 pub fn supported_families(mode: ProxyMode) -> Support {
     let supports = match mode {
         ProxyMode::Nftables => nftables_mode::supports,
+        ProxyMode::Userspace => userspace_mode::supports,
         _ => iptables_mode::supports,
     };
     Support {
@@ -290,8 +292,10 @@ pub struct ServiceHealthDeps {
 
 /// Metrics only `mode` has, registered next to the common ones.
 pub fn register_metrics(mode: ProxyMode, registry: &mut Registry) {
-    if mode == ProxyMode::Iptables {
-        iptables_mode::register_nfacct_metrics(registry);
+    match mode {
+        ProxyMode::Iptables => iptables_mode::register_nfacct_metrics(registry),
+        ProxyMode::Userspace => userspace_mode::register_metrics(registry),
+        _ => {}
     }
 }
 
@@ -336,6 +340,14 @@ fn family_backend(
         let backend = nftables_mode::backend(options, sync_period)?;
         return Ok((Box::new(backend), nodeport_addresses));
     }
+    if settings.mode == ProxyMode::Userspace {
+        let options = userspace_mode::options(settings, family, node)?;
+        let backend = userspace_mode::backend(options)?;
+        // The Service health-check servers listen where iptables mode would serve NodePorts.
+        let entries = settings.config.node_port_addresses.as_deref().unwrap_or_default();
+        let nodeport_addresses = iptables_mode::nodeport_addresses(entries, node)?;
+        return Ok((Box::new(backend), nodeport_addresses));
+    }
     let options = iptables_mode::options(settings, family, node)?;
     let nodeport_addresses = options.nodeport_addresses.clone();
     let backend = iptables_mode::backend(options, sync_period)?;
@@ -347,9 +359,9 @@ fn family_backend(
 
 /// `--init-only`: the host settings every family's backend needs, nothing else.
 pub fn init_only(settings: &Settings, node: &NodeFacts, families: &[IpFamily]) -> Result<(), Fatal> {
-    if settings.mode == ProxyMode::Nftables {
-        // Upstream's nftables mode needs no host settings beyond conntrack's (applied by
-        // the caller): it has no localhost NodePorts, so no route_localnet.
+    if matches!(settings.mode, ProxyMode::Nftables | ProxyMode::Userspace) {
+        // Upstream's nftables and userspace modes need no host settings beyond conntrack's
+        // (applied by the caller): no localhost NodePorts, so no route_localnet.
         return Ok(());
     }
     for &family in families {
@@ -375,6 +387,19 @@ pub fn dry_run(
             out.push_str(&nftables_mode::dry_run(state, &options)?);
             continue;
         }
+        if settings.mode == ProxyMode::Userspace {
+            let options = userspace_mode::options(settings, *family, node)?;
+            let tool = match family {
+                IpFamily::V4 => "iptables-restore",
+                IpFamily::V6 => "ip6tables-restore",
+            };
+            out.push_str(&format!(
+                "# {} portals ({tool} input; port 0 stands for each listener's port)\n",
+                family.label()
+            ));
+            out.push_str(&userspace_mode::dry_run(state, &options));
+            continue;
+        }
         let options = iptables_mode::options(settings, *family, node)?;
         let tool = match family {
             IpFamily::V4 => "iptables-restore",
@@ -392,7 +417,16 @@ pub fn remove_other_modes_leftovers(mode: ProxyMode) {
     // ensure_available refused every other mode before this point.
     match mode {
         ProxyMode::Nftables => nftables_mode::remove_other_modes_leftovers(),
+        ProxyMode::Userspace => userspace_mode::remove_other_modes_leftovers(),
         _ => iptables_mode::remove_other_modes_leftovers(),
+    }
+}
+
+/// A clean shutdown (SIGTERM): what the mode must not leave behind. Only userspace mode's
+/// portals: the other modes' rules keep serving without the process, as upstream's do.
+pub fn on_shutdown(mode: ProxyMode, families: &[IpFamily]) {
+    if mode == ProxyMode::Userspace {
+        userspace_mode::remove_portals(families);
     }
 }
 
@@ -571,9 +605,11 @@ mod tests {
     }
 
     #[test]
-    fn iptables_and_nftables_are_available_the_other_modes_not_yet() {
+    fn iptables_nftables_and_userspace_are_available_ipvs_not_yet() {
         assert!(ensure_available(ProxyMode::Iptables).is_ok());
         assert!(ensure_available(ProxyMode::Nftables).is_ok());
+        assert!(ensure_available(ProxyMode::Userspace).is_ok());
+        assert!(!uses_service_cidrs(ProxyMode::Userspace));
         assert!(uses_service_cidrs(ProxyMode::Nftables) && !uses_service_cidrs(ProxyMode::Iptables));
         let error = ensure_available(ProxyMode::Ipvs).unwrap_err();
         assert_eq!(error.code, 2);

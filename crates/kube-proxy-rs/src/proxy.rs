@@ -126,7 +126,10 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     let proxy = kpr_sync::run(proxy_settings, backends, events, metrics, health);
     tokio::select! {
         () = proxy => Err(Fatal::runtime("the sync loop stopped: its event sources ended")),
-        result = shutdown_signal() => result,
+        result = shutdown_signal() => {
+            mode::on_shutdown(settings.mode, &families);
+            result
+        }
         error = server_failure(healthz, metrics_server) => {
             proxy_events.server_failed(&error).await;
             Err(Fatal::runtime(error.to_string()))

@@ -11,9 +11,11 @@
 mod health;
 mod nfacct;
 mod registry;
+mod userspace;
 
 pub use health::{HealthReport, ProxyHealth};
 pub use nfacct::{IptablesCounter, PacketCounters, register_nfacct_metrics};
 pub use registry::{
     CodeLabels, FamilyLabels, HealthCheckFailureLabels, Metrics, RejectedLabels, TableLabels, TrafficLabels,
 };
+pub use userspace::{BytesLabels, DIRECTIONS, LimitLabels, PortLabels, ProtocolLabels, UserspaceMetrics};

@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use kpr_naming::{ChainName, chain, is_service_chain};
+use kpr_naming::{ChainName, chain, is_service_chain, userspace_chain};
 
 use crate::exec::{ExecError, Iptables};
 use crate::ipvs_mode::{ipvs_only_chains, is_ipvs_set};
@@ -33,6 +33,8 @@ pub const CLEANUP_TABLES: [Table; 3] = [Table::Nat, Table::Filter, Table::Mangle
 pub struct Modes {
     pub iptables: bool,
     pub ipvs: bool,
+    /// Upstream's (and our) userspace mode: its portal chains.
+    pub userspace: bool,
 }
 
 impl Modes {
@@ -40,16 +42,33 @@ impl Modes {
     pub const IPTABLES: Self = Self {
         iptables: true,
         ipvs: false,
+        userspace: false,
     };
     /// What only upstream's IPVS mode leaves: removed when iptables mode starts.
     pub const IPVS: Self = Self {
         iptables: false,
         ipvs: true,
+        userspace: false,
     };
-    /// Both: `--cleanup`.
+    /// Userspace mode's portals only: removed on its shutdown.
+    pub const USERSPACE: Self = Self {
+        iptables: false,
+        ipvs: false,
+        userspace: true,
+    };
+    /// The modes not in `self`: what a mode removes when it starts.
+    pub const fn others(self) -> Self {
+        Self {
+            iptables: !self.iptables,
+            ipvs: !self.ipvs,
+            userspace: !self.userspace,
+        }
+    }
+    /// Every mode: `--cleanup`.
     pub const ALL: Self = Self {
         iptables: true,
         ipvs: true,
+        userspace: true,
     };
 }
 
@@ -131,9 +150,20 @@ fn iptables_mode_owns(table: Table, name: &str, saved: &SavedTable) -> bool {
     }
 }
 
+/// The portal chains userspace mode creates, per table.
+fn userspace_chains(table: Table) -> &'static [&'static str] {
+    match table {
+        Table::Nat => &userspace_chain::NAT,
+        Table::Filter => &userspace_chain::FILTER,
+        Table::Mangle => &[],
+    }
+}
+
 /// A chain some kube-proxy mode creates.
 fn kube_proxy_chain(table: Table, name: &str, saved: &SavedTable) -> bool {
-    iptables_mode_owns(table, name, saved) || ipvs_only_chains(table).contains(&name)
+    iptables_mode_owns(table, name, saved)
+        || ipvs_only_chains(table).contains(&name)
+        || userspace_chains(table).contains(&name)
 }
 
 fn is_ours(modes: Modes, table: Table, name: &str, saved: &SavedTable) -> bool {
@@ -144,6 +174,7 @@ fn is_ours(modes: Modes, table: Table, name: &str, saved: &SavedTable) -> bool {
     }
     (modes.iptables && iptables_mode_owns(table, name, saved))
         || (modes.ipvs && ipvs_only_chains(table).contains(&name))
+        || (modes.userspace && userspace_chains(table).contains(&name))
 }
 
 /// Whether the rule matches one of IPVS mode's ipsets (`-m set --match-set <name> ...`).
@@ -506,5 +537,42 @@ COMMIT
         assert!(plan_table_for(Modes::IPVS, Table::Filter, FILTER).is_empty());
         let nat = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-AAAA - [0:0]\n-A PREROUTING -j KUBE-SERVICES\n-A KUBE-SERVICES -d 10.96.0.1/32 -j KUBE-SVC-AAAA\nCOMMIT\n";
         assert!(plan_table_for(Modes::IPVS, Table::Nat, nat).is_empty());
+    }
+
+    /// Userspace mode's portal chains and their jumps, next to iptables mode's rules.
+    const USERSPACE_NAT: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-PORTALS-CONTAINER - [0:0]\n:KUBE-PORTALS-HOST - [0:0]\n:KUBE-NODEPORT-CONTAINER - [0:0]\n:KUBE-NODEPORT-HOST - [0:0]\n-A PREROUTING -j KUBE-PORTALS-CONTAINER\n-A PREROUTING -j KUBE-SERVICES\n-A PREROUTING -m addrtype --dst-type LOCAL -j KUBE-NODEPORT-CONTAINER\n-A OUTPUT -j KUBE-PORTALS-HOST\n-A OUTPUT -m addrtype --dst-type LOCAL -j KUBE-NODEPORT-HOST\n-A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j REDIRECT --to-ports 40000\nCOMMIT\n";
+
+    #[test]
+    fn userspace_portals_are_removed_by_their_mode_and_left_by_the_others() {
+        let plan = plan_table_for(Modes::USERSPACE, Table::Nat, USERSPACE_NAT);
+        assert_eq!(
+            plan.delete,
+            [
+                "KUBE-PORTALS-CONTAINER",
+                "KUBE-PORTALS-HOST",
+                "KUBE-NODEPORT-CONTAINER",
+                "KUBE-NODEPORT-HOST"
+            ]
+        );
+        assert_eq!(plan.jumps.len(), 4, "{:?}", plan.jumps);
+        assert!(
+            !plan.payload().contains("KUBE-SERVICES"),
+            "iptables mode's chain stays"
+        );
+        let iptables = plan_table_for(Modes::IPTABLES, Table::Nat, USERSPACE_NAT);
+        assert_eq!(iptables.delete, ["KUBE-SERVICES"]);
+        assert_eq!(
+            Modes::USERSPACE.others(),
+            Modes {
+                iptables: true,
+                ipvs: true,
+                userspace: false
+            }
+        );
+        let filter = "*filter\n:INPUT ACCEPT [0:0]\n:KUBE-NODEPORT-NON-LOCAL - [0:0]\n-A INPUT -j KUBE-NODEPORT-NON-LOCAL\nCOMMIT\n";
+        assert_eq!(
+            plan_table_for(Modes::ALL, Table::Filter, filter).delete,
+            ["KUBE-NODEPORT-NON-LOCAL"]
+        );
     }
 }

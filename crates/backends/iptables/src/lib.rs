@@ -73,8 +73,9 @@ pub use options::{
     NodePortAddresses, NodePortTargets, OptionsError,
 };
 pub use proxier::{FULL_SYNC_PERIOD, FullSyncReason, IptablesBackend, SyncError};
-pub use rules::{build, build_with_cache, render_dry_run};
+pub use rules::{build, build_with_cache, refused_field, render_dry_run};
 pub use ruleset::{
-    Chain, ChainKind, Payload, PayloadBuilder, RefusedPort, Rule, Ruleset, Table, TableRules, WrittenCount,
+    Arg, Chain, ChainKind, Payload, PayloadBuilder, RefusedPort, Rule, RuleBuilder, Ruleset, Table,
+    TableRules, WrittenCount,
 };
 pub use saved::{SavedChain, SavedRule, SavedTable};

@@ -43,6 +43,8 @@ pub enum LocalDetector {
 /// `<prefix>+`, iptables' interface wildcard; [`InterfaceName::prefix`] left room for the '+'.
 struct InterfaceWildcard<'a>(&'a InterfaceName);
 
+impl crate::ruleset::sealed::Sealed for InterfaceWildcard<'_> {}
+
 impl Arg for InterfaceWildcard<'_> {
     fn push_to(&self, out: &mut String) {
         out.push_str(self.0.as_str());

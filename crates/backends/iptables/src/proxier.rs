@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use kpr_conntrack::Conntrack;
-use kpr_model::{NamespacedName, ObjectKind, Sizes};
+use kpr_model::{NamespacedName, Sizes};
 use kpr_naming::{ChainName, chain, is_service_chain};
 use kpr_state::{
     Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount, UnsafeObject,
@@ -297,7 +297,7 @@ impl IptablesBackend {
         let current: HashSet<RefusedPort> = ruleset.refused.iter().cloned().collect();
         let mut new: Vec<&RefusedPort> = current.difference(&self.reported_refusals).collect();
         new.sort_by(|a, b| a.port.cmp(&b.port));
-        let reported: Vec<UnsafeObject> = new.into_iter().map(unsafe_object).collect();
+        let reported: Vec<UnsafeObject> = new.into_iter().map(RefusedPort::unsafe_object).collect();
         for object in &reported {
             tracing::warn!(
                 "{object}; the service's other ports and every other service are still programmed"
@@ -504,22 +504,6 @@ fn report(ruleset: &Ruleset, payload: &Payload, full: bool) -> SyncReport {
         no_local_external: ruleset.no_local_external,
         conntrack_reconcile: None,
         newly_unsafe: Vec::new(),
-    }
-}
-
-fn unsafe_object(refused: &RefusedPort) -> UnsafeObject {
-    let port = &refused.port;
-    UnsafeObject {
-        kind: ObjectKind::Service,
-        // Escaped: the name is the unsafe text, and logs are text too.
-        object: port.service.to_string().escape_debug().to_string(),
-        field: refused.field.to_string(),
-        detail: format!(
-            "port {:?} ({}): the text {}",
-            port.to_string(),
-            port.protocol,
-            refused.error
-        ),
     }
 }
 

@@ -85,6 +85,8 @@ fn target(u: Unreachable) -> &'static str {
 #[derive(Clone, Copy, Debug)]
 struct Mark(u32);
 
+impl crate::ruleset::sealed::Sealed for Mark {}
+
 impl Arg for Mark {
     fn push_to(&self, out: &mut String) {
         use std::fmt::Write as _;
@@ -94,6 +96,8 @@ impl Arg for Mark {
 
 /// `<mark>/<mark>`: the mark match with its mask.
 struct MarkWithMask(Mark);
+
+impl crate::ruleset::sealed::Sealed for MarkWithMask {}
 
 impl Arg for MarkWithMask {
     fn push_to(&self, out: &mut String) {
@@ -106,6 +110,8 @@ impl Arg for MarkWithMask {
 /// `1/n` with ten decimals, as upstream prints it.
 #[derive(Clone, Debug)]
 struct Probability(Box<str>);
+
+impl crate::ruleset::sealed::Sealed for Probability {}
 
 impl Arg for Probability {
     fn push_to(&self, out: &mut String) {
@@ -236,7 +242,7 @@ impl PortCtx<'_> {
 
 /// Which field of the service port holds the text position `error` points at, given that
 /// the checked text is `namespace/name:port`.
-fn refused_field(name: &ServicePortName, error: &UnsafeText) -> &'static str {
+pub fn refused_field(name: &ServicePortName, error: &UnsafeText) -> &'static str {
     let at = match error {
         UnsafeText::Control { at, .. } | UnsafeText::Quoting { at, .. } => *at,
         _ => 0,

@@ -10,8 +10,9 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
-use kpr_model::{NamespacedName, ServicePortName};
+use kpr_model::{NamespacedName, ObjectKind, ServicePortName};
 use kpr_naming::{ChainName, Comment, InterfaceName, SafeText, UnsafeText};
+use kpr_state::UnsafeObject;
 
 /// The iptables tables kube-proxy touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -162,6 +163,25 @@ pub struct RefusedPort {
     pub error: UnsafeText,
 }
 
+impl RefusedPort {
+    /// The refusal as the sync loop reports it (`SyncReport::newly_unsafe`).
+    pub fn unsafe_object(&self) -> UnsafeObject {
+        let port = &self.port;
+        UnsafeObject {
+            kind: ObjectKind::Service,
+            // Escaped: the name is the unsafe text, and logs are text too.
+            object: port.service.to_string().escape_debug().to_string(),
+            field: self.field.to_string(),
+            detail: format!(
+                "port {:?} ({}): the text {}",
+                port.to_string(),
+                port.protocol,
+                self.error
+            ),
+        }
+    }
+}
+
 impl Ruleset {
     /// The tables in the order they are written (filter first, like upstream).
     pub fn tables(&self) -> [&TableRules; 2] {
@@ -269,9 +289,26 @@ const ARG_SEPARATOR: char = '\0';
 /// Implemented only for text written in this crate's source (`&'static str`), for text that
 /// passed kpr-naming's check ([`SafeText`], [`Comment`], [`InterfaceName`], [`ChainName`]), and
 /// for typed values whose text form is digits, dots, colons and slashes. A `String` from an
-/// object does not compile: it must go through the check first.
-pub(crate) trait Arg {
+/// object does not compile: it must go through the check first. Sealed: other crates (the
+/// userspace mode's portals) build rules with it but cannot widen what it accepts.
+pub trait Arg: sealed::Sealed {
+    #[doc(hidden)]
     fn push_to(&self, out: &mut String);
+}
+
+pub(crate) mod sealed {
+    pub trait Sealed {}
+    impl Sealed for &'static str {}
+    impl<T: Sealed + ?Sized> Sealed for &T {}
+    impl Sealed for kpr_naming::SafeText {}
+    impl Sealed for kpr_naming::Comment {}
+    impl Sealed for kpr_naming::InterfaceName {}
+    impl Sealed for kpr_naming::ChainName {}
+    impl Sealed for std::net::IpAddr {}
+    impl Sealed for ipnet::IpNet {}
+    impl Sealed for std::net::SocketAddr {}
+    impl Sealed for u16 {}
+    impl Sealed for u32 {}
 }
 
 impl Arg for &'static str {
@@ -323,7 +360,7 @@ pub struct Rule(Box<str>);
 
 impl Rule {
     /// Starts a rule.
-    pub(crate) fn builder() -> RuleBuilder {
+    pub fn builder() -> RuleBuilder {
         RuleBuilder::default()
     }
 
@@ -364,7 +401,7 @@ impl std::fmt::Display for Rule {
 
 /// Builds a [`Rule`] from [`Arg`]s only.
 #[derive(Debug, Default)]
-pub(crate) struct RuleBuilder {
+pub struct RuleBuilder {
     args: String,
 }
 

@@ -129,6 +129,27 @@ pub mod chain {
     pub const CANARY: &str = "KUBE-PROXY-CANARY";
 }
 
+/// Chains of upstream's userspace mode (its "portals"), named as upstream names them: nat
+/// chains redirecting Service traffic to the proxy's own listeners, and the filter chain
+/// that lets NodePort traffic reach them.
+pub mod userspace_chain {
+    /// nat PREROUTING: traffic from pods (and the outside) to cluster IPs, external IPs and
+    /// load-balancer ingress IPs.
+    pub const PORTALS_CONTAINER: &str = "KUBE-PORTALS-CONTAINER";
+    /// nat OUTPUT: the same addresses, for traffic from the node itself.
+    pub const PORTALS_HOST: &str = "KUBE-PORTALS-HOST";
+    /// nat PREROUTING (local destinations): NodePorts from pods and the outside.
+    pub const NODEPORT_CONTAINER: &str = "KUBE-NODEPORT-CONTAINER";
+    /// nat OUTPUT (local destinations): NodePorts from the node itself.
+    pub const NODEPORT_HOST: &str = "KUBE-NODEPORT-HOST";
+    /// filter INPUT: accepts new connections to the listeners NodePorts lead to.
+    pub const NODEPORT_NON_LOCAL: &str = "KUBE-NODEPORT-NON-LOCAL";
+    /// The nat chains, in the order they are written.
+    pub const NAT: [&str; 4] = [PORTALS_CONTAINER, PORTALS_HOST, NODEPORT_CONTAINER, NODEPORT_HOST];
+    /// The filter chains.
+    pub const FILTER: [&str; 1] = [NODEPORT_NON_LOCAL];
+}
+
 /// The first 16 characters of base32(sha256(input)): 80 bits, i.e. the first 10 bytes.
 pub fn hash16(input: &str) -> String {
     let digest = Sha256::digest(input.as_bytes());

@@ -27,7 +27,9 @@ const CATALOG_INGRESS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 41);
 const CATALOG_NODE_PORT: u16 = 30142;
 const CATALOG_HEALTH_CHECK: u16 = 30143;
 
-every_mode!(
+// Not userspace: that mode ignores traffic policies, as upstream's did, and its pods see
+// the proxy's own address, never the client's.
+kernel_modes!(
     external_traffic_stays_on_this_node_and_keeps_the_client_address,
     a_node_without_a_local_pod_drops_external_traffic_until_one_runs_here,
     pods_and_the_node_reach_external_addresses_through_every_pod,

@@ -19,7 +19,9 @@ const NODE_CACHE: Ipv4Addr = Ipv4Addr::new(10, 96, 5, 10);
 /// remote-cache: pod1 on node2 only.
 const REMOTE_CACHE: Ipv4Addr = Ipv4Addr::new(10, 96, 5, 20);
 
-every_mode!(
+// Not userspace: that mode ignores internalTrafficPolicy, as upstream's did (its proxy
+// predates the field), and its pods see the proxy's own address, not the calling pod's.
+kernel_modes!(
     cluster_ip_traffic_goes_only_to_this_nodes_pod,
     without_a_local_pod_traffic_is_dropped_until_one_is_scheduled_here,
 );

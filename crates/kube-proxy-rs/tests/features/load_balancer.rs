@@ -22,10 +22,16 @@ const PROXY_INGRESS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 11);
 const ADMIN_INGRESS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 20);
 const BOTH_PODS: [&str; 2] = ["pod0", "pod1"];
 
-every_mode!(
+kernel_modes!(
     the_ingress_ip_is_reached_from_the_outside_client,
     source_ranges_let_the_allowed_client_in_and_drop_the_other,
     an_ingress_in_proxy_mode_is_left_to_the_load_balancer,
+);
+// Userspace without source ranges: upstream's userspace proxy never implemented
+// loadBalancerSourceRanges, and neither does ours (its portals match the destination only).
+in_mode!(userspace, crate::Mode::Userspace;
+    the_ingress_ip_is_reached_from_the_outside_client,
+    an_ingress_in_proxy_mode_is_left_to_the_load_balancer
 );
 
 /// The outside client sends to the ingress IP (its route points at the node, as a cloud

@@ -11,13 +11,25 @@
 //!
 //! The scenarios are functions of the [`Mode`] they run in; [`every_mode!`] turns them into
 //! one test per mode (`session_affinity::iptables::each_client_sticks_to_one_pod`). Adding a
-//! mode to the suite is one line there, plus its [`Mode`] variant.
+//! mode to the suite is one line there, plus its [`Mode`] variant. Scenarios that depend on
+//! the kernel translating packets (the pod seeing the client's own address, traffic
+//! policies, source ranges) use [`kernel_modes!`] instead, which leaves out userspace mode,
+//! where the proxy process opens a connection of its own to the pod; each such use says why.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic fails the test
 
 /// Turns each listed scenario `fn(Mode)` of the calling module into one `#[test]` per proxy
 /// mode, in a submodule named after the mode. The list of modes lives here only.
 macro_rules! every_mode {
+    ($($scenario:ident),+ $(,)?) => {
+        kernel_modes!($($scenario),+);
+        in_mode!(userspace, $crate::mode::Mode::Userspace; $($scenario),+);
+    };
+}
+
+/// Like [`every_mode!`], for the modes whose kernel rules translate the client's packets
+/// (not userspace mode, where the proxy itself connects to the pod).
+macro_rules! kernel_modes {
     ($($scenario:ident),+ $(,)?) => {
         in_mode!(iptables, $crate::mode::Mode::Iptables; $($scenario),+);
         in_mode!(nftables, $crate::mode::Mode::Nftables; $($scenario),+);

@@ -11,6 +11,8 @@ use kpr_netns::Netns;
 pub enum Mode {
     Iptables,
     Nftables,
+    /// The proxy process carries the traffic; its portals are iptables rules.
+    Userspace,
 }
 
 impl Mode {
@@ -19,6 +21,7 @@ impl Mode {
         match self {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
+            Mode::Userspace => "userspace",
         }
     }
 
@@ -31,7 +34,7 @@ impl Mode {
     /// scenario's reader, and for "this address appears in no rule".
     pub fn ruleset(self, node: &Netns) -> kpr_netns::Result<String> {
         let dump = match self {
-            Mode::Iptables => "iptables-save",
+            Mode::Iptables | Mode::Userspace => "iptables-save",
             // Map elements hold the addresses in this mode, and the listing shows them.
             Mode::Nftables => "nft list ruleset",
         };

@@ -1,0 +1,129 @@
+//! Moving a connection's bytes both ways, as fast as the kernel allows.
+//!
+//! Two ways to do it, both without `unsafe`: [`CopyMethod::Splice`] moves bytes socket ->
+//! pipe -> socket with splice(2), so they never enter this process's memory (the way
+//! HAProxy forwards); [`CopyMethod::Buffer`] reads into a buffer and writes it out. The
+//! default is the one measured faster (see BENCHMARKS.md, "userspace mode"): splice.
+//!
+//! Each direction ends at its end of stream, which is passed on as a half-close
+//! (`shutdown(SHUT_WR)`), so protocols that close one side first keep working; the
+//! connection is done when both directions are, or at the first error. Bytes are counted
+//! as they move, so the metrics show long connections while they last.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags, fcntl, splice};
+use nix::sys::socket::{Shutdown, shutdown};
+use prometheus_client::metrics::counter::Counter;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+use crate::port::PortStats;
+
+/// How a connection's bytes are moved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CopyMethod {
+    /// splice(2) through a pipe per direction (zero copy).
+    #[default]
+    Splice,
+    /// read(2) into a buffer, write(2) out.
+    Buffer,
+}
+
+/// Bytes one splice or read moves at most, and the pipe's capacity.
+const CHUNK: usize = 256 * 1024;
+
+/// Carries `client` <-> `endpoint` until both directions ended.
+pub async fn copy_both_ways(client: &TcpStream, endpoint: &TcpStream, stats: &PortStats) -> io::Result<()> {
+    copy_both_ways_with(CopyMethod::default(), client, endpoint, stats).await
+}
+
+pub async fn copy_both_ways_with(
+    method: CopyMethod,
+    client: &TcpStream,
+    endpoint: &TcpStream,
+    stats: &PortStats,
+) -> io::Result<()> {
+    let up = one_way(method, client, endpoint, &stats.to_endpoint_bytes);
+    let down = one_way(method, endpoint, client, &stats.from_endpoint_bytes);
+    tokio::try_join!(up, down)?;
+    Ok(())
+}
+
+async fn one_way(method: CopyMethod, from: &TcpStream, to: &TcpStream, bytes: &Counter) -> io::Result<()> {
+    match method {
+        CopyMethod::Splice => splice_one_way(from, to, bytes).await?,
+        CopyMethod::Buffer => buffer_one_way(from, to, bytes).await?,
+    }
+    // End of stream: pass the half-close on. The peer may be gone already.
+    let _ = shutdown(to.as_raw_fd(), Shutdown::Write);
+    Ok(())
+}
+
+/// A pipe, its two ends.
+struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+}
+
+impl Pipe {
+    fn new() -> io::Result<Self> {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+        // A bigger pipe moves more per call; the kernel may refuse (pipe-max-size), then
+        // the default 64 KiB does.
+        let _ = fcntl(&write, FcntlArg::F_SETPIPE_SZ(CHUNK as i32));
+        Ok(Self { read, write })
+    }
+}
+
+const SPLICE_FLAGS: SpliceFFlags = SpliceFFlags::SPLICE_F_MOVE.union(SpliceFFlags::SPLICE_F_NONBLOCK);
+
+async fn splice_one_way(from: &TcpStream, to: &TcpStream, bytes: &Counter) -> io::Result<()> {
+    let pipe = Pipe::new()?;
+    loop {
+        let filled = from
+            .async_io(Interest::READABLE, || {
+                Ok(splice(
+                    from.as_fd(),
+                    None,
+                    &pipe.write,
+                    None,
+                    CHUNK,
+                    SPLICE_FLAGS,
+                )?)
+            })
+            .await?;
+        if filled == 0 {
+            return Ok(());
+        }
+        let mut left = filled;
+        while left > 0 {
+            left -= to
+                .async_io(Interest::WRITABLE, || {
+                    Ok(splice(&pipe.read, None, to.as_fd(), None, left, SPLICE_FLAGS)?)
+                })
+                .await?;
+        }
+        bytes.inc_by(filled as u64);
+    }
+}
+
+async fn buffer_one_way(from: &TcpStream, to: &TcpStream, bytes: &Counter) -> io::Result<()> {
+    let mut buffer = vec![0u8; CHUNK];
+    loop {
+        let read = from
+            .async_io(Interest::READABLE, || from.try_read(&mut buffer))
+            .await?;
+        if read == 0 {
+            return Ok(());
+        }
+        let mut written = 0;
+        while written < read {
+            written += to
+                .async_io(Interest::WRITABLE, || to.try_write(&buffer[written..read]))
+                .await?;
+        }
+        bytes.inc_by(read as u64);
+    }
+}

@@ -1,0 +1,140 @@
+//! Bounded resources: at most so many TCP connections and UDP sessions at once, for all
+//! service ports of a backend together.
+//!
+//! Every carried connection holds two file descriptors and a task; without a bound, a
+//! flood of clients takes the process to its descriptor limit, and then upstream's proxy
+//! panicked ("too many open files"). Here a connection beyond the limit is closed at once
+//! (a UDP packet that would open a session is dropped), the metric counts it, and one log
+//! line says the limit was reached, once per episode: the next line comes only after the
+//! load fell below the limit again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kpr_metrics::{LimitLabels, UserspaceMetrics};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Upstream raised its descriptor limit to 64000 for this mode; two per connection.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 32_000;
+pub const DEFAULT_MAX_UDP_SESSIONS: usize = 16_000;
+
+/// The configured bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub max_udp_sessions: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_udp_sessions: DEFAULT_MAX_UDP_SESSIONS,
+        }
+    }
+}
+
+/// What kind of slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Connections,
+    UdpSessions,
+}
+
+impl Kind {
+    fn label(self) -> &'static str {
+        match self {
+            Kind::Connections => "connections",
+            Kind::UdpSessions => "udp_sessions",
+        }
+    }
+}
+
+/// Slots of one kind, shared by every listener of a backend; a permit is one slot, freed
+/// when dropped (the connection or session ended).
+#[derive(Debug)]
+pub struct Slots {
+    kind: Kind,
+    max: usize,
+    semaphore: Arc<Semaphore>,
+    /// Set when the limit was hit and not yet logged as over.
+    at_limit: AtomicBool,
+    ip_family: &'static str,
+    metrics: Option<UserspaceMetrics>,
+}
+
+impl Slots {
+    pub fn new(kind: Kind, max: usize, ip_family: &'static str, metrics: Option<UserspaceMetrics>) -> Self {
+        Self {
+            kind,
+            max,
+            semaphore: Arc::new(Semaphore::new(max)),
+            at_limit: AtomicBool::new(false),
+            ip_family,
+            metrics,
+        }
+    }
+
+    /// A slot, or `None` at the limit (counted, and logged once per episode).
+    pub fn try_take(&self) -> Option<OwnedSemaphorePermit> {
+        match self.semaphore.clone().try_acquire_owned() {
+            Ok(permit) => {
+                if self.at_limit.swap(false, Ordering::Relaxed) {
+                    tracing::info!(
+                        limit = self.kind.label(),
+                        "below the userspace proxy's limit again"
+                    );
+                }
+                Some(permit)
+            }
+            Err(_) => {
+                if let Some(metrics) = &self.metrics {
+                    let labels = LimitLabels {
+                        ip_family: self.ip_family,
+                        limit: self.kind.label(),
+                    };
+                    metrics.limit_reached_total.get_or_create(&labels).inc();
+                }
+                if !self.at_limit.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        limit = self.kind.label(),
+                        max = self.max,
+                        ipFamily = self.ip_family,
+                        "userspace proxy limit reached: new {} are refused until some end",
+                        self.kind.label().replace('_', " ")
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// Slots in use now.
+    pub fn in_use(&self) -> usize {
+        self.max - self.semaphore.available_permits()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_run_out_at_the_limit_count_it_and_come_back() {
+        let metrics = UserspaceMetrics::default();
+        let slots = Slots::new(Kind::Connections, 2, "IPv4", Some(metrics.clone()));
+        let a = slots.try_take().unwrap();
+        let _b = slots.try_take().unwrap();
+        assert!(slots.try_take().is_none());
+        assert!(slots.try_take().is_none());
+        let labels = LimitLabels {
+            ip_family: "IPv4",
+            limit: "connections",
+        };
+        assert_eq!(metrics.limit_reached_total.get_or_create(&labels).get(), 2);
+        assert_eq!(slots.in_use(), 2);
+        drop(a);
+        assert_eq!(slots.in_use(), 1);
+        assert!(slots.try_take().is_some());
+    }
+}

@@ -1,0 +1,104 @@
+//! What one service port's listener and its connections share with the proxier: the
+//! balancer (the proxier swaps endpoints in it, the connections pick from it), the metric
+//! handles, and the signal that the Service port is gone.
+//!
+//! Endpoint changes go through the balancer only, so a connection already carried never
+//! notices them; removal is the one event that ends connections ([`PortState::close`]).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use kpr_metrics::{BytesLabels, PortLabels, UserspaceMetrics};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::watch;
+
+use crate::balancer::PortBalancer;
+
+/// The metric handles of one service port, looked up once: a connection only increments.
+/// Without registered metrics (tests, tools) they count into the void.
+#[derive(Clone, Debug, Default)]
+pub struct PortStats {
+    pub active_connections: Gauge,
+    pub connections: Counter,
+    pub to_endpoint_bytes: Counter,
+    pub from_endpoint_bytes: Counter,
+    pub connect_failures: Counter,
+    pub endpoint_retries: Counter,
+    pub active_udp_sessions: Gauge,
+    pub udp_sessions: Counter,
+}
+
+impl PortStats {
+    pub fn registered(metrics: &UserspaceMetrics, labels: &PortLabels) -> Self {
+        let bytes = |direction| {
+            metrics
+                .bytes_total
+                .get_or_create(&BytesLabels {
+                    ip_family: labels.ip_family,
+                    service_port: labels.service_port.clone(),
+                    protocol: labels.protocol,
+                    direction,
+                })
+                .clone()
+        };
+        Self {
+            active_connections: metrics.active_connections.get_or_create(labels).clone(),
+            connections: metrics.connections_total.get_or_create(labels).clone(),
+            to_endpoint_bytes: bytes("to_endpoint"),
+            from_endpoint_bytes: bytes("from_endpoint"),
+            connect_failures: metrics.connect_failures_total.get_or_create(labels).clone(),
+            endpoint_retries: metrics.endpoint_retries_total.get_or_create(labels).clone(),
+            active_udp_sessions: metrics.active_udp_sessions.get_or_create(labels).clone(),
+            udp_sessions: metrics.udp_sessions_total.get_or_create(labels).clone(),
+        }
+    }
+}
+
+/// One service port, shared by its listener task, its connections and the proxier.
+#[derive(Debug)]
+pub struct PortState {
+    /// `namespace/name:port`, for logs.
+    pub name: String,
+    balancer: Mutex<PortBalancer>,
+    pub stats: PortStats,
+    closed: watch::Sender<bool>,
+}
+
+impl PortState {
+    pub fn new(name: String, balancer: PortBalancer, stats: PortStats) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            balancer: Mutex::new(balancer),
+            stats,
+            closed: watch::Sender::new(false),
+        })
+    }
+
+    /// Runs `f` on the balancer. A panic elsewhere cannot leave it half-changed (every
+    /// change is one assignment), so a poisoned lock is still usable.
+    pub fn balancer<T>(&self, f: impl FnOnce(&mut PortBalancer) -> T) -> T {
+        f(&mut self.balancer.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The endpoint for `client`'s next connection.
+    pub fn pick(&self, client: IpAddr, reset_affinity: bool) -> Option<SocketAddr> {
+        self.balancer(|b| b.next(client, reset_affinity, Instant::now()))
+    }
+
+    /// Ends the listener and every connection and session of this port.
+    pub fn close(&self) {
+        self.closed.send_replace(true);
+    }
+
+    /// A receiver whose `wait_for(|c| *c)` returns once the port is closed.
+    pub fn closed(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
+    }
+}
+
+/// Waits until `closed` says the port is gone (or its sender is dropped).
+pub async fn wait_closed(mut closed: watch::Receiver<bool>) {
+    let _ = closed.wait_for(|closed| *closed).await;
+}

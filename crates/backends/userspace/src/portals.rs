@@ -1,0 +1,247 @@
+//! The "portals": upstream's userspace-mode iptables rules that send a Service's traffic to
+//! the proxy's listener for it. Pure: the service ports and their listeners' ports in,
+//! a [`Ruleset`] (and so an `iptables-restore` payload) out, golden-tested.
+//!
+//! Upstream's chains and shapes (proxier.go's `iptablesContainerPortalArgs`,
+//! `iptablesHostPortalArgs`, `iptablesNonLocalNodePortArgs`):
+//!
+//! - `KUBE-PORTALS-CONTAINER` (from nat PREROUTING: pods and the outside): each cluster IP,
+//!   external IP and load-balancer ingress IP of a port, `REDIRECT` to the listener's port
+//!   when the listeners are bound to every address, else `DNAT` to the bound address.
+//! - `KUBE-PORTALS-HOST` (from nat OUTPUT: the node itself): the same addresses, `DNAT` to
+//!   the node's address (`REDIRECT` would send them to 127.0.0.1, which the listener's
+//!   replies could not leave from).
+//! - `KUBE-NODEPORT-CONTAINER` / `KUBE-NODEPORT-HOST` (jumped to for local destinations
+//!   only): the NodePort, no address, the same targets.
+//! - filter `KUBE-NODEPORT-NON-LOCAL` (from INPUT): accepts new connections to a NodePort's
+//!   listener, so a host firewall that drops unknown ports does not drop NodePort traffic.
+//!
+//! Every sync writes all five chains whole in one restore (each sync re-adds everything,
+//! as upstream's did; the restore also deletes what is gone). One deliberate difference:
+//! upstream matched external IPs that are not local only for non-bridged traffic
+//! (`-m physdev ! --physdev-is-in`), which needs br_netfilter; here an external IP is
+//! served like a cluster IP, as the other modes serve it.
+
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use kpr_iptables::{ChainKind, JumpRule, RefusedPort, Rule, RuleBuilder, Ruleset, Table, refused_field};
+use kpr_model::ServicePort;
+use kpr_naming::{ChainName, Comment, SafeText, userspace_chain};
+
+/// Where the portals send traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortalTargets {
+    /// The listeners' address when they are bound to one (`--bind-address`), else `None`:
+    /// bound to every address, reached by `REDIRECT`.
+    pub listen_ip: Option<IpAddr>,
+    /// Where the node's own traffic is sent (upstream: the bound address, else the
+    /// node's address).
+    pub host_ip: IpAddr,
+}
+
+/// One service port and the port its listener got.
+#[derive(Clone, Copy, Debug)]
+pub struct Portal<'a> {
+    pub port: &'a ServicePort,
+    pub proxy_port: u16,
+}
+
+/// The five chains for `portals`, in a [`Ruleset`]; ports whose name cannot be written into
+/// a rule are left out and listed in `refused`.
+pub fn render(portals: &[Portal<'_>], targets: PortalTargets) -> Ruleset {
+    let mut rs = Ruleset::default();
+    let chains = Chains::new();
+    for name in [
+        &chains.container,
+        &chains.host,
+        &chains.nodeport_container,
+        &chains.nodeport_host,
+    ] {
+        rs.nat.declare(name, ChainKind::Fixed);
+    }
+    rs.filter.declare(&chains.non_local, ChainKind::Fixed);
+    for portal in portals {
+        let port = portal.port;
+        let svc = match SafeText::new(&port.name.to_string()) {
+            Ok(svc) => svc,
+            Err(error) => {
+                rs.refused.push(RefusedPort {
+                    port: port.name.clone(),
+                    field: refused_field(&port.name, &error),
+                    error,
+                });
+                continue;
+            }
+        };
+        let rules = PortRules {
+            comment: Comment::build().text(&svc).finish(),
+            proto: port.name.protocol.lower(),
+            listener: portal.proxy_port,
+            targets,
+        };
+        for ip in destinations(port) {
+            rs.nat.append(
+                &chains.container,
+                rules.container(rules.to_address(ip, port.port)),
+            );
+            rs.nat
+                .append(&chains.host, rules.host(rules.to_address(ip, port.port)));
+        }
+        if let Some(node_port) = port.node_port {
+            rs.nat.append(
+                &chains.nodeport_container,
+                rules.container(rules.to_port(node_port)),
+            );
+            rs.nat
+                .append(&chains.nodeport_host, rules.host(rules.to_port(node_port)));
+            rs.filter.append(&chains.non_local, rules.accept_new());
+        }
+    }
+    rs
+}
+
+/// The addresses a service port is reached at: its cluster IP, external IPs and
+/// load-balancer ingress IPs, each once.
+fn destinations(port: &ServicePort) -> Vec<IpAddr> {
+    let mut ips = vec![port.cluster_ip];
+    for ip in port.external_ips.iter().chain(&port.load_balancer_ips) {
+        if !ips.contains(ip) {
+            ips.push(*ip);
+        }
+    }
+    ips
+}
+
+struct Chains {
+    container: ChainName,
+    host: ChainName,
+    nodeport_container: ChainName,
+    nodeport_host: ChainName,
+    non_local: ChainName,
+}
+
+impl Chains {
+    fn new() -> Self {
+        Self {
+            container: ChainName::fixed(userspace_chain::PORTALS_CONTAINER),
+            host: ChainName::fixed(userspace_chain::PORTALS_HOST),
+            nodeport_container: ChainName::fixed(userspace_chain::NODEPORT_CONTAINER),
+            nodeport_host: ChainName::fixed(userspace_chain::NODEPORT_HOST),
+            non_local: ChainName::fixed(userspace_chain::NODEPORT_NON_LOCAL),
+        }
+    }
+}
+
+/// What every rule of one service port shares.
+struct PortRules {
+    comment: Comment,
+    proto: &'static str,
+    listener: u16,
+    targets: PortalTargets,
+}
+
+impl PortRules {
+    /// `-m comment --comment <svc> -p <proto> -m <proto> --dport <port>`.
+    fn matching(&self, port: u16) -> RuleBuilder {
+        Rule::builder()
+            .comment(&self.comment)
+            .args(&["-p", self.proto, "-m", self.proto, "--dport"])
+            .arg(port)
+    }
+
+    /// Traffic to `ip:port`.
+    fn to_address(&self, ip: IpAddr, port: u16) -> RuleBuilder {
+        self.matching(port).arg("-d").arg(IpNet::from(ip))
+    }
+
+    /// Traffic to a NodePort on any (local) address.
+    fn to_port(&self, node_port: u16) -> RuleBuilder {
+        self.matching(node_port)
+    }
+
+    /// From pods and the outside: to the listener.
+    fn container(&self, rule: RuleBuilder) -> Rule {
+        match self.targets.listen_ip {
+            None => rule
+                .args(&["-j", "REDIRECT", "--to-ports"])
+                .arg(self.listener)
+                .build(),
+            Some(ip) => self.dnat(rule, ip),
+        }
+    }
+
+    /// From the node itself: to the listener on the node's address.
+    fn host(&self, rule: RuleBuilder) -> Rule {
+        self.dnat(rule, self.targets.listen_ip.unwrap_or(self.targets.host_ip))
+    }
+
+    fn dnat(&self, rule: RuleBuilder, ip: IpAddr) -> Rule {
+        rule.args(&["-j", "DNAT", "--to-destination"])
+            .arg(SocketAddr::new(ip, self.listener))
+            .build()
+    }
+
+    /// filter: new connections to the listener are accepted.
+    fn accept_new(&self) -> Rule {
+        Rule::builder()
+            .comment(&self.comment)
+            .args(&[
+                "-m", "state", "--state", "NEW", "-p", self.proto, "-m", self.proto, "--dport",
+            ])
+            .arg(self.listener)
+            .jump("ACCEPT")
+    }
+}
+
+/// The rules in built-in chains that lead into the portal chains. Each is inserted at the
+/// top of its chain, in this order, so the portals end up above the NodePort jumps (an
+/// external IP on the node must not be taken for a NodePort), and both above whatever
+/// else the chain holds.
+pub fn jump_rules() -> Vec<JumpRule> {
+    let jump = |table, chain, target, local_only: bool, comment: &str| {
+        let mut args: Vec<String> = Vec::new();
+        if local_only {
+            args.extend(["-m", "addrtype", "--dst-type", "LOCAL"].map(String::from));
+        }
+        args.extend(["-m", "comment", "--comment", comment, "-j", target].map(String::from));
+        JumpRule {
+            table,
+            chain,
+            target,
+            args,
+        }
+    };
+    use userspace_chain::*;
+    vec![
+        jump(
+            Table::Nat,
+            "PREROUTING",
+            NODEPORT_CONTAINER,
+            true,
+            "handle service NodePorts",
+        ),
+        jump(
+            Table::Nat,
+            "OUTPUT",
+            NODEPORT_HOST,
+            true,
+            "handle service NodePorts",
+        ),
+        jump(
+            Table::Nat,
+            "PREROUTING",
+            PORTALS_CONTAINER,
+            false,
+            "handle ClusterIPs",
+        ),
+        jump(Table::Nat, "OUTPUT", PORTALS_HOST, false, "handle ClusterIPs"),
+        jump(
+            Table::Filter,
+            "INPUT",
+            NODEPORT_NON_LOCAL,
+            false,
+            "Ensure that non-local NodePort traffic can flow",
+        ),
+    ]
+}

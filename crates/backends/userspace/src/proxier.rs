@@ -1,0 +1,458 @@
+//! [`UserspaceBackend`]: the userspace mode's [`Backend`], one per IP family.
+//!
+//! Each sync compares the desired service ports with the open ones: a new port gets a
+//! listener on a port from the allocator, a removed one is closed (its listener, its
+//! connections and sessions end, its port and metric series are released), and a kept one
+//! only gets its new endpoints and affinity in its balancer, so established connections
+//! are never touched by endpoint changes. A port whose protocol changed is closed and
+//! opened again. Then the portals are written whole in one `iptables-restore`, and the
+//! jumps into them are ensured.
+//!
+//! `sync` runs on a blocking thread of the sync loop; the listeners run on the proxy's
+//! tokio runtime, reached through a [`Handle`]. Sockets are bound synchronously here, so a
+//! sync that returns has every listener it wrote a portal for.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
+use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kpr_iptables::{ExecError, Iptables, Modes, RefusedPort, Ruleset, Table, cleanup_modes};
+use kpr_metrics::{PortLabels, ProtocolLabels, UserspaceMetrics};
+use kpr_model::{IpFamily, Protocol, ServicePort, ServicePortName};
+use kpr_state::{
+    Backend, BackendError, DesiredState, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount,
+};
+use tokio::runtime::Handle;
+
+use crate::balancer::PortBalancer;
+use crate::limits::{Kind, Limits, Slots};
+use crate::port::{PortState, PortStats};
+use crate::portals::{Portal, PortalTargets, jump_rules, render};
+use crate::ports::PortAllocator;
+use crate::tcp::{self, Listener};
+use crate::udp::{self, UdpListener};
+
+/// How a family's userspace backend listens and where its portals point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserspaceOptions {
+    pub family: IpFamily,
+    /// `--bind-address` when it names one address of this family: the listeners bind to it
+    /// (and the portals DNAT to it). `None`: every address, reached by REDIRECT.
+    pub listen_ip: Option<IpAddr>,
+    /// The node's address of this family, for the node's own traffic.
+    pub host_ip: IpAddr,
+    /// `--proxy-port-range`; `None`: the kernel picks.
+    pub port_range: Option<RangeInclusive<u16>>,
+    /// `--udp-timeout`.
+    pub udp_timeout: Duration,
+    pub limits: Limits,
+}
+
+impl UserspaceOptions {
+    /// Defaults for `family`: every address, kernel-chosen ports, upstream's 250 ms.
+    pub fn new(family: IpFamily, host_ip: IpAddr) -> Self {
+        Self {
+            family,
+            listen_ip: None,
+            host_ip,
+            port_range: None,
+            udp_timeout: Duration::from_millis(250),
+            limits: Limits::default(),
+        }
+    }
+
+    /// The address the listeners bind to.
+    fn bind_ip(&self) -> IpAddr {
+        self.listen_ip.unwrap_or(match self.family {
+            IpFamily::V4 => IpAddr::from([0, 0, 0, 0]),
+            IpFamily::V6 => IpAddr::from([0u16; 8]),
+        })
+    }
+}
+
+/// A service port's socket.
+#[derive(Debug)]
+enum Socket {
+    Tcp(Listener),
+    Udp(UdpListener),
+}
+
+impl Socket {
+    fn port(&self) -> u16 {
+        match self {
+            Socket::Tcp(listener) => listener.port(),
+            Socket::Udp(listener) => listener.port(),
+        }
+    }
+}
+
+/// One open service port.
+#[derive(Debug)]
+struct OpenPort {
+    protocol: Protocol,
+    state: Arc<PortState>,
+    socket: Socket,
+    labels: PortLabels,
+}
+
+pub struct UserspaceBackend {
+    options: UserspaceOptions,
+    runtime: Handle,
+    iptables: Box<dyn Iptables>,
+    ports: PortAllocator,
+    open: HashMap<ServicePortName, OpenPort>,
+    metrics: Option<UserspaceMetrics>,
+    connections: Arc<Slots>,
+    udp_sessions: Arc<Slots>,
+    /// Ports already reported as unsafe or unsupported (each is reported once).
+    reported_refusals: HashSet<RefusedPort>,
+    reported_sctp: HashSet<ServicePortName>,
+    random: RandomState,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("cannot open a listener for {port}: {source}")]
+    Listen {
+        port: String,
+        #[source]
+        source: crate::ports::AllocError,
+    },
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}
+
+impl UserspaceBackend {
+    pub fn new(options: UserspaceOptions, iptables: Box<dyn Iptables>, runtime: Handle) -> Self {
+        let family = options.family.label();
+        Self {
+            ports: PortAllocator::new(options.port_range.clone()),
+            connections: Arc::new(Slots::new(
+                Kind::Connections,
+                options.limits.max_connections,
+                family,
+                None,
+            )),
+            udp_sessions: Arc::new(Slots::new(
+                Kind::UdpSessions,
+                options.limits.max_udp_sessions,
+                family,
+                None,
+            )),
+            options,
+            runtime,
+            iptables,
+            open: HashMap::new(),
+            metrics: None,
+            reported_refusals: HashSet::new(),
+            reported_sctp: HashSet::new(),
+            random: RandomState::new(),
+        }
+    }
+
+    /// Reports to `metrics` (`kubeproxy_userspace_*`).
+    pub fn with_metrics(mut self, metrics: UserspaceMetrics) -> Self {
+        let family = self.options.family.label();
+        let limits = self.options.limits;
+        self.connections = Arc::new(Slots::new(
+            Kind::Connections,
+            limits.max_connections,
+            family,
+            Some(metrics.clone()),
+        ));
+        self.udp_sessions = Arc::new(Slots::new(
+            Kind::UdpSessions,
+            limits.max_udp_sessions,
+            family,
+            Some(metrics.clone()),
+        ));
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The port each open service port listens on (tests, `explain`).
+    pub fn listeners(&self) -> HashMap<ServicePortName, u16> {
+        self.open
+            .iter()
+            .map(|(name, open)| (name.clone(), open.socket.port()))
+            .collect()
+    }
+
+    /// TCP connections carried now, over all ports.
+    pub fn active_connections(&self) -> usize {
+        self.connections.in_use()
+    }
+
+    /// UDP sessions held now, over all ports.
+    pub fn active_udp_sessions(&self) -> usize {
+        self.udp_sessions.in_use()
+    }
+
+    /// Closes every port and removes the portals (shutdown).
+    pub fn shutdown(&mut self) -> Result<(), ExecError> {
+        for name in self.open.keys().cloned().collect::<Vec<_>>() {
+            self.close(&name);
+        }
+        let report = cleanup_modes(self.iptables.as_ref(), Modes::USERSPACE);
+        match report.errors.into_iter().next() {
+            Some(error) => Err(error.source),
+            None => Ok(()),
+        }
+    }
+
+    fn try_sync(&mut self, state: &DesiredState) -> Result<SyncReport, SyncError> {
+        let wanted = self.served_ports(state);
+        let names: HashSet<&ServicePortName> = wanted.iter().map(|port| &port.name).collect();
+        let gone: Vec<ServicePortName> = self.open.keys().filter(|n| !names.contains(n)).cloned().collect();
+        for name in &gone {
+            self.close(name);
+        }
+        for port in &wanted {
+            self.reconcile(port, state)?;
+        }
+        let portals: Vec<Portal<'_>> = wanted
+            .iter()
+            .filter_map(|port| {
+                let open = self.open.get(&port.name)?;
+                Some(Portal {
+                    port,
+                    proxy_port: open.socket.port(),
+                })
+            })
+            .collect();
+        let ruleset = render(&portals, self.targets());
+        // A port whose name cannot be written into a rule has no portal: nothing can reach
+        // its listener, so it is not kept open.
+        for refused in &ruleset.refused {
+            self.close(&refused.port);
+        }
+        let payload = ruleset.render_full();
+        self.iptables.restore(payload.text.as_bytes())?;
+        for jump in jump_rules() {
+            self.iptables.ensure_rule(jump.table, jump.chain, &jump.args)?;
+        }
+        let now = Instant::now();
+        for open in self.open.values() {
+            open.state.balancer(|b| b.prune(now));
+        }
+        let mut report = report(&ruleset, &payload);
+        report.newly_unsafe = self.report_refusals(&ruleset);
+        Ok(report)
+    }
+
+    fn targets(&self) -> PortalTargets {
+        PortalTargets {
+            listen_ip: self.options.listen_ip,
+            host_ip: self.options.host_ip,
+        }
+    }
+
+    /// The state's ports this mode serves; SCTP ports are reported (once each) and counted.
+    fn served_ports<'s>(&mut self, state: &'s DesiredState) -> Vec<&'s ServicePort> {
+        let (served, sctp): (Vec<&ServicePort>, Vec<&ServicePort>) = state
+            .ports()
+            .into_iter()
+            .partition(|port| port.name.protocol != Protocol::Sctp);
+        let current: HashSet<ServicePortName> = sctp.iter().map(|p| p.name.clone()).collect();
+        for name in current.difference(&self.reported_sctp) {
+            tracing::warn!(service = %name, "SCTP is not supported in userspace mode: this service port is not proxied");
+        }
+        if let Some(metrics) = &self.metrics {
+            let labels = ProtocolLabels {
+                ip_family: self.options.family.label(),
+                protocol: Protocol::Sctp.api(),
+            };
+            metrics
+                .unsupported_service_ports
+                .get_or_create(&labels)
+                .set(current.len() as i64);
+        }
+        self.reported_sctp = current;
+        served
+    }
+
+    /// Opens `port` or brings its open state up to date.
+    fn reconcile(&mut self, port: &ServicePort, state: &DesiredState) -> Result<(), SyncError> {
+        let endpoints: Vec<SocketAddr> = state
+            .plan(port)
+            .endpoints
+            .cluster
+            .iter()
+            .map(|e| e.addr)
+            .collect();
+        let affinity = port
+            .session_affinity_seconds
+            .map(|s| Duration::from_secs(u64::from(s)));
+        if self
+            .open
+            .get(&port.name)
+            .is_some_and(|open| open.protocol != port.name.protocol)
+        {
+            self.close(&port.name);
+        }
+        let start = self.random_start();
+        if !self.open.contains_key(&port.name) {
+            self.open_port(port, affinity)?;
+        }
+        let Some(mut open) = self.open.remove(&port.name) else {
+            return Ok(());
+        };
+        let has_endpoints = !endpoints.is_empty();
+        open.state.balancer(|b| {
+            b.set_affinity(affinity);
+            b.set_endpoints(endpoints, start);
+        });
+        if let Socket::Tcp(listener) = open.socket {
+            let listening_port = listener.port();
+            let bind_ip = self.options.bind_ip();
+            match tcp::retarget(
+                listener,
+                has_endpoints,
+                bind_ip,
+                &open.state,
+                &self.connections,
+                &self.runtime,
+            ) {
+                Ok(listener) => open.socket = Socket::Tcp(listener),
+                Err(error) => {
+                    tracing::error!(service = %open.state.name, %error, "cannot change the listener; the port is opened anew at the next sync");
+                    self.release(&open.state, listening_port, &open.labels);
+                    return Ok(());
+                }
+            }
+        }
+        self.open.insert(port.name.clone(), open);
+        Ok(())
+    }
+
+    fn open_port(&mut self, port: &ServicePort, affinity: Option<Duration>) -> Result<(), SyncError> {
+        let name = port.name.to_string();
+        let labels = PortLabels {
+            ip_family: self.options.family.label(),
+            service_port: name.clone(),
+            protocol: port.name.protocol.api(),
+        };
+        let stats = match &self.metrics {
+            Some(metrics) => PortStats::registered(metrics, &labels),
+            None => PortStats::default(),
+        };
+        let state = PortState::new(name.clone(), PortBalancer::new(affinity), stats);
+        let ip = self.options.bind_ip();
+        let start = self.random_start();
+        let listen_error = |source| SyncError::Listen {
+            port: name.clone(),
+            source,
+        };
+        let socket = match port.name.protocol {
+            Protocol::Udp => {
+                let (socket, bound) = self
+                    .ports
+                    .allocate(start, |p| udp::bind(ip, p))
+                    .map_err(listen_error)?;
+                let served = udp::serve(
+                    socket,
+                    bound,
+                    state.clone(),
+                    self.udp_sessions.clone(),
+                    self.options.udp_timeout,
+                    &self.runtime,
+                );
+                Socket::Udp(served.map_err(|source| SyncError::Listen {
+                    port: name.clone(),
+                    source: crate::ports::AllocError::Bind { port: bound, source },
+                })?)
+            }
+            _ => {
+                let (socket, bound) = self
+                    .ports
+                    .allocate(start, |p| tcp::bind(ip, p))
+                    .map_err(listen_error)?;
+                Socket::Tcp(Listener::Held { port: bound, socket })
+            }
+        };
+        tracing::info!(service = %name, port = socket.port(), "opened the service port's listener");
+        self.open.insert(
+            port.name.clone(),
+            OpenPort {
+                protocol: port.name.protocol,
+                state,
+                socket,
+                labels,
+            },
+        );
+        Ok(())
+    }
+
+    /// Closes one service port: listener, connections, sessions, port, metric series.
+    fn close(&mut self, name: &ServicePortName) {
+        if let Some(open) = self.open.remove(name) {
+            self.release(&open.state, open.socket.port(), &open.labels);
+        }
+    }
+
+    /// What closing a port gives back; its socket is dropped by the caller.
+    fn release(&mut self, state: &PortState, port: u16, labels: &PortLabels) {
+        state.close();
+        self.ports.release(port);
+        if let Some(metrics) = &self.metrics {
+            metrics.forget(labels);
+        }
+        tracing::info!(service = %state.name, port, "closed the service port's listener");
+    }
+
+    fn random_start(&self) -> usize {
+        usize::try_from(self.random.hash_one(Instant::now()) % 65_536).unwrap_or(0)
+    }
+
+    fn report_refusals(&mut self, ruleset: &Ruleset) -> Vec<kpr_state::UnsafeObject> {
+        let current: HashSet<RefusedPort> = ruleset.refused.iter().cloned().collect();
+        let mut new: Vec<&RefusedPort> = current.difference(&self.reported_refusals).collect();
+        new.sort_by(|a, b| a.port.cmp(&b.port));
+        let reported: Vec<_> = new.into_iter().map(RefusedPort::unsafe_object).collect();
+        for object in &reported {
+            tracing::warn!("{object}; the service's other ports and every other service are still proxied");
+        }
+        self.reported_refusals = current;
+        reported
+    }
+}
+
+fn report(ruleset: &Ruleset, payload: &kpr_iptables::Payload) -> SyncReport {
+    let count = |table: Table| TableCount {
+        table: table.as_str(),
+        total: ruleset.table(table).map_or(0, |t| t.rule_count()),
+        written: payload.written_rules(table),
+    };
+    SyncReport {
+        full: true,
+        tables: vec![count(Table::Filter), count(Table::Nat)],
+        ..SyncReport::default()
+    }
+}
+
+impl Backend for UserspaceBackend {
+    fn mode(&self) -> &'static str {
+        "userspace"
+    }
+
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        self.try_sync(request.state).map_err(|error| {
+            let step = match error {
+                SyncError::Exec(ExecError::Restore { .. }) => FailedStep::Restore,
+                _ => FailedStep::Other,
+            };
+            BackendError::new(SyncKind::Full, step, error)
+        })
+    }
+}
+
+impl Drop for UserspaceBackend {
+    fn drop(&mut self) {
+        for open in self.open.values() {
+            open.state.close();
+        }
+    }
+}

@@ -16,6 +16,8 @@
 //! - [`reconcile`]: from the kernel's IPVS table to the plan's as a list of operations
 //!   (pure), with graceful termination (a removed TCP real server with connections drains
 //!   at weight 0); [`kernel`] reads the table and writes the operations.
+//! - [`rules`]: the fixed iptables ruleset matching Services through the sets, and its
+//!   jumps from the built-in chains (pure, golden files `tests/golden/*.rules`).
 //! - [`addresses`]: this host's addresses split as a sync needs them (on kube-ipvs0, on
 //!   other interfaces, serving NodePorts).
 //! - [`sets`]: the seventeen sets, their names per family and upstream's comments.
@@ -27,6 +29,9 @@ pub mod ipset;
 pub mod kernel;
 mod plan;
 pub mod reconcile;
+pub mod rules;
 pub mod sets;
+#[cfg(test)]
+mod test_support;
 
 pub use plan::{IpvsPlan, PlanInputs, VirtualServer, plan};

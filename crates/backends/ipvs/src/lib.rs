@@ -16,6 +16,9 @@
 //! - [`reconcile`]: from the kernel's IPVS table to the plan's as a list of operations
 //!   (pure), with graceful termination (a removed TCP real server with connections drains
 //!   at weight 0); [`kernel`] reads the table and writes the operations.
+//! - [`IpvsBackend`]: one sync as upstream's, in order (kube-ipvs0, addresses, plan, sets,
+//!   rules and jumps, new addresses, virtual servers, stale addresses), each step writing
+//!   only what differs from what the kernel holds.
 //! - [`rules`]: the fixed iptables ruleset matching Services through the sets, and its
 //!   jumps from the built-in chains (pure, golden files `tests/golden/*.rules`).
 //! - [`addresses`]: this host's addresses split as a sync needs them (on kube-ipvs0, on
@@ -25,6 +28,7 @@
 //!   has into what is wanted (pure), and reading a set back from `ipset save`.
 
 pub mod addresses;
+mod backend;
 pub mod ipset;
 pub mod kernel;
 mod plan;
@@ -34,4 +38,5 @@ pub mod sets;
 #[cfg(test)]
 mod test_support;
 
+pub use backend::{Ipset, IpsetCli, IpvsBackend, IpvsOptions, SyncError};
 pub use plan::{IpvsPlan, PlanInputs, VirtualServer, plan};

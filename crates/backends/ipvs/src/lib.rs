@@ -31,6 +31,7 @@ pub mod addresses;
 mod backend;
 pub mod ipset;
 pub mod kernel;
+pub mod leftovers;
 mod plan;
 pub mod reconcile;
 pub mod rules;

@@ -164,11 +164,12 @@ pub fn options(
     })
 }
 
-/// `family`'s backend; `--random-fully` only when this iptables supports it.
-pub fn backend(mut options: IpvsOptions) -> IpvsBackend {
+/// `family`'s backend, reading the kernel back at least every `sync_period`;
+/// `--random-fully` only when this iptables supports it.
+pub fn backend(mut options: IpvsOptions, sync_period: std::time::Duration) -> IpvsBackend {
     let cli = IptablesCli::new(options.rules.family, Variant::Auto);
     options.rules.random_fully = cli.version().is_ok_and(|v| v.supports_random_fully());
-    IpvsBackend::new(options, Box::new(cli), Box::new(IpsetCli))
+    IpvsBackend::new(options, Box::new(cli), Box::new(IpsetCli)).with_reconcile_period(sync_period)
 }
 
 /// What `--dry-run` prints for one family: the plan (virtual servers, addresses, set

@@ -346,7 +346,10 @@ fn family_backend(
         ipvs_mode::prepare_host(settings)?;
         let options = ipvs_mode::options(settings, family, node, ipvs_mode::scheduler(settings)?)?;
         let nodeport_addresses = options.node_port_addresses.clone();
-        return Ok((Box::new(ipvs_mode::backend(options)), nodeport_addresses));
+        return Ok((
+            Box::new(ipvs_mode::backend(options, sync_period)),
+            nodeport_addresses,
+        ));
     }
     if settings.mode == ProxyMode::Userspace {
         let options = userspace_mode::options(settings, family, node)?;

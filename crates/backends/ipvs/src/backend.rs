@@ -1,19 +1,23 @@
 //! The ipvs mode's [`Backend`]: one sync as upstream's (`UPSTREAM.md` §5), each step
 //! writing only what differs from what the kernel holds.
 //!
-//! Every sync walks the whole desired state (the plan is cheap next to reading the
-//! kernel), as upstream's ipvs proxier does; the kernel's own state is read back each time,
-//! so someone deleting a virtual server or flushing a set is repaired by the next sync.
+//! Every sync walks the whole desired state (the plan is cheap next to the kernel), as
+//! upstream's ipvs proxier does. A *full* sync reads the kernel back (the IPVS table, the
+//! sets, `kube-ipvs0`) and repairs whatever differs, so someone deleting a virtual server or
+//! flushing a set is repaired within a sync period; a *partial* sync (a change between those)
+//! writes only the difference from what the last sync wrote, reading back only the real
+//! servers whose connection counts decide graceful termination.
 //! Order matters: sets before the rules that match them, `kube-ipvs0`'s new addresses
 //! before the virtual servers that serve them, stale addresses removed only after the
 //! rules and servers no longer need them.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use kpr_iptables::{ExecError, Iptables, NodePortAddresses};
-use kpr_ipvs_netlink::{Ipvs, IpvsLink, IpvsLinks, NetlinkError, Scheduler, ServiceKey};
+use kpr_ipvs_netlink::{Destination, Ipvs, IpvsLink, IpvsLinks, NetlinkError, Scheduler, ServiceKey};
 use kpr_model::IpFamily;
 use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest};
 
@@ -21,7 +25,7 @@ use crate::addresses::{HostAddresses, read_interface_addresses};
 use crate::ipset::{SetSpec, parse_save, restore_script};
 use crate::kernel::{self, IpvsError};
 use crate::plan::set_family;
-use crate::reconcile::{Graceful, reconcile};
+use crate::reconcile::{Graceful, KernelService, WEIGHT, reconcile};
 use crate::rules::{self, RuleOptions, jump_rules};
 use crate::sets::SetId;
 use crate::{IpvsPlan, PlanInputs, plan};
@@ -108,13 +112,26 @@ pub enum SyncError {
     Ipvs(#[from] IpvsError),
 }
 
+/// What the last successful sync wrote, the kernel's state as far as this process knows.
+struct Applied {
+    plan: IpvsPlan,
+    rules: String,
+    link: IpvsLink,
+    reconciled_at: Instant,
+}
+
 pub struct IpvsBackend {
     options: IpvsOptions,
     iptables: Box<dyn Iptables>,
     ipset: Box<dyn Ipset>,
     graceful: Graceful,
     first_sync: bool,
+    applied: Option<Applied>,
+    reconcile_period: Duration,
 }
+
+/// Upstream's default `ipvs.syncPeriod`: the kernel is read back at least this often.
+pub const DEFAULT_RECONCILE_PERIOD: Duration = Duration::from_secs(30);
 
 impl IpvsBackend {
     pub fn new(options: IpvsOptions, iptables: Box<dyn Iptables>, ipset: Box<dyn Ipset>) -> Self {
@@ -124,7 +141,16 @@ impl IpvsBackend {
             ipset,
             graceful: Graceful::default(),
             first_sync: true,
+            applied: None,
+            reconcile_period: DEFAULT_RECONCILE_PERIOD,
         }
+    }
+
+    /// How often at the least a sync reads the kernel back instead of trusting what this
+    /// process wrote (the sync period).
+    pub fn with_reconcile_period(mut self, period: Duration) -> Self {
+        self.reconcile_period = period;
+        self
     }
 
     /// Real servers draining after their removal (for tests and metrics).
@@ -132,34 +158,61 @@ impl IpvsBackend {
         self.graceful.len()
     }
 
+    /// A full sync reads the kernel back and repairs whatever differs: the first one, after
+    /// a failure, when forced, on the sync period's tick (a sync with nothing changed) and
+    /// at least every reconcile period. Otherwise what the last sync wrote stands for the
+    /// kernel's state and only the difference is written.
+    fn is_full(&self, request: &SyncRequest<'_>) -> bool {
+        match &self.applied {
+            None => true,
+            Some(applied) => {
+                request.force_full
+                    || request.changed.is_empty()
+                    || applied.reconciled_at.elapsed() >= self.reconcile_period
+            }
+        }
+    }
+
     fn try_sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, SyncError> {
+        let full = self.is_full(request);
+        let applied = self.applied.take().filter(|_| !full);
         let family = self.options.family();
         let mut links = IpvsLinks::open().map_err(SyncError::Link)?;
-        let link = links.ensure().map_err(SyncError::Link)?;
+        let link = match &applied {
+            Some(applied) => applied.link.clone(),
+            None => links.ensure().map_err(SyncError::Link)?,
+        };
         let all = read_interface_addresses().map_err(SyncError::Addresses)?;
         let host = HostAddresses::new(&all, family, &self.options.node_port_addresses);
         let plan = plan(request.state, &self.inputs(&host));
-        self.write_sets(&plan)?;
+        self.write_sets(&plan, applied.as_ref())?;
         let ruleset = rules::ruleset(&plan, &self.options.rules);
         let payload = ruleset.render_full();
-        self.iptables
-            .restore(payload.text.as_bytes())
-            .map_err(SyncError::Iptables)?;
-        for jump in jump_rules() {
-            self.iptables
-                .ensure_rule(jump.table, jump.chain, &jump.args)
-                .map_err(SyncError::Iptables)?;
+        if applied.as_ref().is_none_or(|a| a.rules != payload.text) {
+            self.write_rules(&payload.text)?;
         }
-        bind(&mut links, &link, plan.bound.difference(&host.bound))?;
-        self.write_virtual_servers(&plan)?;
-        let stale: BTreeSet<IpAddr> = host.bound.difference(&plan.bound).copied().collect();
+        let bound_before = applied.as_ref().map_or(&host.bound, |a| &a.plan.bound);
+        bind(&mut links, &link, plan.bound.difference(bound_before))?;
+        self.write_virtual_servers(&plan, applied.as_ref())?;
+        let stale: BTreeSet<IpAddr> = bound_before.difference(&plan.bound).copied().collect();
         unbind(&mut links, &link, &stale)?;
         self.first_sync = false;
-        Ok(SyncReport {
-            full: true,
+        let reconciled_at = match &applied {
+            Some(applied) => applied.reconciled_at,
+            None => Instant::now(),
+        };
+        let report = SyncReport {
+            full,
             tables: ruleset.table_counts(&payload),
             ..SyncReport::default()
-        })
+        };
+        self.applied = Some(Applied {
+            plan,
+            rules: payload.text,
+            link,
+            reconciled_at,
+        });
+        Ok(report)
     }
 
     fn inputs<'a>(&'a self, host: &'a HostAddresses) -> PlanInputs<'a> {
@@ -172,12 +225,21 @@ impl IpvsBackend {
         }
     }
 
-    fn write_sets(&self, plan: &IpvsPlan) -> Result<(), SyncError> {
-        let family = set_family(self.options.family());
-        let specs: Vec<SetSpec> = SetId::ALL.iter().map(|id| id.spec(family)).collect();
-        let saved = self.ipset.save().map_err(|e| SyncError::Ipset(e.to_string()))?;
-        let current = parse_save(&saved, &specs).map_err(SyncError::Ipset)?;
-        let script = restore_script(&plan.sets, &current);
+    /// The sets' difference from what the kernel holds (read back on a full sync) or from
+    /// what the last sync wrote.
+    fn write_sets(&self, plan: &IpvsPlan, applied: Option<&Applied>) -> Result<(), SyncError> {
+        let read;
+        let current = match applied {
+            Some(applied) => &applied.plan.sets,
+            None => {
+                let family = set_family(self.options.family());
+                let specs: Vec<SetSpec> = SetId::ALL.iter().map(|id| id.spec(family)).collect();
+                let saved = self.ipset.save().map_err(|e| SyncError::Ipset(e.to_string()))?;
+                read = parse_save(&saved, &specs).map_err(SyncError::Ipset)?;
+                &read
+            }
+        };
+        let script = restore_script(&plan.sets, current);
         if script.is_empty() {
             return Ok(());
         }
@@ -186,17 +248,36 @@ impl IpvsBackend {
             .map_err(|e| SyncError::Ipset(e.to_string()))
     }
 
-    fn write_virtual_servers(&mut self, plan: &IpvsPlan) -> Result<(), SyncError> {
+    /// The ruleset (declaring a chain flushes it: each is rewritten whole) and the jumps.
+    fn write_rules(&self, text: &str) -> Result<(), SyncError> {
+        self.iptables
+            .restore(text.as_bytes())
+            .map_err(SyncError::Iptables)?;
+        for jump in jump_rules() {
+            self.iptables
+                .ensure_rule(jump.table, jump.chain, &jump.args)
+                .map_err(SyncError::Iptables)?;
+        }
+        Ok(())
+    }
+
+    fn write_virtual_servers(&mut self, plan: &IpvsPlan, applied: Option<&Applied>) -> Result<(), SyncError> {
         let mut ipvs = Ipvs::open()
             .map_err(|source| IpvsError {
                 what: "opening the IPVS family".to_string(),
                 source,
             })?
             .ok_or(SyncError::NoIpvs)?;
-        let (listed, unreadable) = kernel::read(&mut ipvs)?;
-        for reason in unreadable {
-            tracing::warn!(%reason, "IPVS object kube-proxy-rs cannot read; left alone");
-        }
+        let listed = match applied {
+            Some(applied) => known_state(&mut ipvs, &applied.plan, plan, &self.graceful)?,
+            None => {
+                let (listed, unreadable) = kernel::read(&mut ipvs)?;
+                for reason in unreadable {
+                    tracing::warn!(%reason, "IPVS object kube-proxy-rs cannot read; left alone");
+                }
+                listed
+            }
+        };
         let family = self.options.family();
         let excluded = &self.options.exclude_cidrs;
         let owns = |key: &ServiceKey| {
@@ -212,6 +293,43 @@ impl IpvsBackend {
         kernel::apply(&mut ipvs, &operations)?;
         Ok(())
     }
+}
+
+/// The IPVS table as the last sync left it, without listing it: each virtual server with
+/// its planned real servers at full weight, except where connection counts matter (a real
+/// server leaving now, or one draining): those servers' real servers are read from the
+/// kernel, one small dump each.
+fn known_state(
+    ipvs: &mut Ipvs,
+    before: &IpvsPlan,
+    now: &IpvsPlan,
+    graceful: &Graceful,
+) -> Result<Vec<KernelService>, SyncError> {
+    let mut listed = Vec::with_capacity(before.virtual_servers.len());
+    for (key, server) in &before.virtual_servers {
+        let losing = now
+            .virtual_servers
+            .get(key)
+            .is_some_and(|next| !server.real_servers.is_subset(&next.real_servers));
+        let destinations = if losing || graceful.has_server(key) {
+            let read = ipvs.destinations(key).map_err(|source| IpvsError {
+                what: format!("listing the real servers of {key}"),
+                source,
+            })?;
+            read.objects
+        } else {
+            server
+                .real_servers
+                .iter()
+                .map(|real| Destination::new(real.ip(), real.port(), WEIGHT))
+                .collect()
+        };
+        listed.push(KernelService {
+            service: server.service.clone(),
+            destinations,
+        });
+    }
+    Ok(listed)
 }
 
 fn bind<'a>(

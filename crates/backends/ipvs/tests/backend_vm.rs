@@ -111,6 +111,36 @@ fn syncs_program_every_object_and_a_deleted_service_leaves_nothing() {
             let after = squeezed(&node.sh("ipvsadm -Ln").unwrap());
             assert_eq!(after, before, "a sync without changes keeps IPVS as it was");
 
+            // A change is a partial sync: only the difference, no read-back.
+            web(&mut world, &["10.244.1.5"]);
+            let pending = world.pending();
+            assert!(!pending.changed.is_empty());
+            let report = node.run(|| backend.sync(&pending.request(false))).unwrap();
+            assert!(!report.full);
+            // pod-b still has connections in the cluster IP's table (TIME_WAIT): it drains at
+            // weight 0 there; the NodePort servers, which it never served, drop it at once.
+            let ipvs = squeezed(&node.sh("ipvsadm -Ln").unwrap());
+            assert!(ipvs.contains("-> 10.244.2.6:8080 Masq 0 0 10"), "{ipvs}");
+            assert_eq!(ipvs.matches("10.244.2.6:8080").count(), 1, "{ipvs}");
+            assert_eq!(backend.draining(), 1);
+            assert_eq!(spread(&node, vip, 10).get("pod-a"), Some(&10));
+
+            // Someone deletes a virtual server and empties a set: the sync period's tick (a sync
+            // with nothing changed) reads the kernel back and repairs both.
+            node.sh("ipvsadm -D -t 10.96.0.10:80 && ipset flush KUBE-CLUSTER-IP")
+                .unwrap();
+            let pending = world.pending();
+            assert!(pending.changed.is_empty());
+            let report = node.run(|| backend.sync(&pending.request(false))).unwrap();
+            assert!(report.full);
+            assert!(squeezed(&node.sh("ipvsadm -Ln").unwrap()).contains("TCP 10.96.0.10:80 rr"));
+            assert!(
+                node.sh("ipset save")
+                    .unwrap()
+                    .contains("add KUBE-CLUSTER-IP 10.96.0.10,tcp:80")
+            );
+            assert_eq!(spread(&node, vip, 10).get("pod-a"), Some(&10));
+
             world.delete_service("web");
             let pending = world.pending();
             node.run(|| backend.sync(&pending.request(false))).unwrap();

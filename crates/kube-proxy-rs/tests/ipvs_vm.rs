@@ -54,6 +54,21 @@ fn cluster_ip_and_node_port_spread_through_ipvs() {
         assert!(listed.contains(&format!("TCP {NODE_IP}:30080 rr")), "{listed}");
         let link = cluster.node().sh("ip addr show dev kube-ipvs0").unwrap();
         assert!(link.contains("inet 10.96.0.10/32"), "{link}");
+
+        let mut explain = cluster.node().command(proxy_binary());
+        let output = explain.args(["explain", WEB_VIP]).output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{text}");
+        assert!(text.contains("ipvs mode (IPVS, kube-ipvs0, IPv4):"), "{text}");
+        assert!(
+            !text.contains("iptables mode"),
+            "ipvs mode's own chains are not iptables mode's:\n{text}"
+        );
+        assert_eq!(text.matches("33.3 %").count(), 3, "{text}");
+        assert!(
+            text.contains("IPVS virtual server TCP 10.96.0.10:80 (rr)"),
+            "{text}"
+        );
     });
 }
 

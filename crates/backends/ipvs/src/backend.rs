@@ -112,6 +112,22 @@ pub enum SyncError {
     Ipvs(#[from] IpvsError),
 }
 
+/// What one sync wrote: the requests it sent the kernel, by kind (benchmarks and tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    pub full: bool,
+    /// IPVS netlink requests that changed something (virtual and real servers).
+    pub ipvs_operations: usize,
+    /// IPVS dumps read (the whole table on a full sync; single servers on a partial one).
+    pub ipvs_dumps: usize,
+    /// Lines of the `ipset restore` script (creations and member changes).
+    pub set_changes: usize,
+    /// Addresses bound to or removed from kube-ipvs0.
+    pub address_changes: usize,
+    /// Whether the ruleset was restored.
+    pub rules_written: bool,
+}
+
 /// What the last successful sync wrote, the kernel's state as far as this process knows.
 struct Applied {
     plan: IpvsPlan,
@@ -128,6 +144,7 @@ pub struct IpvsBackend {
     first_sync: bool,
     applied: Option<Applied>,
     reconcile_period: Duration,
+    stats: SyncStats,
 }
 
 /// Upstream's default `ipvs.syncPeriod`: the kernel is read back at least this often.
@@ -143,6 +160,7 @@ impl IpvsBackend {
             first_sync: true,
             applied: None,
             reconcile_period: DEFAULT_RECONCILE_PERIOD,
+            stats: SyncStats::default(),
         }
     }
 
@@ -151,6 +169,11 @@ impl IpvsBackend {
     pub fn with_reconcile_period(mut self, period: Duration) -> Self {
         self.reconcile_period = period;
         self
+    }
+
+    /// What the last sync wrote.
+    pub fn last_stats(&self) -> SyncStats {
+        self.stats
     }
 
     /// Real servers draining after their removal (for tests and metrics).
@@ -175,6 +198,10 @@ impl IpvsBackend {
 
     fn try_sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, SyncError> {
         let full = self.is_full(request);
+        self.stats = SyncStats {
+            full,
+            ..SyncStats::default()
+        };
         let applied = self.applied.take().filter(|_| !full);
         let family = self.options.family();
         let mut links = IpvsLinks::open().map_err(SyncError::Link)?;
@@ -185,17 +212,20 @@ impl IpvsBackend {
         let all = read_interface_addresses().map_err(SyncError::Addresses)?;
         let host = HostAddresses::new(&all, family, &self.options.node_port_addresses);
         let plan = plan(request.state, &self.inputs(&host));
-        self.write_sets(&plan, applied.as_ref())?;
+        self.stats.set_changes = self.write_sets(&plan, applied.as_ref())?;
         let ruleset = rules::ruleset(&plan, &self.options.rules);
         let payload = ruleset.render_full();
         if applied.as_ref().is_none_or(|a| a.rules != payload.text) {
             self.write_rules(&payload.text)?;
+            self.stats.rules_written = true;
         }
         let bound_before = applied.as_ref().map_or(&host.bound, |a| &a.plan.bound);
-        bind(&mut links, &link, plan.bound.difference(bound_before))?;
+        let new: Vec<IpAddr> = plan.bound.difference(bound_before).copied().collect();
+        bind(&mut links, &link, new.iter())?;
         self.write_virtual_servers(&plan, applied.as_ref())?;
         let stale: BTreeSet<IpAddr> = bound_before.difference(&plan.bound).copied().collect();
         unbind(&mut links, &link, &stale)?;
+        self.stats.address_changes = new.len() + stale.len();
         self.first_sync = false;
         let reconciled_at = match &applied {
             Some(applied) => applied.reconciled_at,
@@ -227,7 +257,7 @@ impl IpvsBackend {
 
     /// The sets' difference from what the kernel holds (read back on a full sync) or from
     /// what the last sync wrote.
-    fn write_sets(&self, plan: &IpvsPlan, applied: Option<&Applied>) -> Result<(), SyncError> {
+    fn write_sets(&self, plan: &IpvsPlan, applied: Option<&Applied>) -> Result<usize, SyncError> {
         let read;
         let current = match applied {
             Some(applied) => &applied.plan.sets,
@@ -241,11 +271,12 @@ impl IpvsBackend {
         };
         let script = restore_script(&plan.sets, current);
         if script.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         self.ipset
             .restore(&script)
-            .map_err(|e| SyncError::Ipset(e.to_string()))
+            .map_err(|e| SyncError::Ipset(e.to_string()))?;
+        Ok(script.lines().count())
     }
 
     /// The ruleset (declaring a chain flushes it: each is rewritten whole) and the jumps.
@@ -269,9 +300,15 @@ impl IpvsBackend {
             })?
             .ok_or(SyncError::NoIpvs)?;
         let listed = match applied {
-            Some(applied) => known_state(&mut ipvs, &applied.plan, plan, &self.graceful)?,
+            Some(applied) => {
+                let (listed, dumps) = known_state(&mut ipvs, &applied.plan, plan, &self.graceful)?;
+                self.stats.ipvs_dumps = dumps;
+                listed
+            }
             None => {
                 let (listed, unreadable) = kernel::read(&mut ipvs)?;
+                // One dump of the services, one of each one's real servers.
+                self.stats.ipvs_dumps = 1 + listed.len();
                 for reason in unreadable {
                     tracing::warn!(%reason, "IPVS object kube-proxy-rs cannot read; left alone");
                 }
@@ -291,6 +328,7 @@ impl IpvsBackend {
             owns,
         );
         kernel::apply(&mut ipvs, &operations)?;
+        self.stats.ipvs_operations = operations.len();
         Ok(())
     }
 }
@@ -298,20 +336,22 @@ impl IpvsBackend {
 /// The IPVS table as the last sync left it, without listing it: each virtual server with
 /// its planned real servers at full weight, except where connection counts matter (a real
 /// server leaving now, or one draining): those servers' real servers are read from the
-/// kernel, one small dump each.
+/// kernel, one small dump each (counted in the second value).
 fn known_state(
     ipvs: &mut Ipvs,
     before: &IpvsPlan,
     now: &IpvsPlan,
     graceful: &Graceful,
-) -> Result<Vec<KernelService>, SyncError> {
+) -> Result<(Vec<KernelService>, usize), SyncError> {
     let mut listed = Vec::with_capacity(before.virtual_servers.len());
+    let mut dumps = 0;
     for (key, server) in &before.virtual_servers {
         let losing = now
             .virtual_servers
             .get(key)
             .is_some_and(|next| !server.real_servers.is_subset(&next.real_servers));
         let destinations = if losing || graceful.has_server(key) {
+            dumps += 1;
             let read = ipvs.destinations(key).map_err(|source| IpvsError {
                 what: format!("listing the real servers of {key}"),
                 source,
@@ -329,7 +369,7 @@ fn known_state(
             destinations,
         });
     }
-    Ok(listed)
+    Ok((listed, dumps))
 }
 
 fn bind<'a>(

@@ -39,5 +39,7 @@ pub mod sets;
 #[cfg(test)]
 mod test_support;
 
-pub use backend::{Ipset, IpsetCli, IpvsBackend, IpvsOptions, SyncError};
+pub use backend::{
+    DEFAULT_RECONCILE_PERIOD, Ipset, IpsetCli, IpvsBackend, IpvsOptions, SyncError, SyncStats,
+};
 pub use plan::{IpvsPlan, PlanInputs, VirtualServer, plan};

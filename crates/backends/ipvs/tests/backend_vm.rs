@@ -117,6 +117,12 @@ fn syncs_program_every_object_and_a_deleted_service_leaves_nothing() {
             assert!(!pending.changed.is_empty());
             let report = node.run(|| backend.sync(&pending.request(false))).unwrap();
             assert!(!report.full);
+            let stats = backend.last_stats();
+            // Four virtual servers lose pod-b (the cluster IP and the NodePort on each of the
+            // three node addresses, the pods' dummy link included): read back, one weight 0,
+            // three deletions; nothing else written.
+            assert_eq!((stats.ipvs_operations, stats.ipvs_dumps), (4, 4), "{stats:?}");
+            assert!(stats.set_changes == 0 && !stats.rules_written, "{stats:?}");
             // pod-b still has connections in the cluster IP's table (TIME_WAIT): it drains at
             // weight 0 there; the NodePort servers, which it never served, drop it at once.
             let ipvs = squeezed(&node.sh("ipvsadm -Ln").unwrap());

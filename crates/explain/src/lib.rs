@@ -17,12 +17,12 @@
 //! - [`nft_table::NftTable`]: our nftables table as typed values, decoded from kpr-nfnetlink
 //!   dumps or taken from kpr-nftables' generation (golden tests); names are parsed back
 //!   through kpr-nftables' `names`, so reader and writer cannot drift;
-//! - [`nft::explain`] and [`ipt::explain`]: (objects, query) -> findings;
+//! - [`nft::explain`], [`ipt::explain`] and [`ipvs::explain`]: (objects, query) -> findings;
 //! - [`render`]: findings -> the text the command prints;
 //! - [`explain_live`]: reads the calling thread's network namespace (netlink for nftables,
-//!   `iptables-save` for iptables) and explains in every mode whose objects exist (`table
-//!   ip/ip6 kube-proxy` -> nftables, a `KUBE-SERVICES` chain in nat -> iptables; both -> both,
-//!   with a note).
+//!   `iptables-save` for iptables, netlink for IPVS) and explains in every mode whose objects
+//!   exist (`table ip/ip6 kube-proxy` -> nftables, `kube-ipvs0` -> ipvs, Service chains in
+//!   nat -> iptables; several -> each, with a note).
 //!
 //! It lives in its own crate (`crates/explain`) rather than under `crates/backends`: it
 //! programs nothing, reads both modes' objects, and is a tool of the binary.
@@ -36,6 +36,7 @@
 //! - The pod-network condition of cluster-IP masquerading is described, not read back.
 
 pub mod ipt;
+pub mod ipvs;
 mod live;
 pub mod nft;
 pub mod nft_table;

@@ -1,10 +1,12 @@
 //! Reading the live kernel of the calling thread's network namespace: our nftables table
-//! through kpr-nfnetlink's typed dumps (no `nft` process), the iptables rules through
-//! `iptables-save` (the variant holding kube rules, as the iptables mode picks it).
+//! through kpr-nfnetlink's typed dumps (no `nft` process), the IPVS table and `kube-ipvs0`
+//! through kpr-ipvs-netlink, the iptables rules through `iptables-save` (the variant holding
+//! kube rules, as the iptables mode picks it).
 
 use std::net::IpAddr;
 
 use kpr_iptables::{InterfaceAddresses, Iptables, IptablesCli, LocalAddresses, Variant};
+use kpr_ipvs_netlink::{Ipvs, IpvsLinks};
 use kpr_model::IpFamily;
 use kpr_nfnetlink::{Family, Socket, Table};
 use kpr_nftables::TABLE;
@@ -13,7 +15,7 @@ use kpr_nftables::names::SetName;
 use crate::nft_table::{NftTable, parse_set_name};
 use crate::query::Query;
 use crate::report::{Explanation, Mode, Section};
-use crate::{ipt, nft};
+use crate::{ipt, ipvs, nft};
 
 /// Explains `query` from the kernel objects of this network namespace, in every mode whose
 /// objects exist. Read failures are reported in [`Explanation::problems`], beside what
@@ -41,12 +43,57 @@ pub fn explain_live(query: &Query) -> Explanation {
         Ok(None) => {}
         Err(problem) => explanation.problems.push(problem),
     }
+    let ipvs_mode = match read_ipvs(family, query) {
+        Ok(Some(section)) => {
+            explanation.sections.push(section);
+            true
+        }
+        Ok(None) => false,
+        Err(problem) => {
+            explanation.problems.push(problem);
+            false
+        }
+    };
     match read_iptables(family, &local, query) {
+        // ipvs mode writes KUBE-SERVICES too: iptables mode's objects are its Service chains.
+        Ok(Some(section)) if ipvs_mode && section.findings.is_empty() => {}
         Ok(Some(section)) => explanation.sections.push(section),
         Ok(None) => {}
         Err(problem) => explanation.problems.push(problem),
     }
     explanation
+}
+
+/// The ipvs mode's section: `None` without `kube-ipvs0` (the mode's mark) or without IPVS.
+fn read_ipvs(family: IpFamily, query: &Query) -> Result<Option<Section>, String> {
+    let fail = |what: &str, e: kpr_ipvs_netlink::NetlinkError| format!("reading {what} over netlink: {e}");
+    let mut links = IpvsLinks::open().map_err(|e| fail("kube-ipvs0", e))?;
+    let Some(link) = links.find().map_err(|e| fail("kube-ipvs0", e))? else {
+        return Ok(None);
+    };
+    let Some(mut ipvs) = Ipvs::open().map_err(|e| fail("the IPVS family", e))? else {
+        return Ok(None);
+    };
+    let listed = ipvs.services().map_err(|e| fail("the IPVS virtual servers", e))?;
+    let mut servers = Vec::new();
+    for service in listed
+        .objects
+        .into_iter()
+        .filter(|s| family.matches(&s.key.address))
+    {
+        let destinations = ipvs
+            .destinations(&service.key)
+            .map_err(|e| fail(&format!("the real servers of {}", service.key), e))?;
+        servers.push(ipvs::VirtualServer {
+            service,
+            destinations: destinations.objects,
+        });
+    }
+    Ok(Some(Section {
+        mode: Mode::Ipvs,
+        family,
+        findings: ipvs::explain(&servers, &link.addresses, query),
+    }))
 }
 
 /// Our table of `family`, or `None` when it does not exist.

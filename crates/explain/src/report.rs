@@ -12,6 +12,7 @@ use crate::query::Query;
 pub enum Mode {
     Iptables,
     Nftables,
+    Ipvs,
 }
 
 /// What the kernel does with a new connection to the destination.
@@ -99,6 +100,8 @@ fn mode_title(mode: Mode, family: IpFamily) -> String {
         (Mode::Nftables, IpFamily::V6) => "nftables mode (table ip6 kube-proxy)".into(),
         (Mode::Iptables, IpFamily::V4) => "iptables mode (iptables nat/filter)".into(),
         (Mode::Iptables, IpFamily::V6) => "iptables mode (ip6tables nat/filter)".into(),
+        (Mode::Ipvs, IpFamily::V4) => "ipvs mode (IPVS, kube-ipvs0, IPv4)".into(),
+        (Mode::Ipvs, IpFamily::V6) => "ipvs mode (IPVS, kube-ipvs0, IPv6)".into(),
     }
 }
 
@@ -124,7 +127,7 @@ pub fn render(explanation: &Explanation) -> String {
     if explanation.sections.is_empty() {
         let _ = writeln!(
             out,
-            "{query}: no kube-proxy rules of this address family in this network namespace (neither table {} kube-proxy nor the KUBE-SERVICES chain)",
+            "{query}: no kube-proxy rules of this address family in this network namespace (neither table {} kube-proxy, nor kube-ipvs0, nor the KUBE-SERVICES chain)",
             match query.family() {
                 IpFamily::V4 => "ip",
                 IpFamily::V6 => "ip6",
@@ -135,7 +138,7 @@ pub fn render(explanation: &Explanation) -> String {
     if explanation.sections.len() > 1 {
         let _ = writeln!(
             out,
-            "note: objects of both proxy modes exist here; each is explained (normally only one mode's objects are programmed: the other's are leftovers)"
+            "note: objects of more than one proxy mode exist here; each is explained (normally only one mode's objects are programmed: the others are leftovers)"
         );
     }
     for section in &explanation.sections {

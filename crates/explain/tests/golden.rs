@@ -312,7 +312,7 @@ fn both_modes_are_explained_and_said_so() {
         problems: vec!["reading the iptables filter table: example".into()],
     };
     let text = render(&both);
-    assert!(text.starts_with("warning: reading the iptables filter table: example\nnote: objects of both proxy modes exist here"), "{text}");
+    assert!(text.starts_with("warning: reading the iptables filter table: example\nnote: objects of more than one proxy mode exist here"), "{text}");
     assert!(
         text.contains(
             "nftables mode (table ip kube-proxy):\n  10.96.0.10:80/tcp: cluster IP of default/web:http"

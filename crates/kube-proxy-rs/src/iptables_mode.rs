@@ -217,6 +217,7 @@ impl PacketCounters for NfacctCounters {
 /// portals go too: they would redirect Service traffic to listeners that are gone.
 pub fn remove_other_modes_leftovers() {
     remove_iptables_leftovers(Modes::IPTABLES.others());
+    crate::ipvs_mode::remove_node_port_servers();
     // Logs what it removed and what it could not.
     kpr_leftovers::remove_kernel_leftovers();
 }
@@ -276,6 +277,10 @@ pub fn cleanup_everything() -> Result<(), Fatal> {
                 unrunnable.join("; ")
             ));
         }
+    }
+    // ipvs mode's NodePort virtual servers are found through its sets: before they go.
+    if let Err(error) = kpr_ipvs::leftovers::remove_node_port_servers(&kpr_ipvs::IpsetCli) {
+        failures.push(format!("IPVS NodePort services: {error}"));
     }
     // After the rules: a set still matched by a rule cannot be destroyed.
     let leftovers = kpr_leftovers::remove_kernel_leftovers();

@@ -12,6 +12,7 @@ mod explain;
 mod fatal;
 mod health_check_servers;
 mod iptables_mode;
+mod ipvs_mode;
 mod logging;
 mod mode;
 mod nftables_mode;
@@ -70,7 +71,7 @@ fn run(settings: Settings) -> Result<(), Fatal> {
     if settings.cleanup {
         return mode::cleanup();
     }
-    mode::ensure_available(settings.mode)?;
+    mode::ensure_available(&settings)?;
     if !settings.dry_run {
         mode::remove_other_modes_leftovers(settings.mode);
     }

@@ -26,6 +26,7 @@ use prometheus_client::registry::Registry;
 use crate::fatal::Fatal;
 use crate::health_check_servers;
 use crate::iptables_mode;
+use crate::ipvs_mode;
 use crate::nftables_mode;
 use crate::node::NodeFacts;
 use crate::userspace_mode;
@@ -33,15 +34,15 @@ use crate::userspace_mode;
 /// Upstream's order of the families a dual-stack proxy serves: the primary one first.
 const BOTH: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
 
-/// Fails for a mode this version cannot run.
-pub fn ensure_available(mode: ProxyMode) -> Result<(), Fatal> {
-    match mode {
-        ProxyMode::Iptables | ProxyMode::Nftables | ProxyMode::Userspace => Ok(()),
-        other => Err(Fatal::usage(format!(
-            "proxy mode {other} is not available in this version of kube-proxy-rs yet; \
-             use --proxy-mode=iptables, --proxy-mode=nftables or --proxy-mode=userspace"
-        ))),
+/// Fails, before anything is changed, when this host cannot run the mode at all: ipvs mode
+/// needs IPVS in the kernel and `ipset` (upstream's `CanUseIPVSProxier`). The other modes'
+/// needs are per family ([`supported_families`]). `--dry-run` changes nothing and needs
+/// nothing.
+pub fn ensure_available(settings: &Settings) -> Result<(), Fatal> {
+    if settings.mode == ProxyMode::Ipvs && !settings.dry_run {
+        ipvs_mode::check_ipvs(settings)?;
     }
+    Ok(())
 }
 
 /// Which IP families the mode can program on this host.
@@ -67,12 +68,12 @@ pub fn uses_service_cidrs(mode: ProxyMode) -> bool {
     mode == ProxyMode::Nftables
 }
 
-/// Upstream's `platformCheckSupported` for `mode` (iptables, nftables or userspace, see
-/// [`ensure_available`]).
+/// Upstream's `platformCheckSupported` for `mode`.
 pub fn supported_families(mode: ProxyMode) -> Support {
     let supports = match mode {
         ProxyMode::Nftables => nftables_mode::supports,
         ProxyMode::Userspace => userspace_mode::supports,
+        ProxyMode::Ipvs => ipvs_mode::supports,
         _ => iptables_mode::supports,
     };
     Support {
@@ -87,6 +88,7 @@ fn requirement(mode: ProxyMode) -> &'static str {
         ProxyMode::Nftables => {
             "nf_tables with every feature nftables mode uses (the log names the missing one)"
         }
+        ProxyMode::Ipvs => "its iptables can list the nat table (IPVS itself is checked next)",
         _ => "its iptables can list the nat table",
     }
 }
@@ -340,6 +342,15 @@ fn family_backend(
         let backend = nftables_mode::backend(options, sync_period)?;
         return Ok((Box::new(backend), nodeport_addresses));
     }
+    if settings.mode == ProxyMode::Ipvs {
+        ipvs_mode::prepare_host(settings)?;
+        let options = ipvs_mode::options(settings, family, node, ipvs_mode::scheduler(settings)?)?;
+        let nodeport_addresses = options.node_port_addresses.clone();
+        return Ok((
+            Box::new(ipvs_mode::backend(options, sync_period)),
+            nodeport_addresses,
+        ));
+    }
     if settings.mode == ProxyMode::Userspace {
         let options = userspace_mode::options(settings, family, node)?;
         let backend = userspace_mode::backend(options)?;
@@ -364,6 +375,10 @@ pub fn init_only(settings: &Settings, node: &NodeFacts, families: &[IpFamily]) -
         // (applied by the caller): no localhost NodePorts, so no route_localnet.
         return Ok(());
     }
+    if settings.mode == ProxyMode::Ipvs {
+        ipvs_mode::check_ipvs(settings)?;
+        return ipvs_mode::prepare_host(settings);
+    }
     for &family in families {
         let options = iptables_mode::options(settings, family, node)?;
         kpr_iptables::prepare_host(&options, &ProcSysctl::default())
@@ -385,6 +400,19 @@ pub fn dry_run(
             let options = nftables_mode::options(settings, *family, node)?;
             out.push_str(&format!("# {} rules (nft -f input)\n", family.label()));
             out.push_str(&nftables_mode::dry_run(state, &options)?);
+            continue;
+        }
+        if settings.mode == ProxyMode::Ipvs {
+            let options = ipvs_mode::options(settings, *family, node, ipvs_mode::scheduler(settings)?)?;
+            let tool = match family {
+                IpFamily::V4 => "iptables-restore",
+                IpFamily::V6 => "ip6tables-restore",
+            };
+            out.push_str(&format!(
+                "# {} IPVS plan and rules (plan as comments, then {tool} input)\n",
+                family.label()
+            ));
+            out.push_str(&ipvs_mode::dry_run(state, &options)?);
             continue;
         }
         if settings.mode == ProxyMode::Userspace {
@@ -414,10 +442,10 @@ pub fn dry_run(
 /// Start-up, before the first sync: removes what the modes other than `mode` left behind
 /// (upstream's platform cleanup). Best effort: logged, never fatal.
 pub fn remove_other_modes_leftovers(mode: ProxyMode) {
-    // ensure_available refused every other mode before this point.
     match mode {
         ProxyMode::Nftables => nftables_mode::remove_other_modes_leftovers(),
         ProxyMode::Userspace => userspace_mode::remove_other_modes_leftovers(),
+        ProxyMode::Ipvs => ipvs_mode::remove_other_modes_leftovers(),
         _ => iptables_mode::remove_other_modes_leftovers(),
     }
 }
@@ -605,18 +633,8 @@ mod tests {
     }
 
     #[test]
-    fn iptables_nftables_and_userspace_are_available_ipvs_not_yet() {
-        assert!(ensure_available(ProxyMode::Iptables).is_ok());
-        assert!(ensure_available(ProxyMode::Nftables).is_ok());
-        assert!(ensure_available(ProxyMode::Userspace).is_ok());
-        assert!(!uses_service_cidrs(ProxyMode::Userspace));
+    fn only_nftables_uses_service_cidrs() {
+        assert!(!uses_service_cidrs(ProxyMode::Userspace) && !uses_service_cidrs(ProxyMode::Ipvs));
         assert!(uses_service_cidrs(ProxyMode::Nftables) && !uses_service_cidrs(ProxyMode::Iptables));
-        let error = ensure_available(ProxyMode::Ipvs).unwrap_err();
-        assert_eq!(error.code, 2);
-        assert!(
-            error.message.contains("--proxy-mode=nftables"),
-            "{}",
-            error.message
-        );
     }
 }

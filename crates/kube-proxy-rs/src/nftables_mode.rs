@@ -111,5 +111,6 @@ pub fn dry_run(state: &DesiredState, options: &NftablesOptions) -> Result<String
 /// objects. Our own tables stay: the first sync adopts them. Best effort, logged.
 pub fn remove_other_modes_leftovers() {
     iptables_mode::remove_iptables_leftovers(kpr_iptables::Modes::ALL);
+    crate::ipvs_mode::remove_node_port_servers();
     kpr_leftovers::remove_ipvs_leftovers();
 }

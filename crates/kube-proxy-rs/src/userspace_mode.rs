@@ -116,6 +116,7 @@ pub fn dry_run(state: &DesiredState, options: &UserspaceOptions) -> String {
 /// Services' traffic before the portals do. Best effort, logged.
 pub fn remove_other_modes_leftovers() {
     iptables_mode::remove_iptables_leftovers(Modes::USERSPACE.others());
+    crate::ipvs_mode::remove_node_port_servers();
     kpr_leftovers::remove_kernel_leftovers();
 }
 

@@ -8,17 +8,19 @@
 //! releases before 1.28), and so do its ipsets, whose IPv6 twins are named `KUBE-6-...`
 //! (cut to ipset's 31 bytes, as upstream cuts them).
 
+use kpr_naming::ipvs_chain;
+
 use crate::ruleset::Table;
 
 /// Chains only IPVS mode creates, per table.
 pub fn ipvs_only_chains(table: Table) -> &'static [&'static str] {
     match table {
-        Table::Nat => &["KUBE-LOAD-BALANCER", "KUBE-NODE-PORT", "KUBE-FIREWALL"],
+        Table::Nat => &[ipvs_chain::LOAD_BALANCER, ipvs_chain::NODE_PORT, "KUBE-FIREWALL"],
         Table::Filter => &[
-            "KUBE-NODE-PORT",
-            "KUBE-SOURCE-RANGES-FIREWALL",
-            "KUBE-IPVS-FILTER",
-            "KUBE-IPVS-OUT-FILTER",
+            ipvs_chain::NODE_PORT,
+            ipvs_chain::SOURCE_RANGES_FIREWALL,
+            ipvs_chain::IPVS_FILTER,
+            ipvs_chain::IPVS_OUT_FILTER,
         ],
         Table::Mangle => &[],
     }

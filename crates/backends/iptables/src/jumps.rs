@@ -25,6 +25,14 @@ pub struct JumpRule {
     pub args: Vec<String>,
 }
 
+impl JumpRule {
+    /// `-m comment --comment <comment> -j <target>` in `table`'s built-in `chain`: the shape
+    /// every mode's jumps share.
+    pub fn new(table: Table, chain: &'static str, target: &'static str, comment: &str) -> Self {
+        jump(table, chain, target, comment, false)
+    }
+}
+
 const NEW: [&str; 4] = ["-m", "conntrack", "--ctstate", "NEW"];
 
 fn jump(table: Table, chain: &'static str, target: &'static str, comment: &str, new_only: bool) -> JumpRule {

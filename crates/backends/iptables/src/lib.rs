@@ -73,7 +73,7 @@ pub use options::{
     NodePortAddresses, NodePortTargets, OptionsError,
 };
 pub use proxier::{FULL_SYNC_PERIOD, FullSyncReason, IptablesBackend, SyncError};
-pub use rules::{build, build_with_cache, refused_field, render_dry_run};
+pub use rules::{Mark, MarkWithMask, build, build_with_cache, refused_field, render_dry_run};
 pub use ruleset::{
     Arg, Chain, ChainKind, Payload, PayloadBuilder, RefusedPort, Rule, RuleBuilder, Ruleset, Table,
     TableRules, WrittenCount,

@@ -70,12 +70,7 @@ impl LocalDetector {
 
     /// Appends the "comes from a local pod" match (negated: "does not"), or `None` when
     /// detection is off for `family`.
-    pub(crate) fn append_match(
-        &self,
-        rule: RuleBuilder,
-        family: IpFamily,
-        negate: bool,
-    ) -> Option<RuleBuilder> {
+    pub fn append_match(&self, rule: RuleBuilder, family: IpFamily, negate: bool) -> Option<RuleBuilder> {
         let rule = if negate { rule.arg("!") } else { rule };
         Some(match self {
             Self::None => return None,

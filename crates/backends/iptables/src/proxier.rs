@@ -21,9 +21,7 @@ use std::time::{Duration, Instant};
 use kpr_conntrack::Conntrack;
 use kpr_model::{NamespacedName, Sizes};
 use kpr_naming::{ChainName, chain, is_service_chain};
-use kpr_state::{
-    Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount, UnsafeObject,
-};
+use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, UnsafeObject};
 
 use crate::addresses::{AddressError, InterfaceAddresses, LocalAddresses};
 use crate::exec::{ExecError, Iptables};
@@ -492,14 +490,9 @@ fn render(ruleset: &Ruleset, plan: &ChainPlan) -> Payload {
 }
 
 fn report(ruleset: &Ruleset, payload: &Payload, full: bool) -> SyncReport {
-    let count = |table: Table| TableCount {
-        table: table.as_str(),
-        total: ruleset.table(table).map_or(0, |t| t.rule_count()),
-        written: payload.written_rules(table),
-    };
     SyncReport {
         full,
-        tables: vec![count(Table::Filter), count(Table::Nat)],
+        tables: ruleset.table_counts(payload),
         no_local_internal: ruleset.no_local_internal,
         no_local_external: ruleset.no_local_external,
         conntrack_reconcile: None,

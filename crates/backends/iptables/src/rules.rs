@@ -83,7 +83,7 @@ fn target(u: Unreachable) -> &'static str {
 
 /// The masquerade mark, spelled as upstream writes it (`0x00004000`).
 #[derive(Clone, Copy, Debug)]
-struct Mark(u32);
+pub struct Mark(pub u32);
 
 impl crate::ruleset::sealed::Sealed for Mark {}
 
@@ -95,7 +95,7 @@ impl Arg for Mark {
 }
 
 /// `<mark>/<mark>`: the mark match with its mask.
-struct MarkWithMask(Mark);
+pub struct MarkWithMask(pub Mark);
 
 impl crate::ruleset::sealed::Sealed for MarkWithMask {}
 

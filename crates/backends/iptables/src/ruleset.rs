@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use kpr_model::{NamespacedName, ObjectKind, ServicePortName};
 use kpr_naming::{ChainName, Comment, InterfaceName, SafeText, UnsafeText};
-use kpr_state::UnsafeObject;
+use kpr_state::{TableCount, UnsafeObject};
 
 /// The iptables tables kube-proxy touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -197,6 +197,18 @@ impl Ruleset {
     }
 
     /// The restore input of a full sync: every chain, nothing deleted.
+    /// Rules per table after a sync that wrote `payload`, for the `*_iptables_*` metrics.
+    pub fn table_counts(&self, payload: &Payload) -> Vec<TableCount> {
+        [Table::Filter, Table::Nat]
+            .into_iter()
+            .map(|table| TableCount {
+                table: table.as_str(),
+                total: self.table(table).map_or(0, TableRules::rule_count),
+                written: payload.written_rules(table),
+            })
+            .collect()
+    }
+
     pub fn render_full(&self) -> Payload {
         let mut payload = PayloadBuilder::default();
         for table in self.tables() {

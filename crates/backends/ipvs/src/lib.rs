@@ -16,6 +16,11 @@
 //! - [`reconcile`]: from the kernel's IPVS table to the plan's as a list of operations
 //!   (pure), with graceful termination (a removed TCP real server with connections drains
 //!   at weight 0); [`kernel`] reads the table and writes the operations.
+//! - [`IpvsBackend`]: one sync as upstream's, in order (kube-ipvs0, addresses, plan, sets,
+//!   rules and jumps, new addresses, virtual servers, stale addresses), each step writing
+//!   only what differs from what the kernel holds.
+//! - [`rules`]: the fixed iptables ruleset matching Services through the sets, and its
+//!   jumps from the built-in chains (pure, golden files `tests/golden/*.rules`).
 //! - [`addresses`]: this host's addresses split as a sync needs them (on kube-ipvs0, on
 //!   other interfaces, serving NodePorts).
 //! - [`sets`]: the seventeen sets, their names per family and upstream's comments.
@@ -23,10 +28,18 @@
 //!   has into what is wanted (pure), and reading a set back from `ipset save`.
 
 pub mod addresses;
+mod backend;
 pub mod ipset;
 pub mod kernel;
+pub mod leftovers;
 mod plan;
 pub mod reconcile;
+pub mod rules;
 pub mod sets;
+#[cfg(test)]
+mod test_support;
 
+pub use backend::{
+    DEFAULT_RECONCILE_PERIOD, Ipset, IpsetCli, IpvsBackend, IpvsOptions, SyncError, SyncStats,
+};
 pub use plan::{IpvsPlan, PlanInputs, VirtualServer, plan};

@@ -54,6 +54,11 @@ impl Graceful {
         self.draining.is_empty()
     }
 
+    /// Whether a real server of `key`'s virtual server is draining.
+    pub fn has_server(&self, key: &ServiceKey) -> bool {
+        self.draining.iter().any(|(server, _)| server == key)
+    }
+
     pub fn contains(&self, key: &ServiceKey, real: SocketAddr) -> bool {
         self.draining.contains(&(*key, real))
     }

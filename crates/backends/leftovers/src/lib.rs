@@ -97,6 +97,14 @@ pub fn remove_kernel_leftovers() -> Report {
     report
 }
 
+/// nftables mode's tables only: what an ipvs-mode proxy removes, keeping the IPVS objects
+/// it adopts.
+pub fn remove_nftables_leftovers() -> Report {
+    let mut report = Report::default();
+    nftables::remove_tables(&mut report);
+    report
+}
+
 /// IPVS mode's kernel objects only (virtual services, `kube-ipvs0`, ipsets): what an
 /// nftables-mode proxy removes, keeping the `kube-proxy` tables it adopts.
 pub fn remove_ipvs_leftovers() -> Report {

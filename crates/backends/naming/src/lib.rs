@@ -129,6 +129,22 @@ pub mod chain {
     pub const CANARY: &str = "KUBE-PROXY-CANARY";
 }
 
+/// Chains only upstream's ipvs mode creates, named as upstream names them (it shares
+/// `KUBE-SERVICES`, `KUBE-POSTROUTING`, `KUBE-MARK-MASQ`, `KUBE-FORWARD` and
+/// `KUBE-PROXY-FIREWALL` with iptables mode).
+pub mod ipvs_chain {
+    /// nat: load-balancer IPs (Local policies return before masquerading).
+    pub const LOAD_BALANCER: &str = "KUBE-LOAD-BALANCER";
+    /// nat: NodePorts to masquerade; filter: health-check node ports to accept.
+    pub const NODE_PORT: &str = "KUBE-NODE-PORT";
+    /// filter: load-balancer source ranges.
+    pub const SOURCE_RANGES_FIREWALL: &str = "KUBE-SOURCE-RANGES-FIREWALL";
+    /// filter INPUT: new connections to a kube-ipvs0 address no Service port matches.
+    pub const IPVS_FILTER: &str = "KUBE-IPVS-FILTER";
+    /// filter OUTPUT: the node's own traffic to load-balancer IPs whose ranges leave it out.
+    pub const IPVS_OUT_FILTER: &str = "KUBE-IPVS-OUT-FILTER";
+}
+
 /// Chains of upstream's userspace mode (its "portals"), named as upstream names them: nat
 /// chains redirecting Service traffic to the proxy's own listeners, and the filter chain
 /// that lets NodePort traffic reach them.

@@ -37,7 +37,11 @@ pub fn node_object(taints: serde_json::Value) -> k8s_openapi::api::core::v1::Nod
     .unwrap()
 }
 
+/// The binary under test; inside a kpr-vm guest, the copy the guest was given.
 pub fn proxy_binary() -> &'static str {
+    if std::env::var_os(kpr_vm::GUEST_ENV).is_some() {
+        return "/payload/bin/kube-proxy-rs";
+    }
     env!("CARGO_BIN_EXE_kube-proxy-rs")
 }
 

@@ -16,6 +16,9 @@ mount -t tmpfs tmpfs /tmp
 mkdir -p /run/netns /var
 ln -s /run /var/run
 ip link set lo up
+# Loaded on the hosts these tests also run on (kpr-netns' labs need bridge netfilter);
+# IPVS is not: what uses it must load it.
+modprobe br_netfilter
 stty -F /dev/ttyS1 raw -echo 2>/dev/null
 echo "KPR-VM: guest up: kernel $(uname -r), uptime $(cut -d' ' -f1 /proc/uptime) s"
 (cd /payload && ./run)

@@ -1,62 +1,11 @@
 //! Each case of `UPSTREAM.md` §2-§3 as a golden plan (`tests/golden/<name>.plan`).
 //! `UPDATE_GOLDEN=1` rewrites the files; review the diff before committing it.
 
-use std::path::PathBuf;
-
 use kpr_world::{World, ep};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::*;
-use k8s_openapi::api::core::v1 as core_v1;
-
-const NODE_ADDRESSES: [&str; 2] = ["192.168.0.10", "172.17.0.1"];
-
-fn check(name: &str, plan: &IpvsPlan) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/{name}.plan"));
-    kpr_world::golden::check(&path, &plan.to_string());
-}
-
-fn ips(list: &[&str]) -> Vec<IpAddr> {
-    list.iter().map(|ip| ip.parse().unwrap()).collect()
-}
-
-fn plan_of(world: &mut World, scheduler: &str) -> IpvsPlan {
-    let node_ports = ips(&NODE_ADDRESSES);
-    let others: BTreeSet<IpAddr> = node_ports.iter().copied().chain(ips(&["203.0.113.50"])).collect();
-    let scheduler = Scheduler::new(scheduler).unwrap();
-    let inputs = PlanInputs {
-        family: IpFamily::V4,
-        scheduler: &scheduler,
-        node_port_addresses: &node_ports,
-        other_interface_addresses: &others,
-        node_ip: Some("192.168.0.10".parse().unwrap()),
-    };
-    plan(&world.state(), &inputs)
-}
-
-fn web(spec: Value, endpoints: Vec<Value>) -> World {
-    let mut world = World::new();
-    world
-        .service("web", spec)
-        .slice("web", json!([{"name": "http", "port": 8080}]), endpoints);
-    world
-}
-
-fn spec(extra: Value) -> Value {
-    let mut spec = json!({"type": "ClusterIP", "clusterIP": "10.96.0.10",
-        "ports": [{"name": "http", "port": 80, "targetPort": 8080}]});
-    for (key, value) in extra.as_object().unwrap() {
-        spec[key] = value.clone();
-    }
-    spec
-}
-
-fn nodeport(extra: Value) -> Value {
-    let mut spec = spec(extra);
-    spec["type"] = json!("NodePort");
-    spec["ports"][0]["nodePort"] = json!(30080);
-    spec
-}
+use crate::test_support::{check, load_balancer, nodeport, plan_of, spec, web};
 
 #[test]
 fn a_cluster_ip_is_a_bound_virtual_server_with_every_ready_endpoint() {
@@ -72,7 +21,7 @@ fn a_cluster_ip_is_a_bound_virtual_server_with_every_ready_endpoint() {
         "the unready endpoint is not a real server"
     );
     assert_eq!(plan.bound, ["10.96.0.10".parse().unwrap()].into());
-    check("clusterip", &plan);
+    check("clusterip.plan", &plan.to_string());
 }
 
 #[test]
@@ -81,7 +30,7 @@ fn no_endpoints_keep_the_virtual_server_without_real_servers() {
     let plan = plan_of(&mut world, "rr");
     assert_eq!(plan.virtual_servers.len(), 1);
     assert!(plan.virtual_servers.values().all(|s| s.real_servers.is_empty()));
-    check("no_endpoints", &plan);
+    check("no_endpoints.plan", &plan.to_string());
 }
 
 #[test]
@@ -125,7 +74,7 @@ fn client_ip_affinity_is_persistence_with_the_timeout() {
     let plan = plan_of(&mut world, "rr");
     let service = &plan.virtual_servers.values().next().unwrap().service;
     assert_eq!((service.flags, service.timeout), (FLAG_PERSISTENT, 600));
-    check("affinity", &plan);
+    check("affinity.plan", &plan.to_string());
 }
 
 #[test]
@@ -147,7 +96,7 @@ fn a_node_port_is_a_virtual_server_per_node_address_never_bound() {
     let plan = plan_of(&mut world, "rr");
     assert_eq!(plan.virtual_servers.len(), 3, "cluster IP + two node addresses");
     assert_eq!(plan.bound.len(), 1, "only the cluster IP");
-    check("nodeport", &plan);
+    check("nodeport.plan", &plan.to_string());
 }
 
 #[test]
@@ -175,7 +124,7 @@ fn external_local_uses_local_endpoints_and_falls_back_to_all_without_them() {
         vec![ep("10.244.1.5 local"), ep("10.244.2.6")],
     );
     let plan = plan_of(&mut world, "rr");
-    check("external_local", &plan);
+    check("external_local.plan", &plan.to_string());
     let node_port =
         &plan.virtual_servers[&service_key(Protocol::Tcp, "192.168.0.10".parse().unwrap(), 30080)];
     assert_eq!(node_port.real_servers.len(), 1, "local only");
@@ -211,7 +160,7 @@ fn internal_local_cluster_ip_without_local_endpoints_has_no_real_server() {
             .real_servers
             .is_empty()
     );
-    check("internal_local_no_local", &plan);
+    check("internal_local_no_local.plan", &plan.to_string());
 }
 
 #[test]
@@ -227,26 +176,7 @@ fn external_ips_are_bound_unless_another_interface_has_them() {
         "on another interface"
     );
     assert_eq!(plan.virtual_servers.len(), 3, "both are served");
-    check("external_ips", &plan);
-}
-
-/// A LoadBalancer Service `name` (Local policy) whose load balancer gave it `ingress_ip`.
-fn load_balancer(
-    name: &str,
-    cluster_ip: &str,
-    node_port: u16,
-    ranges: Value,
-    ingress_ip: &str,
-) -> core_v1::Service {
-    let mut spec = nodeport(json!({
-        "externalTrafficPolicy": "Local", "healthCheckNodePort": 32000, "loadBalancerSourceRanges": ranges}));
-    spec["type"] = json!("LoadBalancer");
-    spec["clusterIP"] = json!(cluster_ip);
-    spec["ports"][0]["nodePort"] = json!(node_port);
-    let mut object = kpr_world::service_object(name, spec);
-    object.status =
-        serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": ingress_ip}]}})).unwrap();
-    object
+    check("external_ips.plan", &plan.to_string());
 }
 
 #[test]
@@ -279,7 +209,7 @@ fn load_balancer_source_ranges_fill_the_firewall_sets() {
         "web's ranges hold the node"
     );
     assert_eq!(plan.out_filter.len(), 1, "other's ranges leave the node out");
-    check("load_balancer_source_ranges", &plan);
+    check("load_balancer_source_ranges.plan", &plan.to_string());
 }
 
 #[test]
@@ -303,7 +233,7 @@ fn udp_and_sctp_node_ports_use_their_sets() {
         Some(2),
         "one per node address"
     );
-    check("udp_sctp_node_ports", &plan);
+    check("udp_sctp_node_ports.plan", &plan.to_string());
 }
 
 #[test]
@@ -330,7 +260,7 @@ fn an_ipv6_plan_uses_the_ipv6_set_names() {
         node_ip: None,
     };
     let plan = plan(&world.state(), &inputs);
-    check("ipv6", &plan);
+    check("ipv6.plan", &plan.to_string());
     assert!(
         plan.sets
             .members("KUBE-6-CLUSTER-IP")

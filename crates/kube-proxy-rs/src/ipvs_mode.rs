@@ -1,0 +1,223 @@
+//! ipvs mode: upstream's start-up checks and host settings, and the settings and the node's
+//! facts turned into one IPVS backend per IP family (kpr-ipvs).
+//!
+//! The families are iptables mode's (the mode writes iptables rules too); the kernel must
+//! have IPVS, which [`check_ipvs`] loads and proves at start-up as upstream's
+//! `CanUseIPVSProxier` does (a probe virtual server with the configured scheduler, added and
+//! deleted), and `ipset` must work. Both families share one IPVS table and `kube-ipvs0`;
+//! each family's backend touches only its own addresses and virtual servers.
+
+use std::process::Command;
+
+use ipnet::IpNet;
+use kpr_config::Settings;
+use kpr_iptables::{Iptables, IptablesCli, Modes, ProcSysctl, Sysctl, Variant};
+use kpr_ipvs::rules::{RuleOptions, ruleset};
+use kpr_ipvs::{IpsetCli, IpvsBackend, IpvsOptions, PlanInputs, plan};
+use kpr_ipvs_netlink::{Ipvs, Protocol, Scheduler, Service, ServiceKey, Timeouts};
+use kpr_model::IpFamily;
+use kpr_state::DesiredState;
+
+use crate::fatal::Fatal;
+use crate::iptables_mode;
+use crate::node::NodeFacts;
+
+/// The rules are iptables rules: the family's iptables must work.
+pub fn supports(family: IpFamily) -> bool {
+    iptables_mode::supports(family)
+}
+
+/// Upstream's `CanUseIPVSProxier`: IPVS in the kernel (the module loaded if need be), the
+/// scheduler usable (a probe virtual server added and deleted, unless one already uses
+/// it), and `ipset` present.
+pub fn check_ipvs(settings: &Settings) -> Result<(), Fatal> {
+    let scheduler = scheduler(settings)?;
+    // The kernel loads ip_vs on demand for nothing IPVS-specific: load it as upstream does.
+    let _ = Command::new("modprobe").arg("ip_vs").status();
+    let unusable = |why: String| Fatal::runtime(format!("can't use the IPVS proxier: {why}"));
+    let mut ipvs = Ipvs::open()
+        .map_err(|e| unusable(e.to_string()))?
+        .ok_or_else(|| unusable("this kernel has no IPVS (module ip_vs)".into()))?;
+    let listed = ipvs.services().map_err(|e| unusable(e.to_string()))?;
+    if !listed.objects.iter().any(|s| s.scheduler == scheduler) {
+        probe_scheduler(&mut ipvs, &scheduler).map_err(unusable)?;
+    }
+    let ipset = Command::new("ipset").arg("version").output();
+    match ipset {
+        Ok(output) if output.status.success() => Ok(()),
+        _ => Err(unusable("the ipset tool does not run (install ipset)".into())),
+    }
+}
+
+/// `--ipvs-scheduler` (round robin when unset), checked as a scheduler name.
+pub fn scheduler(settings: &Settings) -> Result<Scheduler, Fatal> {
+    Scheduler::new(settings.config.ipvs_scheduler())
+        .map_err(|e| Fatal::usage(format!("--ipvs-scheduler: {e}")))
+}
+
+/// Adds and deletes a virtual server with `scheduler` at upstream's probe address.
+fn probe_scheduler(ipvs: &mut Ipvs, scheduler: &Scheduler) -> Result<(), String> {
+    let key = ServiceKey {
+        protocol: Protocol::Tcp,
+        address: "198.51.100.0".parse().map_err(|_| "probe address")?,
+        port: 20000,
+    };
+    let probe = Service::new(key, scheduler.clone());
+    ipvs.add_service(&probe)
+        .map_err(|e| format!("IPVS scheduler {scheduler} is not usable: {e}"))?;
+    ipvs.delete_service(&key).map_err(|e| e.to_string())
+}
+
+/// The host settings upstream's ipvs proxier makes at start-up (once per family there; the
+/// same keys here, so once is enough). A failure is fatal, as upstream's.
+pub fn prepare_host(settings: &Settings) -> Result<(), Fatal> {
+    prepare_host_with(settings, &ProcSysctl::default())
+}
+
+fn prepare_host_with(settings: &Settings, sysctl: &dyn Sysctl) -> Result<(), Fatal> {
+    let mut wanted = vec![
+        ("net/ipv4/vs/conntrack", "1"),
+        ("net/ipv4/vs/expire_nodest_conn", "1"),
+        ("net/ipv4/vs/expire_quiescent_template", "1"),
+        ("net/ipv4/ip_forward", "1"),
+    ];
+    if settings.config.ipvs.strict_arp {
+        wanted.extend([
+            ("net/ipv4/conf/all/arp_ignore", "1"),
+            ("net/ipv4/conf/all/arp_announce", "2"),
+        ]);
+    }
+    for (key, value) in wanted {
+        if sysctl.get(key).is_ok_and(|current| current.trim() == value) {
+            continue;
+        }
+        sysctl
+            .set(key, value)
+            .map_err(|e| Fatal::runtime(format!("ipvs mode: setting {key} to {value}: {e}")))?;
+    }
+    set_timeouts(settings)
+}
+
+/// `--ipvs-tcp-timeout` and friends (0 keeps the kernel's); a failure is logged, as upstream.
+fn set_timeouts(settings: &Settings) -> Result<(), Fatal> {
+    let ipvs = &settings.config.ipvs;
+    let seconds = |d: &kpr_config::GoDuration| {
+        d.to_std()
+            .map_or(0, |d| d.as_secs().min(u64::from(u32::MAX)) as u32)
+    };
+    let timeouts = Timeouts {
+        tcp: seconds(&ipvs.tcp_timeout),
+        tcp_fin: seconds(&ipvs.tcp_fin_timeout),
+        udp: seconds(&ipvs.udp_timeout),
+    };
+    if timeouts == Timeouts::default() {
+        return Ok(());
+    }
+    match Ipvs::open() {
+        Ok(Some(mut handle)) => {
+            if let Err(error) = handle.set_timeouts(&timeouts) {
+                tracing::error!(%error, "setting the IPVS timeouts failed");
+            }
+        }
+        Ok(None) => {}
+        Err(error) => tracing::error!(%error, "setting the IPVS timeouts failed"),
+    }
+    Ok(())
+}
+
+/// The options of `family`'s backend.
+pub fn options(
+    settings: &Settings,
+    family: IpFamily,
+    node: &NodeFacts,
+    scheduler: Scheduler,
+) -> Result<IpvsOptions, Fatal> {
+    let config = &settings.config;
+    let exclude_cidrs = config
+        .ipvs
+        .exclude_cidrs
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|cidr| {
+            cidr.trim()
+                .parse::<IpNet>()
+                .map_err(|e| Fatal::usage(format!("ipvs.excludeCIDRs {cidr:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(IpvsOptions {
+        scheduler,
+        rules: RuleOptions {
+            family,
+            // Validation keeps the bit within 0..=31; ipvs mode uses the iptables section's.
+            masquerade_bit: u8::try_from(config.masquerade_bit()).unwrap_or(14),
+            masquerade_all: config.masquerade_all(),
+            local_detector: iptables_mode::local_detector(settings, node)?,
+            random_fully: true,
+        },
+        node_port_addresses: iptables_mode::nodeport_addresses(
+            config.node_port_addresses.as_deref().unwrap_or_default(),
+            node,
+        )?,
+        exclude_cidrs,
+        node_ip: Some(node.ips.of(family)),
+    })
+}
+
+/// `family`'s backend, reading the kernel back at least every `sync_period`;
+/// `--random-fully` only when this iptables supports it.
+pub fn backend(mut options: IpvsOptions, sync_period: std::time::Duration) -> IpvsBackend {
+    let cli = IptablesCli::new(options.rules.family, Variant::Auto);
+    options.rules.random_fully = cli.version().is_ok_and(|v| v.supports_random_fully());
+    IpvsBackend::new(options, Box::new(cli), Box::new(IpsetCli)).with_reconcile_period(sync_period)
+}
+
+/// What `--dry-run` prints for one family: the plan (virtual servers, addresses, set
+/// members) as comments, then the iptables ruleset (restore input). This host's addresses
+/// stand in for the node's.
+pub fn dry_run(state: &DesiredState, options: &IpvsOptions) -> Result<String, Fatal> {
+    let all = kpr_ipvs::addresses::read_interface_addresses()
+        .map_err(|e| Fatal::runtime(format!("reading this host's addresses: {e}")))?;
+    let host =
+        kpr_ipvs::addresses::HostAddresses::new(&all, options.rules.family, &options.node_port_addresses);
+    let inputs = PlanInputs {
+        family: options.rules.family,
+        scheduler: &options.scheduler,
+        node_port_addresses: &host.node_ports,
+        other_interface_addresses: &host.others,
+        node_ip: options.node_ip,
+    };
+    let plan = plan(state, &inputs);
+    let mut out = String::new();
+    for line in plan.to_string().lines() {
+        out.push_str("# ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str(&ruleset(&plan, &options.rules).render_full().text);
+    Ok(out)
+}
+
+/// Upstream's NodePort virtual servers (on the node's addresses, so kpr-leftovers cannot
+/// tell them from anyone else's; the mode's NodePort sets can): removed before the sets go,
+/// on `--cleanup` and when another mode starts. Best effort, logged.
+pub fn remove_node_port_servers() {
+    match kpr_ipvs::leftovers::remove_node_port_servers(&IpsetCli) {
+        Ok(removed) => {
+            for key in removed {
+                tracing::info!(object = %format!("IPVS service {key}"), "removed what another kube-proxy mode left");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "IPVS NodePort services of ipvs mode not removed"),
+    }
+}
+
+/// Start-up: iptables mode's Service chains and userspace mode's portals (both families
+/// and flavours) and nftables mode's tables, which would otherwise act on Service traffic
+/// before IPVS. Upstream's ipvs mode removes only nftables mode's; see the note in
+/// [`iptables_mode::remove_other_modes_leftovers`] for why we remove the others too. The
+/// chains ipvs mode shares with iptables mode stay: the first sync rewrites them.
+pub fn remove_other_modes_leftovers() {
+    iptables_mode::remove_iptables_leftovers(Modes::IPVS.others());
+    kpr_leftovers::remove_nftables_leftovers();
+}

@@ -4,8 +4,8 @@
 //! socket with splice(2), so they never enter this process's memory (the way HAProxy
 //! forwards bulk data); [`CopyMethod::Buffer`] reads into a buffer and writes it out;
 //! [`CopyMethod::Auto`] (the default) starts with a small buffer and turns to splice at the
-//! first read that fills it. Measured side by side with HAProxy (BENCHMARKS.md, "userspace
-//! mode"; `examples/vs_haproxy.rs`): splice wins on bulk streams, the buffer on short
+//! first read that fills it. Measured side by side with HAProxy (kpr-bench `--parts l4`,
+//! BENCHMARKS.md's L4 section): splice wins on bulk streams, the buffer on short
 //! request/answer connections (no pipe to create), and Auto keeps the better of both.
 //!
 //! Each direction ends at its end of stream, which is passed on as a half-close

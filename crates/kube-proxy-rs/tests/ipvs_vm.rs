@@ -10,7 +10,7 @@ use std::io::ErrorKind;
 use std::time::Duration;
 
 use kpr_netns::{NODE_IP, eventually};
-use kpr_vm::Guest;
+use kpr_vm::{Guest, squeeze_columns};
 use support::*;
 
 const IPVS: &str = "--proxy-mode=ipvs";
@@ -31,12 +31,7 @@ fn web_cluster(pods: &[usize], total_pods: usize, node_port: Option<u16>) -> Clu
 }
 
 fn ipvsadm(cluster: &Cluster) -> String {
-    let listed = cluster.node().sh("ipvsadm -Ln").unwrap();
-    listed
-        .lines()
-        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
-        .collect::<Vec<_>>()
-        .join("\n")
+    squeeze_columns(&cluster.node().sh("ipvsadm -Ln").unwrap())
 }
 
 #[test]

@@ -8,7 +8,7 @@ use kpr_ipvs_netlink::{
     Destination, FLAG_PERSISTENT, Ipvs, IpvsLinks, Protocol, Scheduler, Service, ServiceKey, Timeouts,
 };
 use kpr_netns::Netns;
-use kpr_vm::in_guest;
+use kpr_vm::{in_guest, squeeze_columns};
 
 fn key(protocol: Protocol, address: &str, port: u16) -> ServiceKey {
     ServiceKey {
@@ -18,14 +18,9 @@ fn key(protocol: Protocol, address: &str, port: u16) -> ServiceKey {
     }
 }
 
-/// `ipvsadm -Ln` with each run of blanks as one space, so lines compare without column widths.
+/// `ipvsadm -Ln` in `node`, columns squeezed.
 fn ipvsadm_list(node: &Netns) -> String {
-    let shown = node.sh("ipvsadm -Ln").unwrap();
-    shown
-        .lines()
-        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
-        .collect::<Vec<_>>()
-        .join("\n")
+    squeeze_columns(&node.sh("ipvsadm -Ln").unwrap())
 }
 
 fn destination(address: &str, port: u16, weight: u32) -> Destination {

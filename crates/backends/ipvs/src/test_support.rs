@@ -80,3 +80,26 @@ pub fn load_balancer(
         serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": ingress_ip}]}})).unwrap();
     object
 }
+
+/// The plan of an IPv6-only node without NodePort addresses for `world`.
+pub fn ipv6_plan_of(world: &mut World) -> IpvsPlan {
+    let scheduler = Scheduler::new("rr").unwrap();
+    let none = BTreeSet::new();
+    let inputs = PlanInputs {
+        family: IpFamily::V6,
+        scheduler: &scheduler,
+        node_port_addresses: &[],
+        other_interface_addresses: &none,
+        node_ip: None,
+    };
+    plan(&world.state(), &inputs)
+}
+
+/// Service `web` on cluster IP fd00:96::10 (IPv6 only), port `http` 80 -> 8080.
+pub fn ipv6_web(world: &mut World) -> &mut World {
+    world.service(
+        "web",
+        json!({"type": "ClusterIP", "clusterIP": "fd00:96::10", "ipFamilies": ["IPv6"],
+               "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+    )
+}

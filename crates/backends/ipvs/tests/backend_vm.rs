@@ -14,7 +14,7 @@ use kpr_ipvs_netlink::Scheduler;
 use kpr_model::IpFamily;
 use kpr_netns::{Netns, spread};
 use kpr_state::Backend;
-use kpr_vm::in_guest;
+use kpr_vm::{in_guest, squeeze_columns};
 use kpr_world::{World, ep};
 use serde_json::json;
 
@@ -50,13 +50,6 @@ fn web(world: &mut World, endpoints: &[&str]) {
         );
 }
 
-fn squeezed(text: &str) -> String {
-    text.lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[test]
 fn syncs_program_every_object_and_a_deleted_service_leaves_nothing() {
     in_guest(
@@ -79,7 +72,7 @@ fn syncs_program_every_object_and_a_deleted_service_leaves_nothing() {
 
             let pending = world.pending();
             node.run(|| backend.sync(&pending.request(false))).unwrap();
-            let ipvs = squeezed(&node.sh("ipvsadm -Ln").unwrap());
+            let ipvs = squeeze_columns(&node.sh("ipvsadm -Ln").unwrap());
             for line in [
                 "TCP 10.96.0.10:80 rr",
                 "TCP 192.168.0.10:30080 rr",
@@ -105,10 +98,10 @@ fn syncs_program_every_object_and_a_deleted_service_leaves_nothing() {
             );
 
             // (Connection counts are part of the listing: compare after the traffic.)
-            let before = squeezed(&node.sh("ipvsadm -Ln").unwrap());
+            let before = squeeze_columns(&node.sh("ipvsadm -Ln").unwrap());
             let pending = world.pending();
             node.run(|| backend.sync(&pending.request(false))).unwrap();
-            let after = squeezed(&node.sh("ipvsadm -Ln").unwrap());
+            let after = squeeze_columns(&node.sh("ipvsadm -Ln").unwrap());
             assert_eq!(after, before, "a sync without changes keeps IPVS as it was");
 
             // A change is a partial sync: only the difference, no read-back.
@@ -125,7 +118,7 @@ fn syncs_program_every_object_and_a_deleted_service_leaves_nothing() {
             assert!(stats.set_changes == 0 && !stats.rules_written, "{stats:?}");
             // pod-b still has connections in the cluster IP's table (TIME_WAIT): it drains at
             // weight 0 there; the NodePort servers, which it never served, drop it at once.
-            let ipvs = squeezed(&node.sh("ipvsadm -Ln").unwrap());
+            let ipvs = squeeze_columns(&node.sh("ipvsadm -Ln").unwrap());
             assert!(ipvs.contains("-> 10.244.2.6:8080 Masq 0 0 10"), "{ipvs}");
             assert_eq!(ipvs.matches("10.244.2.6:8080").count(), 1, "{ipvs}");
             assert_eq!(backend.draining(), 1);
@@ -139,7 +132,7 @@ fn syncs_program_every_object_and_a_deleted_service_leaves_nothing() {
             assert!(pending.changed.is_empty());
             let report = node.run(|| backend.sync(&pending.request(false))).unwrap();
             assert!(report.full);
-            assert!(squeezed(&node.sh("ipvsadm -Ln").unwrap()).contains("TCP 10.96.0.10:80 rr"));
+            assert!(squeeze_columns(&node.sh("ipvsadm -Ln").unwrap()).contains("TCP 10.96.0.10:80 rr"));
             assert!(
                 node.sh("ipset save")
                     .unwrap()

@@ -35,3 +35,13 @@ mod qemu;
 pub use debian::{CACHE_ENV, KernelTree};
 pub use error::{Error, Result};
 pub use guest::{GUEST_ENV, Guest, GuestRun, in_guest};
+
+/// `ipvsadm -Ln` output (Debian's ipvsadm is in every guest) with each run of blanks as one
+/// space, so tests compare lines without the column widths.
+pub fn squeeze_columns(listing: &str) -> String {
+    listing
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -5,7 +5,7 @@ use kpr_world::{World, ep};
 use serde_json::json;
 
 use super::*;
-use crate::test_support::{check, load_balancer, nodeport, plan_of, spec, web};
+use crate::test_support::{check, ipv6_plan_of, ipv6_web, load_balancer, nodeport, plan_of, spec, web};
 
 #[test]
 fn a_cluster_ip_is_a_bound_virtual_server_with_every_ready_endpoint() {
@@ -239,27 +239,12 @@ fn udp_and_sctp_node_ports_use_their_sets() {
 #[test]
 fn an_ipv6_plan_uses_the_ipv6_set_names() {
     let mut world = World::with_family(IpFamily::V6);
-    world
-        .service(
-            "web",
-            json!({"type": "ClusterIP", "clusterIP": "fd00:96::10", "ipFamilies": ["IPv6"],
-            "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
-        )
-        .slice(
-            "web",
-            json!([{"name": "http", "port": 8080}]),
-            vec![ep("fd00:244::5 local")],
-        );
-    let scheduler = Scheduler::new("rr").unwrap();
-    let none = BTreeSet::new();
-    let inputs = PlanInputs {
-        family: IpFamily::V6,
-        scheduler: &scheduler,
-        node_port_addresses: &[],
-        other_interface_addresses: &none,
-        node_ip: None,
-    };
-    let plan = plan(&world.state(), &inputs);
+    ipv6_web(&mut world).slice(
+        "web",
+        json!([{"name": "http", "port": 8080}]),
+        vec![ep("fd00:244::5 local")],
+    );
+    let plan = ipv6_plan_of(&mut world);
     check("ipv6.plan", &plan.to_string());
     assert!(
         plan.sets

@@ -6,7 +6,7 @@ use kpr_world::{World, ep};
 use serde_json::json;
 
 use super::*;
-use crate::test_support::{check, load_balancer, nodeport, plan_of, spec, web};
+use crate::test_support::{check, ipv6_plan_of, ipv6_web, load_balancer, nodeport, plan_of, spec, web};
 
 fn options() -> RuleOptions {
     RuleOptions {
@@ -106,21 +106,8 @@ fn load_balancers_with_source_ranges_and_external_ips_fill_every_chain() {
 #[test]
 fn ipv6_uses_its_loopback_and_set_names() {
     let mut world = World::with_family(IpFamily::V6);
-    world.service(
-        "web",
-        json!({"type": "ClusterIP", "clusterIP": "fd00:96::10", "ipFamilies": ["IPv6"],
-               "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
-    );
-    let scheduler = kpr_ipvs_netlink::Scheduler::new("rr").unwrap();
-    let none = std::collections::BTreeSet::new();
-    let inputs = crate::PlanInputs {
-        family: IpFamily::V6,
-        scheduler: &scheduler,
-        node_port_addresses: &[],
-        other_interface_addresses: &none,
-        node_ip: None,
-    };
-    let plan = crate::plan(&world.state(), &inputs);
+    ipv6_web(&mut world);
+    let plan = ipv6_plan_of(&mut world);
     let options = RuleOptions {
         family: IpFamily::V6,
         local_detector: LocalDetector::ClusterCidr(vec!["fd00:244::/64".parse().unwrap()]),

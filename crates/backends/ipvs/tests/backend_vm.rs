@@ -19,20 +19,24 @@ use kpr_world::{World, ep};
 use serde_json::json;
 
 fn backend(node: &Netns) -> IpvsBackend {
+    family_backend(node, IpFamily::V4, "10.244.0.0/16", "192.168.0.10")
+}
+
+fn family_backend(node: &Netns, family: IpFamily, pods: &str, node_ip: &str) -> IpvsBackend {
     let options = IpvsOptions {
         scheduler: Scheduler::new("rr").unwrap(),
         rules: RuleOptions {
-            family: IpFamily::V4,
+            family,
             masquerade_bit: 14,
             masquerade_all: false,
-            local_detector: LocalDetector::ClusterCidr(vec!["10.244.0.0/16".parse().unwrap()]),
+            local_detector: LocalDetector::ClusterCidr(vec![pods.parse().unwrap()]),
             random_fully: true,
         },
         node_port_addresses: NodePortAddresses::All,
         exclude_cidrs: vec![],
-        node_ip: Some("192.168.0.10".parse().unwrap()),
+        node_ip: Some(node_ip.parse().unwrap()),
     };
-    let iptables = IptablesCli::in_netns(IpFamily::V4, Variant::Auto, node.name());
+    let iptables = IptablesCli::in_netns(family, Variant::Auto, node.name());
     IpvsBackend::new(options, Box::new(iptables), Box::new(IpsetCli))
 }
 
@@ -154,6 +158,59 @@ fn syncs_program_every_object_and_a_deleted_service_leaves_nothing() {
             let sets = node.sh("ipset save").unwrap();
             assert!(!sets.contains("add KUBE-"), "every member gone:\n{sets}");
             assert!(sets.contains("create KUBE-CLUSTER-IP"), "the sets stay, empty");
+        },
+    );
+}
+
+#[test]
+fn ipv6_services_are_served_through_their_own_sets_and_rules() {
+    in_guest(
+        "ipv6_services_are_served_through_their_own_sets_and_rules",
+        || {
+            let node = Netns::new("ipvs").unwrap();
+            node.sh(
+            "modprobe ip_vs && ip link add eth0 type dummy && ip -6 addr add fd00:1::10/64 dev eth0 nodad && \
+             ip link set eth0 up && ip link add pods type dummy && ip -6 addr add fd00:244::5/128 dev pods nodad && \
+             ip -6 addr add fd00:244::6/128 dev pods nodad && ip link set pods up",
+        )
+        .unwrap();
+            let _a = node
+                .tcp_backend("[fd00:244::5]:8080".parse().unwrap(), "pod-a")
+                .unwrap();
+            let _b = node
+                .tcp_backend("[fd00:244::6]:8080".parse().unwrap(), "pod-b")
+                .unwrap();
+            let mut backend = family_backend(&node, IpFamily::V6, "fd00:244::/64", "fd00:1::10");
+            let mut world = World::with_family(IpFamily::V6);
+            world
+                .service(
+                    "web",
+                    json!({"type": "ClusterIP", "clusterIP": "fd00:96::10", "ipFamilies": ["IPv6"],
+                       "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+                )
+                .slice(
+                    "web",
+                    json!([{"name": "http", "port": 8080}]),
+                    vec![ep("fd00:244::5"), ep("fd00:244::6")],
+                );
+            let pending = world.pending();
+            node.run(|| backend.sync(&pending.request(false))).unwrap();
+            let ipvs = squeeze_columns(&node.sh("ipvsadm -Ln").unwrap());
+            assert!(ipvs.contains("TCP [fd00:96::10]:80 rr"), "{ipvs}");
+            let sets = node.sh("ipset save").unwrap();
+            assert!(
+                sets.contains("add KUBE-6-CLUSTER-IP fd00:96::10,tcp:80"),
+                "{sets}"
+            );
+            let rules = node.sh("ip6tables-save").unwrap();
+            assert!(rules.contains("-A KUBE-SERVICES -s ::1/128 -j RETURN"), "{rules}");
+            let vip: SocketAddr = "[fd00:96::10]:80".parse().unwrap();
+            let answers = spread(&node, vip, 20);
+            assert_eq!(
+                (answers.get("pod-a"), answers.get("pod-b")),
+                (Some(&10), Some(&10)),
+                "{answers:?}"
+            );
         },
     );
 }

@@ -153,3 +153,42 @@ fn switching_from_iptables_to_ipvs_and_back_leaves_only_the_running_mode() {
         },
     );
 }
+
+#[test]
+fn ipvs_flags_reach_the_kernel_and_excluded_virtual_servers_stay() {
+    in_guest(
+        "ipvs_flags_reach_the_kernel_and_excluded_virtual_servers_stay",
+        || {
+            let mut cluster = web_cluster(&[0], 2, None);
+            cluster
+            .node()
+            .sh("modprobe ip_vs && ipvsadm -A -t 192.0.2.9:80 -s rr && ipvsadm -A -t 198.51.100.9:80 -s rr")
+            .unwrap();
+            cluster.start_proxy(&[
+                IPVS,
+                "--ipvs-strict-arp",
+                "--ipvs-exclude-cidrs=192.0.2.0/24",
+                "--ipvs-tcp-timeout=900s",
+                "--ipvs-scheduler=lc",
+            ]);
+            wait_spread(cluster.lab.pod(1), sock(WEB_VIP), 10, &["pod0"]);
+            let listed = ipvsadm(&cluster);
+            assert!(listed.contains("TCP 10.96.0.10:80 lc"), "{listed}");
+            // Upstream deletes every virtual server of its family it did not make, except those
+            // in --ipvs-exclude-cidrs.
+            assert!(
+                listed.contains("TCP 192.0.2.9:80 rr"),
+                "excluded: stays\n{listed}"
+            );
+            assert!(
+                !listed.contains("198.51.100.9"),
+                "not excluded: deleted\n{listed}"
+            );
+            let node = cluster.node();
+            assert_eq!(node.sysctl("net.ipv4.conf.all.arp_ignore").unwrap().trim(), "1");
+            assert_eq!(node.sysctl("net.ipv4.conf.all.arp_announce").unwrap().trim(), "2");
+            let timeouts = node.sh("ipvsadm -L --timeout").unwrap();
+            assert!(timeouts.contains("900 "), "{timeouts}");
+        },
+    );
+}

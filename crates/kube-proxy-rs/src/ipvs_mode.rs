@@ -221,3 +221,63 @@ pub fn remove_other_modes_leftovers() {
     iptables_mode::remove_iptables_leftovers(Modes::IPVS.others());
     kpr_leftovers::remove_nftables_leftovers();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(args: &[&str]) -> Settings {
+        let mut all = vec!["kube-proxy-rs", "--manifests=x", "--proxy-mode=ipvs"];
+        all.extend_from_slice(args);
+        kpr_config::load(all).unwrap()
+    }
+
+    #[test]
+    fn the_scheduler_defaults_to_round_robin_and_a_bad_name_is_a_usage_error() {
+        assert_eq!(scheduler(&settings(&[])).unwrap().as_str(), "rr");
+        assert_eq!(
+            scheduler(&settings(&["--ipvs-scheduler=sh"])).unwrap().as_str(),
+            "sh"
+        );
+        for bad in ["RR", "rr;reboot", "a-very-long-scheduler-name"] {
+            let error = scheduler(&settings(&[&format!("--ipvs-scheduler={bad}")])).unwrap_err();
+            assert_eq!(error.code, 2, "{bad}");
+            assert!(
+                error.message.starts_with("--ipvs-scheduler: IPVS scheduler"),
+                "{}",
+                error.message
+            );
+        }
+    }
+
+    /// Upstream's host settings, each written once and only when it differs.
+    #[test]
+    fn host_settings_are_upstreams_and_strict_arp_only_when_asked() {
+        let root = tempfile::tempdir().unwrap();
+        for key in [
+            "net/ipv4/vs/conntrack",
+            "net/ipv4/vs/expire_nodest_conn",
+            "net/ipv4/vs/expire_quiescent_template",
+            "net/ipv4/ip_forward",
+            "net/ipv4/conf/all/arp_ignore",
+            "net/ipv4/conf/all/arp_announce",
+        ] {
+            let path = root.path().join(key);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, "0\n").unwrap();
+        }
+        let sysctl = ProcSysctl::at(root.path());
+        prepare_host_with(&settings(&[]), &sysctl).unwrap();
+        let read = |key: &str| sysctl.get(key).unwrap().trim().to_string();
+        assert_eq!(read("net/ipv4/vs/conntrack"), "1");
+        assert_eq!(read("net/ipv4/ip_forward"), "1");
+        assert_eq!(
+            read("net/ipv4/conf/all/arp_ignore"),
+            "0",
+            "strict ARP only when asked"
+        );
+        prepare_host_with(&settings(&["--ipvs-strict-arp"]), &sysctl).unwrap();
+        assert_eq!(read("net/ipv4/conf/all/arp_ignore"), "1");
+        assert_eq!(read("net/ipv4/conf/all/arp_announce"), "2");
+    }
+}

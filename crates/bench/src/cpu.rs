@@ -70,31 +70,42 @@ mod tests {
         assert!(process(std::process::id()).is_some());
     }
 
+    /// Spins until the kernel has counted `budget` of the calling thread's CPU, however
+    /// busy the machine.
+    fn spin_for_cpu(budget: Duration) {
+        let own = || stat_cpu_time(&std::fs::read_to_string("/proc/thread-self/stat").unwrap()).unwrap();
+        let mut x = 0u64;
+        while own() < budget {
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        }
+    }
+
     #[test]
     fn registered_threads_are_counted_and_others_are_not() {
         let threads = Threads::default();
         let busy = threads.clone();
         let (spent, read) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
-        let worker = std::thread::spawn(move || {
+        let registered = std::thread::spawn(move || {
             busy.register_this_thread();
-            // Spins until the kernel has counted 150 ms of its CPU, however busy the machine.
-            let own = || stat_cpu_time(&std::fs::read_to_string("/proc/thread-self/stat").unwrap()).unwrap();
-            let mut x = 0u64;
-            while own() < Duration::from_millis(150) {
-                for _ in 0..100_000 {
-                    x = std::hint::black_box(x.wrapping_add(1));
-                }
-            }
+            spin_for_cpu(Duration::from_millis(150));
             spent.0.send(()).unwrap();
             // Alive until the count has been read.
             read.1.recv().unwrap();
         });
+        // An unregistered thread burns far more: were it counted, the sum would show it.
+        std::thread::spawn(|| spin_for_cpu(Duration::from_millis(600)))
+            .join()
+            .unwrap();
         spent.1.recv().unwrap();
         let counted = threads.cpu_time();
         read.0.send(()).unwrap();
-        worker.join().unwrap();
+        registered.join().unwrap();
         assert!(counted >= Duration::from_millis(150), "{counted:?}");
-        // This (waiting) thread is not among them: the process used at least as much.
-        assert!(process(std::process::id()).unwrap() >= counted);
+        assert!(
+            counted < Duration::from_millis(600),
+            "an unregistered thread was counted: {counted:?}"
+        );
     }
 }

@@ -6,11 +6,13 @@
 
 mod support;
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use kpr_netns::{NODE_IP, eventually};
+use kpr_netns::{NODE_IP, NODE_IP_V6, eventually, pod_ip};
 use kpr_vm::{Guest, squeeze_columns};
+use support::families::{DUAL_STACK_CLUSTER_CIDR, Family, peers, service, slice, tcp_backends};
 use support::*;
 
 const IPVS: &str = "--proxy-mode=ipvs";
@@ -189,6 +191,119 @@ fn ipvs_flags_reach_the_kernel_and_excluded_virtual_servers_stay() {
             assert_eq!(node.sysctl("net.ipv4.conf.all.arp_announce").unwrap().trim(), "2");
             let timeouts = node.sh("ipvsadm -L --timeout").unwrap();
             assert!(timeouts.contains("900 "), "{timeouts}");
+        },
+    );
+}
+
+/// pod1 holds one connection made through the cluster IP when it leaves the Service: its
+/// real server stays at weight 0 (new connections go to pod0) and the held connection keeps
+/// carrying bytes; once that connection is gone, the real server is deleted.
+#[test]
+fn a_removed_pod_drains_at_weight_zero_until_its_connection_ends() {
+    in_guest(
+        "a_removed_pod_drains_at_weight_zero_until_its_connection_ends",
+        || {
+            let mut cluster = web_cluster(&[0], 3, None);
+            cluster.write("web.yaml", &web_yaml(&[1], None));
+            cluster.start_proxy(&[IPVS, "--ipvs-sync-period=1s"]);
+            let listener = cluster
+                .lab
+                .pod(1)
+                .run(|| TcpListener::bind((pod_ip(1), 8080)))
+                .unwrap();
+            let mut client = eventually(CONVERGE, POLL, || {
+                let pod = cluster.lab.pod(2);
+                pod.run(|| TcpStream::connect_timeout(&sock(WEB_VIP), Duration::from_secs(2)))
+                    .map_err(|e| format!("{e}\n{}", ipvsadm(&cluster)))
+            });
+            let (mut served, _) = listener.accept().unwrap();
+            exchange(&mut client, &mut served);
+
+            cluster.write("web.yaml", &web_yaml(&[0], None));
+            let draining = format!("-> {}:8080 Masq 0 ", pod_ip(1));
+            eventually(CONVERGE, POLL, || {
+                let listed = ipvsadm(&cluster);
+                listed.contains(&draining).then_some(()).ok_or(listed)
+            });
+            assert_eq!(
+                wait_spread(cluster.lab.pod(2), sock(WEB_VIP), 20, &["pod0"]).len(),
+                1
+            );
+            exchange(&mut client, &mut served);
+
+            // A reset ends the connection at once (a FIN would leave it in TIME_WAIT for two
+            // minutes, which still counts): the next syncs find the real server idle.
+            for end in [&client, &served] {
+                reset_on_close(end);
+            }
+            drop((client, served));
+            let gone = format!("{}:8080", pod_ip(1));
+            eventually(Duration::from_secs(90), POLL, || {
+                let listed = ipvsadm(&cluster);
+                (!listed.contains(&gone)).then_some(()).ok_or(listed)
+            });
+            assert!(ipvsadm(&cluster).contains(&format!("-> {}:8080 Masq 1 ", pod_ip(0))));
+        },
+    );
+}
+
+/// One round trip each way over a held connection.
+fn exchange(client: &mut TcpStream, served: &mut TcpStream) {
+    let mut got = [0u8; 4];
+    client.write_all(b"ping").unwrap();
+    served.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"ping");
+    served.write_all(b"pong").unwrap();
+    client.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"pong");
+}
+
+/// Makes closing `stream` send a reset instead of a FIN.
+fn reset_on_close(stream: &TcpStream) {
+    let linger = nix::libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    nix::sys::socket::setsockopt(stream, nix::sys::socket::sockopt::Linger, &linger).unwrap();
+}
+
+/// A dual-stack Service in ipvs mode: one proxy runs both families, each with its own
+/// virtual servers (an IPv6 cluster IP on kube-ipvs0 too), both cluster IPs and both node
+/// addresses' NodePorts spread over the pods, each family's pods reached over their own.
+#[test]
+fn a_dual_stack_service_answers_on_both_families_in_ipvs_mode() {
+    in_guest(
+        "a_dual_stack_service_answers_on_both_families_in_ipvs_mode",
+        || {
+            let mut cluster = Cluster::new(3);
+            let v4 = tcp_backends(&cluster, Family::V4, &[0, 1], 8080);
+            let v6 = tcp_backends(&cluster, Family::V6, &[0, 1], 8080);
+            let vip_v6: IpAddr = "fd00:10:96::10".parse().unwrap();
+            let ips: [IpAddr; 2] = [sock(WEB_VIP).ip(), vip_v6];
+            let web = service("web", &ips, 80, 8080, "TCP", Some(30080))
+                + &slice("web", Family::V4, &[0, 1], 8080, "TCP")
+                + &slice("web", Family::V6, &[0, 1], 8080, "TCP");
+            cluster.write("web.yaml", &web);
+            cluster.start_proxy(&[IPVS, DUAL_STACK_CLUSTER_CIDR]);
+            let both = ["pod0", "pod1"];
+            for vip in ips {
+                assert_fair(&wait_spread(
+                    cluster.lab.pod(2),
+                    SocketAddr::new(vip, 80),
+                    100,
+                    &both,
+                ));
+            }
+            for node_ip in [IpAddr::from(NODE_IP), IpAddr::from(NODE_IP_V6)] {
+                let node_port = SocketAddr::new(node_ip, 30080);
+                assert_fair(&wait_spread(cluster.lab.client(), node_port, 100, &both));
+            }
+            assert!(peers(&v4).iter().all(IpAddr::is_ipv4), "{:?}", peers(&v4));
+            assert!(peers(&v6).iter().all(IpAddr::is_ipv6), "{:?}", peers(&v6));
+            let listed = ipvsadm(&cluster);
+            assert!(listed.contains("TCP [fd00:10:96::10]:80 rr"), "{listed}");
+            let link = cluster.node().sh("ip -6 addr show dev kube-ipvs0").unwrap();
+            assert!(link.contains("inet6 fd00:10:96::10/128"), "{link}");
         },
     );
 }

@@ -29,10 +29,23 @@ const CATALOG_HEALTH_CHECK: u16 = 30143;
 
 // Not userspace: that mode ignores traffic policies, as upstream's did, and its pods see
 // the proxy's own address, never the client's.
-kernel_modes!(
+in_mode!(iptables, crate::Mode::Iptables;
     external_traffic_stays_on_this_node_and_keeps_the_client_address,
     a_node_without_a_local_pod_drops_external_traffic_until_one_runs_here,
-    pods_and_the_node_reach_external_addresses_through_every_pod,
+    pods_and_the_node_reach_external_addresses_through_every_pod
+);
+in_mode!(nftables, crate::Mode::Nftables;
+    external_traffic_stays_on_this_node_and_keeps_the_client_address,
+    a_node_without_a_local_pod_drops_external_traffic_until_one_runs_here,
+    pods_and_the_node_reach_external_addresses_through_every_pod
+);
+// ipvs: upstream's ipvs mode sends external traffic to every pod when none is local (no
+// DROP), and its external virtual servers are the same for pods and the node as for the
+// outside client (no short circuit): see kpr-ipvs's UPSTREAM.md, "onlyLocal".
+in_mode!(ipvs, crate::Mode::Ipvs;
+    external_traffic_stays_on_this_node_and_keeps_the_client_address,
+    without_a_local_pod_ipvs_sends_external_traffic_to_every_pod,
+    in_ipvs_mode_pods_and_the_node_reach_external_addresses_as_the_client_does
 );
 
 /// The load balancer's probe of checkout's health-check port says this node has one local
@@ -99,6 +112,37 @@ fn pods_and_the_node_reach_external_addresses_through_every_pod(mode: Mode) {
         node.wait_answered_by(to, 100, &["pod0", "pod1"]);
     }
     for to in catalog {
+        pod.wait_answered_by(to, 20, &["pod1"]);
+        node.wait_answered_by(to, 20, &["pod1"]);
+    }
+}
+
+/// ipvs mode's version of the second scenario: catalog's probe still says 503, but
+/// traffic that arrives anyway falls back to node2's pod, which sees the client's address.
+fn without_a_local_pod_ipvs_sends_external_traffic_to_every_pod(mode: Mode) {
+    let stage = Stage::start(mode, 3, &Manifests::example(FILE));
+    assert_eq!(probe(&stage, CATALOG_HEALTH_CHECK, 503), health("catalog", 0));
+    for to in [at(CATALOG_INGRESS, 80), at(NODE_IP, CATALOG_NODE_PORT)] {
+        let outcome = stage.client().wait_answered_by(to, 20, &["pod1"]);
+        assert_eq!(
+            outcome.seen,
+            BTreeSet::from([IpAddr::from(CLIENT_IP)]),
+            "{outcome}"
+        );
+    }
+}
+
+/// ipvs mode's version of the third scenario: checkout's external addresses reach only
+/// this node's pod0 from a pod and from the node too; catalog's fall back to node2's pod.
+fn in_ipvs_mode_pods_and_the_node_reach_external_addresses_as_the_client_does(mode: Mode) {
+    let stage = Stage::start(mode, 3, &Manifests::example(FILE));
+    let (pod, node) = (stage.pod(2), stage.node());
+    for to in [at(CHECKOUT_INGRESS, 80), at(NODE_IP, CHECKOUT_NODE_PORT)] {
+        // 100 connections: were node2's pod used, it would be left out with odds of 2^-100.
+        pod.wait_answered_by(to, 100, &["pod0"]);
+        node.wait_answered_by(to, 100, &["pod0"]);
+    }
+    for to in [at(CATALOG_INGRESS, 80), at(NODE_IP, CATALOG_NODE_PORT)] {
         pod.wait_answered_by(to, 20, &["pod1"]);
         node.wait_answered_by(to, 20, &["pod1"]);
     }

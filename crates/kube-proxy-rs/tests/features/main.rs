@@ -15,6 +15,10 @@
 //! the kernel translating packets (the pod seeing the client's own address, traffic
 //! policies, source ranges) use [`kernel_modes!`] instead, which leaves out userspace mode,
 //! where the proxy process opens a connection of its own to the pod; each such use says why.
+//! Where upstream's ipvs mode behaves differently by design (its traffic-policy fallbacks,
+//! a virtual server without real servers refusing instead of dropping, persistence outliving
+//! the affinity timeout), a file lists its modes with [`in_mode!`] and says why; ipvs mode's
+//! scenarios play inside a throw-away guest (see [`mode::play`]).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic fails the test
 
@@ -33,6 +37,7 @@ macro_rules! kernel_modes {
     ($($scenario:ident),+ $(,)?) => {
         in_mode!(iptables, $crate::mode::Mode::Iptables; $($scenario),+);
         in_mode!(nftables, $crate::mode::Mode::Nftables; $($scenario),+);
+        in_mode!(ipvs, $crate::mode::Mode::Ipvs; $($scenario),+);
     };
 }
 
@@ -43,7 +48,7 @@ macro_rules! in_mode {
             $(
                 #[test]
                 fn $scenario() {
-                    super::$scenario($mode)
+                    $crate::mode::play($mode, module_path!(), stringify!($scenario), super::$scenario)
                 }
             )+
         }

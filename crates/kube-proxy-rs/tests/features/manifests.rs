@@ -6,7 +6,6 @@
 //! only survive until the first edit, which the proxy does not mind.
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -22,9 +21,11 @@ pub struct Manifests {
 impl Manifests {
     /// `examples/features/<file>`.
     pub fn example(file: &'static str) -> Self {
-        let path = examples_dir().join(file);
-        let original = std::fs::read_to_string(&path)
-            .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()));
+        let original = EXAMPLES
+            .iter()
+            .find(|(name, _)| *name == file)
+            .map(|(_, text)| (*text).to_owned())
+            .unwrap_or_else(|| panic!("examples/features/{file} is not in EXAMPLES"));
         let docs = serde_yaml_ng::Deserializer::from_str(&original)
             .map(|doc| Value::deserialize(doc).unwrap_or_else(|err| panic!("{file}: {err}")))
             .collect();
@@ -119,6 +120,35 @@ fn endpoints(slice: &mut Value) -> &mut Vec<Value> {
         .expect("the slice lists its endpoints")
 }
 
-fn examples_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/features")
-}
+/// The example files, built into the test binary: ipvs mode's scenarios run it inside a
+/// guest, where the repository is not.
+const EXAMPLES: &[(&str, &str)] = &[
+    (
+        "external-ips.yaml",
+        include_str!("../../../../examples/features/external-ips.yaml"),
+    ),
+    (
+        "external-traffic-policy-local.yaml",
+        include_str!("../../../../examples/features/external-traffic-policy-local.yaml"),
+    ),
+    (
+        "internal-traffic-policy-local.yaml",
+        include_str!("../../../../examples/features/internal-traffic-policy-local.yaml"),
+    ),
+    (
+        "load-balancer.yaml",
+        include_str!("../../../../examples/features/load-balancer.yaml"),
+    ),
+    (
+        "session-affinity.yaml",
+        include_str!("../../../../examples/features/session-affinity.yaml"),
+    ),
+    (
+        "terminating-endpoints.yaml",
+        include_str!("../../../../examples/features/terminating-endpoints.yaml"),
+    ),
+    (
+        "topology.yaml",
+        include_str!("../../../../examples/features/topology.yaml"),
+    ),
+];

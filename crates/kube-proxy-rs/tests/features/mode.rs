@@ -2,7 +2,11 @@
 //! that select a mode, and how to show what it programmed when a scenario fails.
 //!
 //! Everything a scenario asserts is traffic (or, once, the absence of an address from the
-//! programmed rules), so the same scenarios hold for every mode.
+//! programmed rules), so the same scenarios hold for every mode. Where a mode plays differs:
+//! ipvs mode needs IPVS, which this host's kernel lacks, so its scenarios play inside a
+//! throw-away guest booting Debian's kernel (kpr-vm), the same test binary running there.
+
+use std::time::Duration;
 
 use kpr_netns::Netns;
 
@@ -13,6 +17,8 @@ pub enum Mode {
     Nftables,
     /// The proxy process carries the traffic; its portals are iptables rules.
     Userspace,
+    /// IPVS virtual servers, played inside a guest (see the module docs).
+    Ipvs,
 }
 
 impl Mode {
@@ -22,6 +28,7 @@ impl Mode {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
             Mode::Userspace => "userspace",
+            Mode::Ipvs => "ipvs",
         }
     }
 
@@ -37,7 +44,23 @@ impl Mode {
             Mode::Iptables | Mode::Userspace => "iptables-save",
             // Map elements hold the addresses in this mode, and the listing shows them.
             Mode::Nftables => "nft list ruleset",
+            // Virtual servers hold the addresses, the sets their ports; the rules match sets.
+            Mode::Ipvs => "ipvsadm -Ln && ipset list && iptables-save",
         };
         node.sh(dump)
     }
+}
+
+/// Plays `scenario` in `mode`: here, or for ipvs mode inside a guest that runs this same
+/// test (`module` is the calling test module's `module_path!()`, `name` the test's name).
+pub fn play(mode: Mode, module: &str, name: &str, scenario: fn(Mode)) {
+    if mode != Mode::Ipvs {
+        return scenario(mode);
+    }
+    // libtest names a test by its path without the crate.
+    let (_crate, path) = module.split_once("::").expect("a test module inside the crate");
+    kpr_vm::Guest::new()
+        .binary(crate::support::proxy_binary())
+        .timeout(Duration::from_secs(400))
+        .in_guest(&format!("{path}::{name}"), || scenario(mode));
 }

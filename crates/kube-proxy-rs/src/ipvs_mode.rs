@@ -164,12 +164,17 @@ pub fn options(
     })
 }
 
-/// `family`'s backend, reading the kernel back at least every `sync_period`;
-/// `--random-fully` only when this iptables supports it.
+/// `family`'s backend, reading the kernel back at least every `sync_period` and reconciling
+/// the whole UDP conntrack table as often, as the other kernel modes do; `--random-fully`
+/// only when this iptables supports it.
 pub fn backend(mut options: IpvsOptions, sync_period: std::time::Duration) -> IpvsBackend {
-    let cli = IptablesCli::new(options.rules.family, Variant::Auto);
+    let family = options.rules.family;
+    let cli = IptablesCli::new(family, Variant::Auto);
     options.rules.random_fully = cli.version().is_ok_and(|v| v.supports_random_fully());
-    IpvsBackend::new(options, Box::new(cli), Box::new(IpsetCli)).with_reconcile_period(sync_period)
+    let conntrack = kpr_conntrack::Reconciler::netlink(family).with_full_period(sync_period);
+    IpvsBackend::new(options, Box::new(cli), Box::new(IpsetCli))
+        .with_reconcile_period(sync_period)
+        .with_conntrack(Box::new(conntrack))
 }
 
 /// What `--dry-run` prints for one family: the plan (virtual servers, addresses, set

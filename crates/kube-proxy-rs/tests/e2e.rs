@@ -20,10 +20,6 @@ fn web_cluster(pods: &[usize], total_pods: usize, node_port: Option<u16>) -> Clu
 }
 
 /// Service `dns` on 10.96.0.53:53 (UDP, target port 5353) and its slice with `pods`.
-fn dns_yaml(pods: &[usize]) -> String {
-    service("dns", "10.96.0.53", 53, 5353, "UDP", None) + &slice("dns", pods, 5353, "UDP")
-}
-
 #[test]
 fn cluster_ip_spreads_fairly_from_a_pod_and_from_the_node() {
     // Pod 3 is a client only; pods 0-2 serve.
@@ -306,21 +302,6 @@ fn sigterm_exits_0_and_leaves_the_rules_serving() {
     assert_eq!(status.code(), Some(0), "{status:?}");
     // Upstream leaves the rules on exit so a restart does not interrupt traffic.
     wait_spread(cluster.lab.pod(1), sock(WEB_VIP), 5, &["pod0"]);
-}
-
-/// One UDP request from a fixed source port, so every call is the same conntrack flow (as a
-/// resolver that keeps its socket would be).
-fn udp_from_fixed_port(ns: &kpr_netns::Netns, to: std::net::SocketAddr) -> Result<String, String> {
-    ns.run(move || {
-        let socket = std::net::UdpSocket::bind("0.0.0.0:40053").map_err(|e| e.to_string())?;
-        socket
-            .set_read_timeout(Some(Duration::from_millis(500)))
-            .map_err(|e| e.to_string())?;
-        socket.send_to(b"ping", to).map_err(|e| e.to_string())?;
-        let mut buf = [0u8; 64];
-        let (n, _) = socket.recv_from(&mut buf).map_err(|e| e.to_string())?;
-        Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
-    })
 }
 
 #[test]

@@ -307,3 +307,32 @@ fn a_dual_stack_service_answers_on_both_families_in_ipvs_mode() {
         },
     );
 }
+
+/// pod0 keeps answering but leaves the UDP Service: the same flow (one source port, polled
+/// so its entries never expire) must reach pod1. In ipvs mode the kernel does most of this
+/// itself (`expire_nodest_conn` drops the IPVS connection to a deleted real server; the flow
+/// moved in a run without the conntrack cleanup too), so this is the user's view of the
+/// semantics, not a test of the cleanup that runs after every sync as upstream's does.
+#[test]
+fn a_udp_flow_moves_when_its_endpoint_leaves_the_service_in_ipvs_mode() {
+    in_guest(
+        "a_udp_flow_moves_when_its_endpoint_leaves_the_service_in_ipvs_mode",
+        || {
+            let mut cluster = Cluster::new(3);
+            cluster.udp_backends(&[0, 1], 5353);
+            let dns = sock("10.96.0.53:53");
+            cluster.write("dns.yaml", &dns_yaml(&[0]));
+            cluster.start_proxy(&[IPVS]);
+            let client = cluster.lab.pod(2);
+            eventually(CONVERGE, POLL, || match udp_from_fixed_port(client, dns)? {
+                reply if reply == "pod0" => Ok(()),
+                other => Err(other),
+            });
+            cluster.write("dns.yaml", &dns_yaml(&[1]));
+            eventually(CONVERGE, POLL, || match udp_from_fixed_port(client, dns)? {
+                reply if reply == "pod1" => Ok(()),
+                other => Err(format!("still answered by {other}")),
+            });
+        },
+    );
+}

@@ -34,5 +34,7 @@ mod table;
 pub use decision::{Frontends, scopes_of};
 pub use entry::{FlowTuple, UdpEntry};
 pub use netlink::NetlinkTable;
-pub use reconciler::{Conntrack, DEFAULT_FULL_PERIOD, MAX_TARGETED_DUMPS, Reconciled, Reconciler};
+pub use reconciler::{
+    Conntrack, DEFAULT_FULL_PERIOD, MAX_TARGETED_DUMPS, Reconciled, Reconciler, clean_up_after,
+};
 pub use table::{ConntrackTable, Deletion, Listing, Scope, TableError};

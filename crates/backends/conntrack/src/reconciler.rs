@@ -17,7 +17,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use kpr_model::{IpFamily, NamespacedName};
-use kpr_state::{ConntrackReconcile, DesiredState, SyncRequest};
+use kpr_state::{BackendError, ConntrackReconcile, DesiredState, SyncReport, SyncRequest};
 
 use crate::decision::{Frontends, scopes_of};
 use crate::entry::UdpEntry;
@@ -62,6 +62,30 @@ pub trait Conntrack: Send {
 
     /// A sync failed: its changes got no cleanup, so the next one covers everything.
     fn sync_failed(&mut self);
+}
+
+/// Hands a kernel-NAT backend's sync `result` to its `conntrack` cleanup, as upstream's
+/// iptables, nftables and ipvs modes clean up after every sync: after a success only, once
+/// the new rules are in (or the old ones would re-create the deleted flows); a failure
+/// tells it the next cleanup must cover everything.
+pub fn clean_up_after(
+    conntrack: Option<&mut (dyn Conntrack + '_)>,
+    request: &SyncRequest<'_>,
+    result: Result<SyncReport, BackendError>,
+) -> Result<SyncReport, BackendError> {
+    let Some(conntrack) = conntrack else {
+        return result;
+    };
+    match result {
+        Ok(mut report) => {
+            report.conntrack_reconcile = conntrack.after_sync(request);
+            Ok(report)
+        }
+        Err(error) => {
+            conntrack.sync_failed();
+            Err(error)
+        }
+    }
 }
 
 /// Reconciles one family's UDP conntrack entries.
@@ -424,5 +448,42 @@ mod tests {
         }
         r.after_sync(&w.pending().request(false));
         assert_eq!(fake.took_scopes(), [Scope::All]);
+    }
+
+    /// Records which of its calls a backend made.
+    #[derive(Default)]
+    struct Calls(Vec<&'static str>);
+
+    impl Conntrack for Calls {
+        fn after_sync(&mut self, _request: &SyncRequest<'_>) -> Option<ConntrackReconcile> {
+            self.0.push("after_sync");
+            Some(ConntrackReconcile {
+                deleted: 2,
+                ..ConntrackReconcile::default()
+            })
+        }
+
+        fn sync_failed(&mut self) {
+            self.0.push("sync_failed");
+        }
+    }
+
+    #[test]
+    fn a_backend_cleans_up_after_a_success_and_reports_a_failure() {
+        let mut w = World::new();
+        let pending = w.pending();
+        let request = pending.request(false);
+        let mut calls = Calls::default();
+        let report = clean_up_after(Some(&mut calls), &request, Ok(SyncReport::default())).unwrap();
+        assert_eq!(report.conntrack_reconcile.map(|r| r.deleted), Some(2));
+        let failed = BackendError::new(
+            kpr_state::SyncKind::Full,
+            kpr_state::FailedStep::Restore,
+            "restore refused",
+        );
+        assert!(clean_up_after(Some(&mut calls), &request, Err(failed)).is_err());
+        assert_eq!(calls.0, ["after_sync", "sync_failed"]);
+        let untouched = clean_up_after(None, &request, Ok(SyncReport::default())).unwrap();
+        assert_eq!(untouched.conntrack_reconcile, None);
     }
 }

@@ -421,19 +421,7 @@ impl Backend for IptablesBackend {
         let result = self
             .sync_rules(request)
             .map_err(|e| BackendError::new(e.attempted(), e.step(), e));
-        match (result, &mut self.conntrack) {
-            // Only once the new rules are in, or the deleted flows would be re-created by
-            // the old ones.
-            (Ok(mut report), Some(conntrack)) => {
-                report.conntrack_reconcile = conntrack.after_sync(request);
-                Ok(report)
-            }
-            (Err(error), Some(conntrack)) => {
-                conntrack.sync_failed();
-                Err(error)
-            }
-            (result, None) => result,
-        }
+        kpr_conntrack::clean_up_after(self.conntrack.as_deref_mut(), request, result)
     }
 }
 

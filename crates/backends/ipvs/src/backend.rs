@@ -11,6 +11,7 @@
 //! before the virtual servers that serve them, stale addresses removed only after the
 //! rules and servers no longer need them.
 
+use kpr_conntrack::Conntrack;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -145,6 +146,8 @@ pub struct IpvsBackend {
     applied: Option<Applied>,
     reconcile_period: Duration,
     stats: SyncStats,
+    /// Cleans up stale UDP conntrack entries after syncs; `None` leaves conntrack alone.
+    conntrack: Option<Box<dyn Conntrack>>,
 }
 
 /// Upstream's default `ipvs.syncPeriod`: the kernel is read back at least this often.
@@ -161,7 +164,16 @@ impl IpvsBackend {
             applied: None,
             reconcile_period: DEFAULT_RECONCILE_PERIOD,
             stats: SyncStats::default(),
+            conntrack: None,
         }
+    }
+
+    /// Deletes stale UDP conntrack entries after each successful sync, as upstream's ipvs
+    /// mode does: IPVS keeps the kernel's conntrack entries of the flows it translates
+    /// (`net/ipv4/vs/conntrack`), so a flow to a removed pod would otherwise stay pinned.
+    pub fn with_conntrack(mut self, conntrack: Box<dyn Conntrack>) -> Self {
+        self.conntrack = Some(conntrack);
+        self
     }
 
     /// How often at the least a sync reads the kernel back instead of trusting what this
@@ -396,13 +408,14 @@ impl Backend for IpvsBackend {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        self.try_sync(request).map_err(|error| {
+        let result = self.try_sync(request).map_err(|error| {
             let step = match &error {
                 SyncError::Iptables(ExecError::Restore { .. }) => FailedStep::Restore,
                 _ => FailedStep::Other,
             };
             BackendError::new(SyncKind::Full, step, error)
-        })
+        });
+        kpr_conntrack::clean_up_after(self.conntrack.as_deref_mut(), request, result)
     }
 }
 

@@ -282,6 +282,26 @@ pub fn service(
 
 /// Service `web` on [`WEB_VIP`] (target port 8080, TCP; a NodePort Service if `node_port`
 /// is given) and its slice with ready endpoints on `pods`.
+/// The tests' UDP Service `dns` (10.96.0.53:53 -> 5353) with `pods` as its endpoints.
+pub fn dns_yaml(pods: &[usize]) -> String {
+    service("dns", "10.96.0.53", 53, 5353, "UDP", None) + &slice("dns", pods, 5353, "UDP")
+}
+
+/// One UDP request from a fixed source port, so every call is the same conntrack flow (as a
+/// resolver that keeps its socket would be).
+pub fn udp_from_fixed_port(ns: &Netns, to: SocketAddr) -> Result<String, String> {
+    ns.run(move || {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:40053").map_err(|e| e.to_string())?;
+        socket
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .map_err(|e| e.to_string())?;
+        socket.send_to(b"ping", to).map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 64];
+        let (n, _) = socket.recv_from(&mut buf).map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+    })
+}
+
 pub fn web_yaml(pods: &[usize], node_port: Option<u16>) -> String {
     service("web", "10.96.0.10", 80, 8080, "TCP", node_port) + &slice("web", pods, 8080, "TCP")
 }

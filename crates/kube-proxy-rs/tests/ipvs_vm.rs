@@ -70,8 +70,8 @@ fn cluster_ip_and_node_port_spread_through_ipvs() {
 }
 
 #[test]
-fn scaling_down_and_to_zero_follows_the_endpoints() {
-    in_guest("scaling_down_and_to_zero_follows_the_endpoints", || {
+fn scaling_down_to_zero_and_up_again_follows_the_endpoints() {
+    in_guest("scaling_down_to_zero_and_up_again_follows_the_endpoints", || {
         let mut cluster = web_cluster(&[0, 1], 3, None);
         cluster.start_proxy(&[IPVS]);
         wait_spread(cluster.lab.pod(2), sock(WEB_VIP), 40, &["pod0", "pod1"]);
@@ -90,6 +90,13 @@ fn scaling_down_and_to_zero_follows_the_endpoints() {
             ipvsadm(&cluster).contains("TCP 10.96.0.10:80 rr"),
             "the virtual server stays"
         );
+        cluster.write("web.yaml", &web_yaml(&[0, 1], None));
+        assert_fair(&wait_spread(
+            cluster.lab.pod(2),
+            sock(WEB_VIP),
+            100,
+            &["pod0", "pod1"],
+        ));
     });
 }
 

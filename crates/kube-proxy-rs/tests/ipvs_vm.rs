@@ -343,3 +343,50 @@ fn a_udp_flow_moves_when_its_endpoint_leaves_the_service_in_ipvs_mode() {
         },
     );
 }
+
+/// nftables -> ipvs -> nftables: each start removes the other mode's objects (the
+/// `kube-proxy` table; kube-ipvs0, the virtual servers, sets and rules), and the Service
+/// answers from both pods in each.
+#[test]
+fn switching_between_nftables_and_ipvs_leaves_only_the_running_mode() {
+    in_guest(
+        "switching_between_nftables_and_ipvs_leaves_only_the_running_mode",
+        || {
+            let mut cluster = web_cluster(&[0, 1], 3, None);
+            cluster.start_proxy(&["--proxy-mode=nftables"]);
+            wait_spread(cluster.lab.pod(2), sock(WEB_VIP), 40, &["pod0", "pod1"]);
+            assert!(
+                nft_tables(&cluster).contains("kube-proxy"),
+                "{}",
+                nft_tables(&cluster)
+            );
+            drop(cluster.proxy.take());
+
+            cluster.start_proxy(&[IPVS]);
+            wait_spread(cluster.lab.pod(2), sock(WEB_VIP), 40, &["pod0", "pod1"]);
+            assert!(
+                !nft_tables(&cluster).contains("kube-proxy"),
+                "{}",
+                nft_tables(&cluster)
+            );
+            assert!(ipvsadm(&cluster).contains("TCP 10.96.0.10:80 rr"));
+            drop(cluster.proxy.take());
+
+            cluster.start_proxy(&["--proxy-mode=nftables"]);
+            wait_spread(cluster.lab.pod(2), sock(WEB_VIP), 40, &["pod0", "pod1"]);
+            let node = cluster.node();
+            assert!(
+                node.ip(&["link", "show", "kube-ipvs0"]).is_err(),
+                "kube-ipvs0 stays"
+            );
+            assert!(!ipvsadm(&cluster).contains("10.96.0.10"));
+            let sets = node.sh("ipset list -n").unwrap();
+            assert!(!sets.contains("KUBE-"), "{sets}");
+            assert!(!cluster.iptables_save().contains("KUBE-IPVS-FILTER"));
+        },
+    );
+}
+
+fn nft_tables(cluster: &Cluster) -> String {
+    cluster.node().sh("nft list tables").unwrap()
+}

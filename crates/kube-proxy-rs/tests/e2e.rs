@@ -306,24 +306,7 @@ fn sigterm_exits_0_and_leaves_the_rules_serving() {
 
 #[test]
 fn a_udp_flow_moves_when_its_endpoint_leaves_the_service() {
-    let mut cluster = Cluster::new(3);
-    cluster.udp_backends(&[0, 1], 5353);
-    let dns = sock("10.96.0.53:53");
-    cluster.write("dns.yaml", &dns_yaml(&[0]));
-    cluster.start_proxy(&[]);
-    let client = cluster.lab.pod(2);
-    eventually(CONVERGE, POLL, || match udp_from_fixed_port(client, dns)? {
-        reply if reply == "pod0" => Ok(()),
-        other => Err(other),
-    });
-
-    // pod0 keeps answering, but it left the Service: the same flow must now reach pod1. The
-    // polling keeps the old conntrack entry alive, so only its deletion can make this pass.
-    cluster.write("dns.yaml", &dns_yaml(&[1]));
-    eventually(CONVERGE, POLL, || match udp_from_fixed_port(client, dns)? {
-        reply if reply == "pod1" => Ok(()),
-        other => Err(format!("still answered by {other}")),
-    });
+    assert_a_udp_flow_moves_off_a_removed_pod(&[]);
 }
 
 #[test]

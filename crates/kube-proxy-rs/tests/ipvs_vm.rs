@@ -324,23 +324,7 @@ fn a_dual_stack_service_answers_on_both_families_in_ipvs_mode() {
 fn a_udp_flow_moves_when_its_endpoint_leaves_the_service_in_ipvs_mode() {
     in_guest(
         "a_udp_flow_moves_when_its_endpoint_leaves_the_service_in_ipvs_mode",
-        || {
-            let mut cluster = Cluster::new(3);
-            cluster.udp_backends(&[0, 1], 5353);
-            let dns = sock("10.96.0.53:53");
-            cluster.write("dns.yaml", &dns_yaml(&[0]));
-            cluster.start_proxy(&[IPVS]);
-            let client = cluster.lab.pod(2);
-            eventually(CONVERGE, POLL, || match udp_from_fixed_port(client, dns)? {
-                reply if reply == "pod0" => Ok(()),
-                other => Err(other),
-            });
-            cluster.write("dns.yaml", &dns_yaml(&[1]));
-            eventually(CONVERGE, POLL, || match udp_from_fixed_port(client, dns)? {
-                reply if reply == "pod1" => Ok(()),
-                other => Err(format!("still answered by {other}")),
-            });
-        },
+        || assert_a_udp_flow_moves_off_a_removed_pod(&[IPVS]),
     );
 }
 

@@ -29,15 +29,10 @@ const CATALOG_HEALTH_CHECK: u16 = 30143;
 
 // Not userspace: that mode ignores traffic policies, as upstream's did, and its pods see
 // the proxy's own address, never the client's.
-in_mode!(iptables, crate::Mode::Iptables;
+netfilter_modes!(
     external_traffic_stays_on_this_node_and_keeps_the_client_address,
     a_node_without_a_local_pod_drops_external_traffic_until_one_runs_here,
-    pods_and_the_node_reach_external_addresses_through_every_pod
-);
-in_mode!(nftables, crate::Mode::Nftables;
-    external_traffic_stays_on_this_node_and_keeps_the_client_address,
-    a_node_without_a_local_pod_drops_external_traffic_until_one_runs_here,
-    pods_and_the_node_reach_external_addresses_through_every_pod
+    pods_and_the_node_reach_external_addresses_through_every_pod,
 );
 // ipvs: upstream's ipvs mode sends external traffic to every pod when none is local (no
 // DROP), and its external virtual servers are the same for pods and the node as for the

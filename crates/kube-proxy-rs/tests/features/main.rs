@@ -35,9 +35,17 @@ macro_rules! every_mode {
 /// (not userspace mode, where the proxy itself connects to the pod).
 macro_rules! kernel_modes {
     ($($scenario:ident),+ $(,)?) => {
+        netfilter_modes!($($scenario),+);
+        in_mode!(ipvs, $crate::mode::Mode::Ipvs; $($scenario),+);
+    };
+}
+
+/// The modes whose translation is netfilter NAT rules (iptables, nftables), for scenarios
+/// where upstream's ipvs mode differs by design; the caller lists ipvs mode's own.
+macro_rules! netfilter_modes {
+    ($($scenario:ident),+ $(,)?) => {
         in_mode!(iptables, $crate::mode::Mode::Iptables; $($scenario),+);
         in_mode!(nftables, $crate::mode::Mode::Nftables; $($scenario),+);
-        in_mode!(ipvs, $crate::mode::Mode::Ipvs; $($scenario),+);
     };
 }
 

@@ -6,9 +6,12 @@
 //! ipvs mode needs IPVS, which this host's kernel lacks, so its scenarios play inside a
 //! throw-away guest booting Debian's kernel (kpr-vm), the same test binary running there.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use kpr_netns::Netns;
+
+use crate::traffic::Sender;
 
 /// A proxy mode the suite runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +51,19 @@ impl Mode {
             Mode::Ipvs => "ipvsadm -Ln && ipset list && iptables-save",
         };
         node.sh(dump)
+    }
+}
+
+impl Mode {
+    /// Asserts what `sender` sees from `to`, a Service address whose traffic policy leaves
+    /// it no endpoint: iptables and nftables modes drop it (upstream's rules do), ipvs mode
+    /// refuses it (a virtual server without real servers, as upstream's ipvs mode leaves it).
+    #[track_caller]
+    pub fn assert_turned_away(self, sender: &Sender<'_>, to: SocketAddr) {
+        match self {
+            Mode::Ipvs => sender.wait_refused(to),
+            _ => sender.assert_dropped(to),
+        }
     }
 }
 

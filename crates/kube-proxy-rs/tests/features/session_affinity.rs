@@ -22,13 +22,9 @@ const PLAIN: u16 = 30132;
 const CLIENTS: usize = 12;
 const ALL_PODS: [&str; 3] = ["pod0", "pod1", "pod2"];
 
-in_mode!(iptables, crate::Mode::Iptables;
+netfilter_modes!(
     each_client_sticks_to_its_pod_while_clients_spread_over_the_pods,
-    stickiness_ends_once_a_client_was_quiet_for_the_timeout
-);
-in_mode!(nftables, crate::Mode::Nftables;
-    each_client_sticks_to_its_pod_while_clients_spread_over_the_pods,
-    stickiness_ends_once_a_client_was_quiet_for_the_timeout
+    stickiness_ends_once_a_client_was_quiet_for_the_timeout,
 );
 in_mode!(userspace, crate::Mode::Userspace;
     each_client_sticks_to_its_pod_while_clients_spread_over_the_pods,

@@ -302,6 +302,27 @@ pub fn udp_from_fixed_port(ns: &Netns, to: SocketAddr) -> Result<String, String>
     })
 }
 
+/// pod0 keeps answering but leaves the UDP Service `dns`: the same flow (one source port,
+/// polled so its conntrack entry never expires) must reach pod1, in the mode `flags` select.
+pub fn assert_a_udp_flow_moves_off_a_removed_pod(flags: &[&str]) {
+    let mut cluster = Cluster::new(3);
+    cluster.udp_backends(&[0, 1], 5353);
+    let dns = sock("10.96.0.53:53");
+    cluster.write("dns.yaml", &dns_yaml(&[0]));
+    cluster.start_proxy(flags);
+    let client = cluster.lab.pod(2);
+    eventually(CONVERGE, POLL, || match udp_from_fixed_port(client, dns)? {
+        reply if reply == "pod0" => Ok(()),
+        other => Err(other),
+    });
+    // Only deleting the old flow's state (conntrack's, or IPVS's own) makes this pass.
+    cluster.write("dns.yaml", &dns_yaml(&[1]));
+    eventually(CONVERGE, POLL, || match udp_from_fixed_port(client, dns)? {
+        reply if reply == "pod1" => Ok(()),
+        other => Err(format!("still answered by {other}")),
+    });
+}
+
 pub fn web_yaml(pods: &[usize], node_port: Option<u16>) -> String {
     service("web", "10.96.0.10", 80, 8080, "TCP", node_port) + &slice("web", pods, 8080, "TCP")
 }

@@ -297,17 +297,8 @@ fn switching_between_iptables_and_nftables_both_ways(via: Via) {
 }
 
 /// One UDP request from a fixed source port: every call is the same conntrack flow.
-fn udp_from_fixed_port(ns: &Netns, to: SocketAddr) -> Result<String, String> {
-    ns.run(move || {
-        let socket = std::net::UdpSocket::bind("0.0.0.0:40053").map_err(|e| e.to_string())?;
-        socket
-            .set_read_timeout(Some(Duration::from_millis(500)))
-            .map_err(|e| e.to_string())?;
-        socket.send_to(b"ping", to).map_err(|e| e.to_string())?;
-        let mut buf = [0u8; 64];
-        let (n, _) = socket.recv_from(&mut buf).map_err(|e| e.to_string())?;
-        Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
-    })
+fn udp_from_fixed_port(ns: &Netns, to: SocketAddr) -> std::io::Result<String> {
+    ns.udp_request_from_port(40053, to, Duration::from_millis(500))
 }
 
 /// Stale UDP conntrack entries are deleted after the sync that removes their endpoint

@@ -287,19 +287,10 @@ pub fn dns_yaml(pods: &[usize]) -> String {
     service("dns", "10.96.0.53", 53, 5353, "UDP", None) + &slice("dns", pods, 5353, "UDP")
 }
 
-/// One UDP request from a fixed source port, so every call is the same conntrack flow (as a
-/// resolver that keeps its socket would be).
+/// One UDP request to `to` from source port 40053: every call is the same conntrack flow.
 pub fn udp_from_fixed_port(ns: &Netns, to: SocketAddr) -> Result<String, String> {
-    ns.run(move || {
-        let socket = std::net::UdpSocket::bind("0.0.0.0:40053").map_err(|e| e.to_string())?;
-        socket
-            .set_read_timeout(Some(Duration::from_millis(500)))
-            .map_err(|e| e.to_string())?;
-        socket.send_to(b"ping", to).map_err(|e| e.to_string())?;
-        let mut buf = [0u8; 64];
-        let (n, _) = socket.recv_from(&mut buf).map_err(|e| e.to_string())?;
-        Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
-    })
+    ns.udp_request_from_port(40053, to, Duration::from_millis(500))
+        .map_err(|e| e.to_string())
 }
 
 /// pod0 keeps answering but leaves the UDP Service `dns`: the same flow (one source port,

@@ -41,7 +41,18 @@ impl Netns {
     /// Sends one UDP datagram to `addr` from inside this namespace and returns the first
     /// datagram that comes back, trimmed.
     pub fn udp_request(&self, addr: SocketAddr, timeout: Duration) -> io::Result<String> {
-        self.run(move || udp_request_here(addr, timeout))
+        self.run(move || udp_request_here(addr, 0, timeout))
+    }
+
+    /// Like [`Netns::udp_request`], from source port `port`: every call with the same port
+    /// is the same conntrack flow, as a resolver that keeps its socket would be.
+    pub fn udp_request_from_port(
+        &self,
+        port: u16,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> io::Result<String> {
+        self.run(move || udp_request_here(addr, port, timeout))
     }
 
     /// A minimal HTTP/1.1 `GET path` (with `Connection: close`) to `addr` from inside this
@@ -65,7 +76,7 @@ pub fn spread_from(ns: &Netns, source: IpAddr, addr: SocketAddr, n: usize) -> BT
 
 /// Like [`spread`], over UDP (one fresh socket, so one fresh conntrack entry, per request).
 pub fn spread_udp(ns: &Netns, addr: SocketAddr, n: usize) -> BTreeMap<String, usize> {
-    ns.run(move || tally((0..n).map(|_| udp_request_here(addr, SPREAD_TIMEOUT))))
+    ns.run(move || tally((0..n).map(|_| udp_request_here(addr, 0, SPREAD_TIMEOUT))))
 }
 
 fn tally(replies: impl Iterator<Item = io::Result<String>>) -> BTreeMap<String, usize> {
@@ -126,10 +137,10 @@ fn exchange_on(mut stream: TcpStream, request: &[u8], deadline: Instant) -> io::
     }
 }
 
-fn udp_request_here(addr: SocketAddr, timeout: Duration) -> io::Result<String> {
+fn udp_request_here(addr: SocketAddr, port: u16, timeout: Duration) -> io::Result<String> {
     let any: SocketAddr = match addr {
-        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, port).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, port).into(),
     };
     let socket = UdpSocket::bind(any)?;
     // Connected, so an ICMP port-unreachable comes back as ConnectionRefused.

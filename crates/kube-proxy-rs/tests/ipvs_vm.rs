@@ -374,3 +374,35 @@ fn switching_between_nftables_and_ipvs_leaves_only_the_running_mode() {
 fn nft_tables(cluster: &Cluster) -> String {
     cluster.node().sh("nft list tables").unwrap()
 }
+
+/// Someone deletes the Service's virtual server and flushes the cluster-IP set behind the
+/// proxy's back: the next full sync (every `--ipvs-sync-period`) finds and repairs both,
+/// with no change to the Services.
+#[test]
+fn a_deleted_virtual_server_and_a_flushed_set_are_repaired_within_a_sync_period() {
+    in_guest(
+        "a_deleted_virtual_server_and_a_flushed_set_are_repaired_within_a_sync_period",
+        || {
+            let mut cluster = web_cluster(&[0, 1], 3, None);
+            cluster.start_proxy(&[IPVS, "--ipvs-sync-period=2s"]);
+            wait_spread(cluster.lab.pod(2), sock(WEB_VIP), 40, &["pod0", "pod1"]);
+            let node = cluster.node();
+            // Both succeed only on what exists (a sync may repair them at any moment after).
+            node.sh("ipvsadm -D -t 10.96.0.10:80 && ipset flush KUBE-CLUSTER-IP")
+                .unwrap();
+            eventually(CONVERGE, POLL, || {
+                let listed = ipvsadm(&cluster);
+                let members = node.sh("ipset list KUBE-CLUSTER-IP").unwrap();
+                let repaired =
+                    listed.contains("TCP 10.96.0.10:80 rr") && members.contains("10.96.0.10,tcp:80");
+                repaired.then_some(()).ok_or(format!("{listed}\n{members}"))
+            });
+            assert_fair(&wait_spread(
+                cluster.lab.pod(2),
+                sock(WEB_VIP),
+                100,
+                &["pod0", "pod1"],
+            ));
+        },
+    );
+}

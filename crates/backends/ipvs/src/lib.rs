@@ -39,7 +39,6 @@ pub mod sets;
 #[cfg(test)]
 mod test_support;
 
-pub use backend::{
-    DEFAULT_RECONCILE_PERIOD, Ipset, IpsetCli, IpvsBackend, IpvsOptions, SyncError, SyncStats,
-};
+pub use backend::{DEFAULT_RECONCILE_PERIOD, IpvsBackend, IpvsOptions, SyncError, SyncStats};
+pub use ipset::{Ipset, IpsetCli, IpsetNetlink};
 pub use plan::{IpvsPlan, PlanInputs, VirtualServer, plan};

@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use kpr_config::Settings;
 use kpr_iptables::{Iptables, IptablesCli, Modes, ProcSysctl, Sysctl, Variant};
 use kpr_ipvs::rules::{RuleOptions, ruleset};
-use kpr_ipvs::{IpsetCli, IpvsBackend, IpvsOptions, PlanInputs, plan};
+use kpr_ipvs::{IpsetNetlink, IpvsBackend, IpvsOptions, PlanInputs, plan};
 use kpr_ipvs_netlink::{Ipvs, Protocol, Scheduler, Service, ServiceKey, Timeouts};
 use kpr_model::IpFamily;
 use kpr_state::DesiredState;
@@ -169,7 +169,7 @@ pub fn options(
 pub fn backend(mut options: IpvsOptions, sync_period: std::time::Duration) -> IpvsBackend {
     let cli = IptablesCli::new(options.rules.family, Variant::Auto);
     options.rules.random_fully = cli.version().is_ok_and(|v| v.supports_random_fully());
-    IpvsBackend::new(options, Box::new(cli), Box::new(IpsetCli)).with_reconcile_period(sync_period)
+    IpvsBackend::new(options, Box::new(cli), Box::new(IpsetNetlink::default())).with_reconcile_period(sync_period)
 }
 
 /// What `--dry-run` prints for one family: the plan (virtual servers, addresses, set
@@ -202,7 +202,7 @@ pub fn dry_run(state: &DesiredState, options: &IpvsOptions) -> Result<String, Fa
 /// tell them from anyone else's; the mode's NodePort sets can): removed before the sets go,
 /// on `--cleanup` and when another mode starts. Best effort, logged.
 pub fn remove_node_port_servers() {
-    match kpr_ipvs::leftovers::remove_node_port_servers(&IpsetCli) {
+    match kpr_ipvs::leftovers::remove_node_port_servers(&mut IpsetNetlink::default()) {
         Ok(removed) => {
             for key in removed {
                 tracing::info!(object = %format!("IPVS service {key}"), "removed what another kube-proxy mode left");

@@ -14,7 +14,7 @@ use kpr_iptables::{
     IptablesBackend, IptablesCli, IptablesOptions, LocalDetector, NodePortAddresses, Variant,
 };
 use kpr_ipvs::rules::RuleOptions;
-use kpr_ipvs::{IpsetCli, IpvsBackend, IpvsOptions};
+use kpr_ipvs::{IpsetNetlink, IpvsBackend, IpvsOptions};
 use kpr_ipvs_netlink::Scheduler;
 use kpr_model::IpFamily;
 use kpr_netns::Netns;
@@ -119,7 +119,7 @@ fn measure(services: usize, endpoints: usize) -> Vec<String> {
     let mut ipvs = IpvsBackend::new(
         options,
         Box::new(IptablesCli::in_netns(IpFamily::V4, Variant::Auto, node.name())),
-        Box::new(IpsetCli),
+        Box::new(IpsetNetlink::default()),
     );
     let mut state = world(services, endpoints, 0);
     let first = state.pending();

@@ -1,13 +1,29 @@
-//! The ipvs mode's ipsets as values, and the `ipset restore` script that turns what the
-//! kernel holds into what is wanted.
+//! The ipvs mode's ipsets as values, what turns what the kernel holds into what is wanted
+//! ([`changes`], pure), and the [`Ipset`] trait that reads and writes them.
 //!
-//! Why the `ipset` tool and not netlink: one `ipset restore -exist` applies any number of
-//! changes in one process, the same way upstream programs its sets, and reading a set back
-//! is one `ipset save`. The script is generated from typed values only (addresses, ports,
-//! CIDRs, protocol names and fixed set names), so nothing from an API object reaches it as
-//! text. Sets are created with upstream's sizes and never destroyed while the mode runs (an
-//! empty set costs nothing, and iptables rules may still name it); `--cleanup` and mode
-//! switches destroy them (kpr-leftovers).
+//! Why netlink and not the `ipset` tool (issue 11, decided by measurement): the proxy
+//! writes its sets through kpr-nfnetlink's ipset client ([`IpsetNetlink`]), one socket
+//! per backend, many member changes per `sendmsg`. `cargo bench -p kpr-ipvs --bench ipset`
+//! (BENCHMARKS.md, ipvs section; 2026-11-26, the shared 2-core machine under other load,
+//! median of 11 runs, KUBE-CLUSTER-IP holding one member per Service, seventeen sets):
+//!
+//! | Services | path | cold load | one change (1 del + 1 add) | read back |
+//! |---:|---|---:|---:|---:|
+//! | 1,000 | `ipset restore -exist` / `ipset save` | 9.4 ms | 1.8 ms | 8.0 ms |
+//! | 1,000 | netlink | 1.3 ms | 0.002 ms | 0.95 ms |
+//! | 10,000 | `ipset restore -exist` / `ipset save` | 79.5 ms | 1.3 ms | 36.4 ms |
+//! | 10,000 | netlink | 33.5 ms | 0.003 ms | 4.3 ms |
+//!
+//! The change a user feels on every endpoint or Service change is a process start with
+//! the tool (~1.5 ms whatever the size) and a few microseconds over netlink; cold loads
+//! and read-backs (first sync, every full sync) are 2-8x faster too. The tool stays as
+//! [`IpsetCli`]: the benchmark's baseline and a second writer in tests, never the
+//! proxy's; `--cleanup` and mode switches destroy the sets over netlink (kpr-leftovers).
+//!
+//! Members and changes are typed values (addresses, ports, CIDRs, protocols and fixed
+//! set names), so nothing from an API object reaches the kernel as text. Sets are created
+//! with upstream's sizes and never destroyed while the mode runs (an empty set costs
+//! nothing, and iptables rules may still name it).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};

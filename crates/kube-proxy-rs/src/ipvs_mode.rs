@@ -169,7 +169,8 @@ pub fn options(
 pub fn backend(mut options: IpvsOptions, sync_period: std::time::Duration) -> IpvsBackend {
     let cli = IptablesCli::new(options.rules.family, Variant::Auto);
     options.rules.random_fully = cli.version().is_ok_and(|v| v.supports_random_fully());
-    IpvsBackend::new(options, Box::new(cli), Box::new(IpsetNetlink::default())).with_reconcile_period(sync_period)
+    IpvsBackend::new(options, Box::new(cli), Box::new(IpsetNetlink::default()))
+        .with_reconcile_period(sync_period)
 }
 
 /// What `--dry-run` prints for one family: the plan (virtual servers, addresses, set

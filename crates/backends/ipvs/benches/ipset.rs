@@ -101,12 +101,16 @@ fn change_and_read(path: Path, n: u32, runs: usize) -> (Duration, Duration) {
         client.write(&changes(&before, &Sets::default())).unwrap();
         let mut change = Vec::new();
         for run in 0..runs {
-            let (from, to) = if run % 2 == 0 { (&before, &after) } else { (&after, &before) };
+            let (from, to) = if run.is_multiple_of(2) {
+                (&before, &after)
+            } else {
+                (&after, &before)
+            };
             let writes = changes(to, from);
             assert_eq!(writes.len(), 2, "one deletion, one addition");
             change.push(timed(|| client.write(&writes).unwrap()).1);
         }
-        let current = if runs % 2 == 0 { &before } else { &after };
+        let current = if runs.is_multiple_of(2) { &before } else { &after };
         let mut read = Vec::new();
         for _ in 0..runs {
             let (sets, took) = timed(|| client.read(&specs()).unwrap());
@@ -127,8 +131,13 @@ fn main() {
         .split(',')
         .map(|n| n.parse().unwrap())
         .collect();
-    let runs: usize = std::env::var("RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(11);
-    println!("| services (KUBE-CLUSTER-IP members) | path | cold load | one change (1 del + 1 add) | read back (17 sets) |");
+    let runs: usize = std::env::var("RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(11);
+    println!(
+        "| services (KUBE-CLUSTER-IP members) | path | cold load | one change (1 del + 1 add) | read back (17 sets) |"
+    );
     println!("|---:|---|---:|---:|---:|");
     for &n in &services {
         for path in [Path::Tool, Path::Netlink] {

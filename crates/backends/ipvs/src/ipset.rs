@@ -256,7 +256,10 @@ pub fn changes(wanted: &Sets, current: &Sets) -> Vec<SetChange> {
             changes.push(SetChange::Create(*spec));
         }
         let had = had.unwrap_or(&empty);
-        changes.extend(had.difference(members).map(|gone| SetChange::Delete(spec.name, *gone)));
+        changes.extend(
+            had.difference(members)
+                .map(|gone| SetChange::Delete(spec.name, *gone)),
+        );
         changes.extend(members.difference(had).map(|new| SetChange::Add(spec.name, *new)));
     }
     changes

@@ -35,7 +35,9 @@ const SPECS: [SetSpec; 4] = [
 
 /// What `ipset save` shows.
 fn saved(node: &Netns) -> Sets {
-    let text = node.sh("ipset save").expect("ipset save (is the ipset tool installed?)");
+    let text = node
+        .sh("ipset save")
+        .expect("ipset save (is the ipset tool installed?)");
     parse_save(&text, &SPECS).unwrap()
 }
 
@@ -86,7 +88,11 @@ fn the_kernel_holds_what_was_wanted_after_each_sync() {
     assert_eq!(saved(&node), first);
 
     let second = wanted(&["10.96.0.2", "10.96.0.3"]);
-    assert_eq!(sync(&node, &mut netlink, &second), 2, "one deletion, one addition");
+    assert_eq!(
+        sync(&node, &mut netlink, &second),
+        2,
+        "one deletion, one addition"
+    );
     assert_eq!(saved(&node), second);
     assert_eq!(sync(&node, &mut netlink, &second), 0, "nothing left to change");
 }

@@ -122,7 +122,9 @@ fn every_type() -> Vec<(SetDef<'static>, Vec<(Entry, &'static str)>)> {
 
 /// Every `add` line of `ipset save`, as (set, member).
 fn saved(netns: &Netns) -> BTreeSet<(String, String)> {
-    let text = netns.sh("ipset save").expect("ipset save (is the ipset tool installed?)");
+    let text = netns
+        .sh("ipset save")
+        .expect("ipset save (is the ipset tool installed?)");
     text.lines()
         .filter_map(|line| {
             let mut words = line.split_whitespace();
@@ -136,7 +138,9 @@ fn saved(netns: &Netns) -> BTreeSet<(String, String)> {
 
 /// The `create` lines of `ipset save`, as (set, type).
 fn saved_sets(netns: &Netns) -> BTreeSet<(String, String)> {
-    let text = netns.sh("ipset save").expect("ipset save (is the ipset tool installed?)");
+    let text = netns
+        .sh("ipset save")
+        .expect("ipset save (is the ipset tool installed?)");
     text.lines()
         .filter_map(|line| {
             let words: Vec<&str> = line.split_whitespace().collect();
@@ -178,7 +182,11 @@ fn sets_of_every_type_hold_what_was_sent_as_ipset_save_shows_it() {
     assert_eq!(saved_sets(&netns), created);
     let wanted: BTreeSet<(String, String)> = sets
         .iter()
-        .flat_map(|(set, members)| members.iter().map(|(_, text)| (set.name.to_string(), text.to_string())))
+        .flat_map(|(set, members)| {
+            members
+                .iter()
+                .map(|(_, text)| (set.name.to_string(), text.to_string()))
+        })
         .collect();
     assert_eq!(saved(&netns), wanted, "what ipset save shows");
     for (set, members) in &sets {
@@ -215,7 +223,9 @@ fn deletions_remove_exactly_their_members() {
     let wanted: BTreeSet<(String, String)> = sets
         .iter()
         .flat_map(|(set, members)| {
-            members[1..].iter().map(|(_, text)| (set.name.to_string(), text.to_string()))
+            members[1..]
+                .iter()
+                .map(|(_, text)| (set.name.to_string(), text.to_string()))
         })
         .collect();
     assert_eq!(saved(&netns), wanted);

@@ -21,9 +21,7 @@ impl IpsetNetlink {
             let socket = IpsetSocket::open().map_err(|e| e.to_string())?;
             self.socket = Some(socket);
         }
-        self.socket
-            .as_mut()
-            .ok_or_else(|| "no ipset socket".to_string())
+        self.socket.as_mut().ok_or_else(|| "no ipset socket".to_string())
     }
 }
 
@@ -93,7 +91,10 @@ fn set_type(kind: SetKind) -> SetType {
 /// Upstream's creation options (as [`SetKind::create_options`] writes them for the tool).
 fn definition(spec: &SetSpec) -> SetDef<'static> {
     let options = match spec.kind {
-        SetKind::Port => CreateOptions::Ports { from: 0, to: u16::MAX },
+        SetKind::Port => CreateOptions::Ports {
+            from: 0,
+            to: u16::MAX,
+        },
         _ => CreateOptions::Hash {
             family: match spec.family {
                 Family::V4 => SetFamily::Inet,
@@ -123,7 +124,9 @@ fn protocol(number: u8) -> Result<Protocol, String> {
         6 => Ok(Protocol::Tcp),
         17 => Ok(Protocol::Udp),
         132 => Ok(Protocol::Sctp),
-        other => Err(format!("IP protocol {other} in an ipset member is none of TCP, UDP, SCTP")),
+        other => Err(format!(
+            "IP protocol {other} in an ipset member is none of TCP, UDP, SCTP"
+        )),
     }
 }
 
@@ -154,7 +157,11 @@ fn entry(member: &Member) -> Entry {
 
 fn member(entry: &Entry) -> Result<Member, String> {
     Ok(match *entry {
-        Entry::IpPort { ip, protocol: p, port } => Member::IpPort(ip, protocol(p)?, port),
+        Entry::IpPort {
+            ip,
+            protocol: p,
+            port,
+        } => Member::IpPort(ip, protocol(p)?, port),
         Entry::IpPortIp {
             ip,
             protocol: p,
@@ -187,7 +194,12 @@ mod tests {
         let members = [
             Member::IpPort(ip("10.96.0.1"), Protocol::Tcp, 443),
             Member::IpPortIp(ip("fd00::5"), Protocol::Sctp, 80, ip("fd00::5")),
-            Member::IpPortNet(ip("203.0.113.1"), Protocol::Udp, 53, "192.0.2.0/24".parse().unwrap()),
+            Member::IpPortNet(
+                ip("203.0.113.1"),
+                Protocol::Udp,
+                53,
+                "192.0.2.0/24".parse().unwrap(),
+            ),
             Member::Ip(ip("10.96.0.1")),
             Member::Port(30080),
         ];
@@ -195,12 +207,14 @@ mod tests {
             assert_eq!(member(&entry(&m)), Ok(m));
             assert_eq!(entry(&m).set_type(), set_type(m.kind()), "{m}");
         }
-        assert!(member(&Entry::IpPort {
-            ip: ip("10.96.0.1"),
-            protocol: 1,
-            port: 0
-        })
-        .is_err());
+        assert!(
+            member(&Entry::IpPort {
+                ip: ip("10.96.0.1"),
+                protocol: 1,
+                port: 0
+            })
+            .is_err()
+        );
     }
 
     #[test]

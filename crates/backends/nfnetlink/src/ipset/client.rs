@@ -14,7 +14,9 @@ use netlink_sys::Socket as NetlinkSocket;
 
 use crate::consts::{NLMSG_DONE, NLMSG_ERROR};
 use crate::error::Error;
-use crate::socket::{Answer, RECV_BUFFER, error_of, fit_send_buffer, open_netfilter, recv_answers, send_datagram};
+use crate::socket::{
+    Answer, RECV_BUFFER, error_of, fit_send_buffer, open_netfilter, recv_answers, send_datagram,
+};
 use crate::wire;
 
 use super::messages::{self, Change, ListedSet, SetDef, SetType, reason};

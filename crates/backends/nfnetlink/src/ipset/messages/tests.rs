@@ -247,7 +247,10 @@ fn list_answers_read_back_every_shape() {
         ),
         (
             "KUBE-LOAD-BALANCER-SOURCE-CIDR",
-            vec!["203.0.113.1,sctp:80,192.0.2.7/32", "203.0.113.1,tcp:80,192.0.2.0/24"],
+            vec![
+                "203.0.113.1,sctp:80,192.0.2.7/32",
+                "203.0.113.1,tcp:80,192.0.2.0/24",
+            ],
         ),
         ("KUBE-NODE-PORT-TCP", vec!["30080"]),
     ];
@@ -319,7 +322,12 @@ fn malformed_answers_are_errors_not_panics() {
     w.end(data);
     w.end(adt);
     let error = parse_list_answer(&portless, &mut sets).unwrap_err();
-    assert!(error.to_string().contains("hash:ip,port member without a protocol"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("hash:ip,port member without a protocol"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -142,7 +142,7 @@ fn measure(services: usize, endpoints: usize) -> Vec<String> {
     let change_stats = ipvs.last_stats();
     let writes = |s: kpr_ipvs::SyncStats| {
         format!(
-            "{} IPVS requests + {} dumps, {} ipset lines, {} addresses, rules {}",
+            "{} IPVS requests + {} dumps, {} ipset changes, {} addresses, rules {}",
             s.ipvs_operations,
             s.ipvs_dumps,
             s.set_changes,

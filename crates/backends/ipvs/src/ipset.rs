@@ -4,19 +4,20 @@
 //! Why netlink and not the `ipset` tool (issue 11, decided by measurement): the proxy
 //! writes its sets through kpr-nfnetlink's ipset client ([`IpsetNetlink`]), one socket
 //! per backend, many member changes per `sendmsg`. `cargo bench -p kpr-ipvs --bench ipset`
-//! (BENCHMARKS.md, ipvs section; 2026-11-26, the shared 2-core machine under other load,
-//! median of 11 runs, KUBE-CLUSTER-IP holding one member per Service, seventeen sets):
+//! (BENCHMARKS.md, ipvs section: 2026-11-26 08:45 UTC, the shared 2-core machine under
+//! other load, median of 11 runs, KUBE-CLUSTER-IP holding one member per Service, all
+//! seventeen sets):
 //!
 //! | Services | path | cold load | one change (1 del + 1 add) | read back |
 //! |---:|---|---:|---:|---:|
-//! | 1,000 | `ipset restore -exist` / `ipset save` | 9.4 ms | 1.8 ms | 8.0 ms |
-//! | 1,000 | netlink | 1.3 ms | 0.002 ms | 0.95 ms |
-//! | 10,000 | `ipset restore -exist` / `ipset save` | 79.5 ms | 1.3 ms | 36.4 ms |
-//! | 10,000 | netlink | 33.5 ms | 0.003 ms | 4.3 ms |
+//! | 1,000 | `ipset restore -exist` / `ipset save` | 5.0 ms | 1.1 ms | 4.8 ms |
+//! | 1,000 | netlink | 1.2 ms | 0.002 ms | 0.9 ms |
+//! | 10,000 | `ipset restore -exist` / `ipset save` | 60 ms | 1.9 ms | 68 ms |
+//! | 10,000 | netlink | 31 ms | 0.004 ms | 3.3 ms |
 //!
 //! The change a user feels on every endpoint or Service change is a process start with
-//! the tool (~1.5 ms whatever the size) and a few microseconds over netlink; cold loads
-//! and read-backs (first sync, every full sync) are 2-8x faster too. The tool stays as
+//! the tool (1-2 ms whatever the size) and a few microseconds over netlink; cold loads
+//! (first sync) are 2-4x and read-backs (every full sync) 5-20x faster too. The tool stays as
 //! [`IpsetCli`]: the benchmark's baseline and a second writer in tests, never the
 //! proxy's; `--cleanup` and mode switches destroy the sets over netlink (kpr-leftovers).
 //!

@@ -107,31 +107,22 @@ impl IpsetSocket {
     /// one that is not, is no error). Every change is tried; the first refusal is
     /// returned, naming the change and the kernel's reason, with how many others failed.
     pub fn apply(&mut self, changes: &[Change<'_>]) -> Result<(), Error> {
-        let mut first: Option<Error> = None;
-        let mut failed = 0;
+        let mut first = None;
+        let mut refused = 0;
         for chunk in changes.chunks(CHANGES_PER_DATAGRAM) {
             for (index, errno, message) in self.send_changes(chunk)? {
-                failed += 1;
-                if first.is_none() {
-                    let change = &chunk[index];
-                    first = Some(refused(change.to_string(), errno, message));
-                }
+                refused += 1;
+                first.get_or_insert((chunk[index], errno, message));
             }
         }
         match first {
             None => Ok(()),
-            Some(Error::IpsetRefused {
-                request,
+            Some((change, errno, message)) => Err(Error::IpsetRefused {
+                request: change.to_string(),
                 errno,
-                reason,
-                ..
-            }) => Err(Error::IpsetRefused {
-                request,
-                errno,
-                reason,
-                others: failed - 1,
+                reason: message.unwrap_or_else(|| reason(errno)),
+                others: refused - 1,
             }),
-            Some(error) => Err(error),
         }
     }
 

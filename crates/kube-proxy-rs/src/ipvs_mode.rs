@@ -4,7 +4,8 @@
 //! The families are iptables mode's (the mode writes iptables rules too); the kernel must
 //! have IPVS, which [`check_ipvs`] loads and proves at start-up as upstream's
 //! `CanUseIPVSProxier` does (a probe virtual server with the configured scheduler, added and
-//! deleted), and `ipset` must work. Both families share one IPVS table and `kube-ipvs0`;
+//! deleted), and the kernel's ipset must have the mode's set types (written over netlink,
+//! so the `ipset` tool is not needed). Both families share one IPVS table and `kube-ipvs0`;
 //! each family's backend touches only its own addresses and virtual servers.
 
 use std::process::Command;
@@ -29,7 +30,7 @@ pub fn supports(family: IpFamily) -> bool {
 
 /// Upstream's `CanUseIPVSProxier`: IPVS in the kernel (the module loaded if need be), the
 /// scheduler usable (a probe virtual server added and deleted, unless one already uses
-/// it), and `ipset` present.
+/// it), and the kernel's ipset with every set type the mode uses.
 pub fn check_ipvs(settings: &Settings) -> Result<(), Fatal> {
     let scheduler = scheduler(settings)?;
     // The kernel loads ip_vs on demand for nothing IPVS-specific: load it as upstream does.
@@ -42,11 +43,9 @@ pub fn check_ipvs(settings: &Settings) -> Result<(), Fatal> {
     if !listed.objects.iter().any(|s| s.scheduler == scheduler) {
         probe_scheduler(&mut ipvs, &scheduler).map_err(unusable)?;
     }
-    let ipset = Command::new("ipset").arg("version").output();
-    match ipset {
-        Ok(output) if output.status.success() => Ok(()),
-        _ => Err(unusable("the ipset tool does not run (install ipset)".into())),
-    }
+    // Upstream runs `ipset version`; the sets are written over netlink here, so the
+    // kernel's ipset and the mode's set types are what must be there.
+    IpsetNetlink::default().check_kernel().map_err(unusable)
 }
 
 /// `--ipvs-scheduler` (round robin when unset), checked as a scheduler name.

@@ -25,6 +25,27 @@ impl IpsetNetlink {
     }
 }
 
+impl IpsetNetlink {
+    /// Whether this kernel has ipset and every set type the mode uses: each type is asked
+    /// for its revision (the kernel loads a type's module on demand). Start-up's check, in
+    /// place of upstream's `ipset version`: the proxy needs the kernel's ipset, not the tool.
+    pub fn check_kernel(&mut self) -> Result<(), String> {
+        let socket = self.socket()?;
+        for kind in [
+            SetKind::IpPort,
+            SetKind::IpPortIp,
+            SetKind::IpPortNet,
+            SetKind::Ip,
+            SetKind::Port,
+        ] {
+            socket
+                .revision(set_type(kind))
+                .map_err(|e| format!("ipset type {}: {e}", kind.type_name()))?;
+        }
+        Ok(())
+    }
+}
+
 /// `ENOENT`: the set does not exist.
 const ENOENT: i32 = 2;
 

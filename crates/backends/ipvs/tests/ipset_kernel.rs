@@ -106,3 +106,9 @@ fn what_the_tool_wrote_reads_back_the_same_through_netlink() {
     let read = node.run(|| IpsetNetlink::default().read(&SPECS).unwrap());
     assert_eq!(read, sets);
 }
+
+#[test]
+fn this_kernel_has_every_set_type_the_mode_uses() {
+    let node = Netns::new("ipset").unwrap();
+    node.run(|| IpsetNetlink::default().check_kernel()).unwrap();
+}

@@ -279,7 +279,8 @@ pub fn cleanup_everything() -> Result<(), Fatal> {
         }
     }
     // ipvs mode's NodePort virtual servers are found through its sets: before they go.
-    if let Err(error) = kpr_ipvs::leftovers::remove_node_port_servers(&kpr_ipvs::IpsetCli) {
+    if let Err(error) = kpr_ipvs::leftovers::remove_node_port_servers(&mut kpr_ipvs::IpsetNetlink::default())
+    {
         failures.push(format!("IPVS NodePort services: {error}"));
     }
     // After the rules: a set still matched by a rule cannot be destroyed.

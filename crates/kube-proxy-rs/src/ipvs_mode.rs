@@ -4,7 +4,8 @@
 //! The families are iptables mode's (the mode writes iptables rules too); the kernel must
 //! have IPVS, which [`check_ipvs`] loads and proves at start-up as upstream's
 //! `CanUseIPVSProxier` does (a probe virtual server with the configured scheduler, added and
-//! deleted), and `ipset` must work. Both families share one IPVS table and `kube-ipvs0`;
+//! deleted), and the kernel's ipset must have the mode's set types (written over netlink,
+//! so the `ipset` tool is not needed). Both families share one IPVS table and `kube-ipvs0`;
 //! each family's backend touches only its own addresses and virtual servers.
 
 use std::process::Command;
@@ -13,7 +14,7 @@ use ipnet::IpNet;
 use kpr_config::Settings;
 use kpr_iptables::{Iptables, IptablesCli, Modes, ProcSysctl, Sysctl, Variant};
 use kpr_ipvs::rules::{RuleOptions, ruleset};
-use kpr_ipvs::{IpsetCli, IpvsBackend, IpvsOptions, PlanInputs, plan};
+use kpr_ipvs::{IpsetNetlink, IpvsBackend, IpvsOptions, PlanInputs, plan};
 use kpr_ipvs_netlink::{Ipvs, Protocol, Scheduler, Service, ServiceKey, Timeouts};
 use kpr_model::IpFamily;
 use kpr_state::DesiredState;
@@ -29,7 +30,7 @@ pub fn supports(family: IpFamily) -> bool {
 
 /// Upstream's `CanUseIPVSProxier`: IPVS in the kernel (the module loaded if need be), the
 /// scheduler usable (a probe virtual server added and deleted, unless one already uses
-/// it), and `ipset` present.
+/// it), and the kernel's ipset with every set type the mode uses.
 pub fn check_ipvs(settings: &Settings) -> Result<(), Fatal> {
     let scheduler = scheduler(settings)?;
     // The kernel loads ip_vs on demand for nothing IPVS-specific: load it as upstream does.
@@ -42,11 +43,9 @@ pub fn check_ipvs(settings: &Settings) -> Result<(), Fatal> {
     if !listed.objects.iter().any(|s| s.scheduler == scheduler) {
         probe_scheduler(&mut ipvs, &scheduler).map_err(unusable)?;
     }
-    let ipset = Command::new("ipset").arg("version").output();
-    match ipset {
-        Ok(output) if output.status.success() => Ok(()),
-        _ => Err(unusable("the ipset tool does not run (install ipset)".into())),
-    }
+    // Upstream runs `ipset version`; the sets are written over netlink here, so the
+    // kernel's ipset and the mode's set types are what must be there.
+    IpsetNetlink::default().check_kernel().map_err(unusable)
 }
 
 /// `--ipvs-scheduler` (round robin when unset), checked as a scheduler name.
@@ -172,7 +171,7 @@ pub fn backend(mut options: IpvsOptions, sync_period: std::time::Duration) -> Ip
     let cli = IptablesCli::new(family, Variant::Auto);
     options.rules.random_fully = cli.version().is_ok_and(|v| v.supports_random_fully());
     let conntrack = kpr_conntrack::Reconciler::netlink(family).with_full_period(sync_period);
-    IpvsBackend::new(options, Box::new(cli), Box::new(IpsetCli))
+    IpvsBackend::new(options, Box::new(cli), Box::new(IpsetNetlink::default()))
         .with_reconcile_period(sync_period)
         .with_conntrack(Box::new(conntrack))
 }
@@ -207,7 +206,7 @@ pub fn dry_run(state: &DesiredState, options: &IpvsOptions) -> Result<String, Fa
 /// tell them from anyone else's; the mode's NodePort sets can): removed before the sets go,
 /// on `--cleanup` and when another mode starts. Best effort, logged.
 pub fn remove_node_port_servers() {
-    match kpr_ipvs::leftovers::remove_node_port_servers(&IpsetCli) {
+    match kpr_ipvs::leftovers::remove_node_port_servers(&mut IpsetNetlink::default()) {
         Ok(removed) => {
             for key in removed {
                 tracing::info!(object = %format!("IPVS service {key}"), "removed what another kube-proxy mode left");

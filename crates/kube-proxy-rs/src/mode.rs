@@ -35,7 +35,7 @@ use crate::userspace_mode;
 const BOTH: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
 
 /// Fails, before anything is changed, when this host cannot run the mode at all: ipvs mode
-/// needs IPVS in the kernel and `ipset` (upstream's `CanUseIPVSProxier`). The other modes'
+/// needs IPVS and ipset in the kernel (upstream's `CanUseIPVSProxier`). The other modes'
 /// needs are per family ([`supported_families`]). `--dry-run` changes nothing and needs
 /// nothing.
 pub fn ensure_available(settings: &Settings) -> Result<(), Fatal> {

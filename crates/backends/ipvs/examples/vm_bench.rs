@@ -16,7 +16,7 @@ use kpr_iptables::{
     IptablesBackend, IptablesCli, IptablesOptions, LocalDetector, NodePortAddresses, Variant,
 };
 use kpr_ipvs::rules::RuleOptions;
-use kpr_ipvs::{IpsetCli, IpvsBackend, IpvsOptions};
+use kpr_ipvs::{IpsetNetlink, IpvsBackend, IpvsOptions};
 use kpr_ipvs_netlink::Scheduler;
 use kpr_model::IpFamily;
 use kpr_netns::Netns;
@@ -123,7 +123,7 @@ fn measure(services: usize, endpoints: usize, with_iptables: bool) -> Vec<String
     let mut ipvs = IpvsBackend::new(
         options,
         Box::new(IptablesCli::in_netns(IpFamily::V4, Variant::Auto, node.name())),
-        Box::new(IpsetCli),
+        Box::new(IpsetNetlink::default()),
     );
     let mut state = world(services, endpoints, 0);
     let first = state.pending();
@@ -146,7 +146,7 @@ fn measure(services: usize, endpoints: usize, with_iptables: bool) -> Vec<String
     let change_stats = ipvs.last_stats();
     let writes = |s: kpr_ipvs::SyncStats| {
         format!(
-            "{} IPVS requests + {} dumps, {} ipset lines, {} addresses, rules {}",
+            "{} IPVS requests + {} dumps, {} ipset changes, {} addresses, rules {}",
             s.ipvs_operations,
             s.ipvs_dumps,
             s.set_changes,

@@ -23,7 +23,7 @@ use kpr_model::IpFamily;
 use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest};
 
 use crate::addresses::{HostAddresses, read_interface_addresses};
-use crate::ipset::{SetSpec, parse_save, restore_script};
+use crate::ipset::{Ipset, SetSpec, changes};
 use crate::kernel::{self, IpvsError};
 use crate::plan::set_family;
 use crate::reconcile::{Graceful, KernelService, WEIGHT, reconcile};
@@ -47,53 +47,6 @@ impl IpvsOptions {
     fn family(&self) -> IpFamily {
         self.rules.family
     }
-}
-
-/// The `ipset` tool, or a stand-in in tests.
-pub trait Ipset: Send {
-    /// `ipset save`: every set with its members.
-    fn save(&self) -> Result<String, std::io::Error>;
-    /// `ipset restore -exist` with `script` on stdin.
-    fn restore(&self, script: &str) -> Result<(), std::io::Error>;
-}
-
-/// The `ipset` binary in the calling thread's network namespace.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct IpsetCli;
-
-impl Ipset for IpsetCli {
-    fn save(&self) -> Result<String, std::io::Error> {
-        let output = std::process::Command::new("ipset").arg("save").output()?;
-        checked("ipset save", &output)?;
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    }
-
-    fn restore(&self, script: &str) -> Result<(), std::io::Error> {
-        use std::io::Write as _;
-        let mut child = std::process::Command::new("ipset")
-            .args(["restore", "-exist"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(script.as_bytes())?;
-        }
-        let output = child.wait_with_output()?;
-        checked("ipset restore -exist", &output)
-    }
-}
-
-fn checked(what: &str, output: &std::process::Output) -> Result<(), std::io::Error> {
-    if output.status.success() {
-        return Ok(());
-    }
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    Err(std::io::Error::other(format!(
-        "{what} failed ({}): {}",
-        output.status,
-        stderr.trim()
-    )))
 }
 
 /// Why a sync failed, by step.
@@ -121,7 +74,7 @@ pub struct SyncStats {
     pub ipvs_operations: usize,
     /// IPVS dumps read (the whole table on a full sync; single servers on a partial one).
     pub ipvs_dumps: usize,
-    /// Lines of the `ipset restore` script (creations and member changes).
+    /// Set creations and member changes.
     pub set_changes: usize,
     /// Addresses bound to or removed from kube-ipvs0.
     pub address_changes: usize,
@@ -268,27 +221,21 @@ impl IpvsBackend {
     }
 
     /// The sets' difference from what the kernel holds (read back on a full sync) or from
-    /// what the last sync wrote.
-    fn write_sets(&self, plan: &IpvsPlan, applied: Option<&Applied>) -> Result<usize, SyncError> {
+    /// what the last sync wrote; how many changes that was.
+    fn write_sets(&mut self, plan: &IpvsPlan, applied: Option<&Applied>) -> Result<usize, SyncError> {
         let read;
         let current = match applied {
             Some(applied) => &applied.plan.sets,
             None => {
                 let family = set_family(self.options.family());
                 let specs: Vec<SetSpec> = SetId::ALL.iter().map(|id| id.spec(family)).collect();
-                let saved = self.ipset.save().map_err(|e| SyncError::Ipset(e.to_string()))?;
-                read = parse_save(&saved, &specs).map_err(SyncError::Ipset)?;
+                read = self.ipset.read(&specs).map_err(SyncError::Ipset)?;
                 &read
             }
         };
-        let script = restore_script(&plan.sets, current);
-        if script.is_empty() {
-            return Ok(0);
-        }
-        self.ipset
-            .restore(&script)
-            .map_err(|e| SyncError::Ipset(e.to_string()))?;
-        Ok(script.lines().count())
+        let changes = changes(&plan.sets, current);
+        self.ipset.write(&changes).map_err(SyncError::Ipset)?;
+        Ok(changes.len())
     }
 
     /// The ruleset (declaring a chain flushes it: each is rewritten whole) and the jumps.
@@ -423,20 +370,6 @@ impl Backend for IpvsBackend {
 mod tests {
     use super::*;
     use crate::addresses::InterfaceAddress;
-
-    #[test]
-    fn an_ipset_failure_names_the_command() {
-        let output = std::process::Command::new("sh")
-            .args(["-c", "echo 'set KUBE-X does not exist' >&2; exit 1"])
-            .output()
-            .unwrap();
-        let error = checked("ipset restore -exist", &output).unwrap_err();
-        assert!(
-            error.to_string().contains("ipset restore -exist failed"),
-            "{error}"
-        );
-        assert!(error.to_string().contains("KUBE-X does not exist"), "{error}");
-    }
 
     #[test]
     fn kube_ipvs0_holds_only_this_familys_addresses_for_unbinding() {

@@ -1,13 +1,30 @@
-//! The ipvs mode's ipsets as values, and the `ipset restore` script that turns what the
-//! kernel holds into what is wanted.
+//! The ipvs mode's ipsets as values, what turns what the kernel holds into what is wanted
+//! ([`changes`], pure), and the [`Ipset`] trait that reads and writes them.
 //!
-//! Why the `ipset` tool and not netlink: one `ipset restore -exist` applies any number of
-//! changes in one process, the same way upstream programs its sets, and reading a set back
-//! is one `ipset save`. The script is generated from typed values only (addresses, ports,
-//! CIDRs, protocol names and fixed set names), so nothing from an API object reaches it as
-//! text. Sets are created with upstream's sizes and never destroyed while the mode runs (an
-//! empty set costs nothing, and iptables rules may still name it); `--cleanup` and mode
-//! switches destroy them (kpr-leftovers).
+//! Why netlink and not the `ipset` tool (issue 11, decided by measurement): the proxy
+//! writes its sets through kpr-nfnetlink's ipset client ([`IpsetNetlink`]), one socket
+//! per backend, many member changes per `sendmsg`. `cargo bench -p kpr-ipvs --bench ipset`
+//! (BENCHMARKS.md, ipvs section: 2026-11-26 08:45 UTC, the shared 2-core machine under
+//! other load, median of 11 runs, KUBE-CLUSTER-IP holding one member per Service, all
+//! seventeen sets):
+//!
+//! | Services | path | cold load | one change (1 del + 1 add) | read back |
+//! |---:|---|---:|---:|---:|
+//! | 1,000 | `ipset restore -exist` / `ipset save` | 5.0 ms | 1.1 ms | 4.8 ms |
+//! | 1,000 | netlink | 1.2 ms | 0.002 ms | 0.9 ms |
+//! | 10,000 | `ipset restore -exist` / `ipset save` | 60 ms | 1.9 ms | 68 ms |
+//! | 10,000 | netlink | 31 ms | 0.004 ms | 3.3 ms |
+//!
+//! The change a user feels on every endpoint or Service change is a process start with
+//! the tool (1-2 ms whatever the size) and a few microseconds over netlink; cold loads
+//! (first sync) are 2-4x and read-backs (every full sync) 5-20x faster too. The tool stays as
+//! [`IpsetCli`]: the benchmark's baseline and a second writer in tests, never the
+//! proxy's; `--cleanup` and mode switches destroy the sets over netlink (kpr-leftovers).
+//!
+//! Members and changes are typed values (addresses, ports, CIDRs, protocols and fixed
+//! set names), so nothing from an API object reaches the kernel as text. Sets are created
+//! with upstream's sizes and never destroyed while the mode runs (an empty set costs
+//! nothing, and iptables rules may still name it).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
@@ -15,6 +32,27 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 pub use kpr_model::Protocol;
+
+mod netlink;
+mod tool;
+
+pub use netlink::IpsetNetlink;
+pub use tool::IpsetCli;
+
+/// Upstream's initial buckets of a hash set.
+pub const HASH_SIZE: u32 = 1024;
+/// Upstream's most members of a hash set.
+pub const MAX_ELEMENTS: u32 = 65536;
+
+/// The kernel's ipsets as the backend reads and writes them: over netlink in the proxy
+/// ([`IpsetNetlink`]), through the `ipset` tool as the benchmark's baseline and the
+/// tests' oracle ([`IpsetCli`]).
+pub trait Ipset: Send {
+    /// The sets of `specs` the kernel has, with their members; a set it lacks is absent.
+    fn read(&mut self, specs: &[SetSpec]) -> Result<Sets, String>;
+    /// Applies `changes` in order.
+    fn write(&mut self, changes: &[SetChange]) -> Result<(), String>;
+}
 
 /// The set types the ipvs mode uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -42,12 +80,15 @@ impl SetKind {
         }
     }
 
-    /// Upstream's creation options: hash sets of the family, 1024 buckets, 65536 members at
-    /// most; the port bitmap covers every port.
+    /// Upstream's creation options: hash sets of the family, [`HASH_SIZE`] buckets,
+    /// [`MAX_ELEMENTS`] members at most; the port bitmap covers every port.
     fn create_options(self, family: Family) -> String {
         match self {
             Self::Port => "range 0-65535".to_string(),
-            _ => format!("family {} hashsize 1024 maxelem 65536", family.as_str()),
+            _ => format!(
+                "family {} hashsize {HASH_SIZE} maxelem {MAX_ELEMENTS}",
+                family.as_str()
+            ),
         }
     }
 }
@@ -195,30 +236,56 @@ impl Sets {
     }
 }
 
-/// The `ipset restore -exist` script that makes the kernel's sets (`current`, as read back)
-/// hold exactly `wanted`'s members: creations for every wanted set (`-exist` keeps one that
-/// is there), deletions of members no longer wanted, additions of new ones. Empty when
-/// nothing differs.
-pub fn restore_script(wanted: &Sets, current: &Sets) -> String {
-    let mut script = String::new();
+/// One step from what the kernel holds to what is wanted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetChange {
+    /// Create the set (`-exist`: one that is there stays).
+    Create(SetSpec),
+    Delete(&'static str, Member),
+    Add(&'static str, Member),
+}
+
+/// What makes the kernel's sets (`current`, as read back) hold exactly `wanted`'s
+/// members, set by set: its creation if the kernel lacks it, deletions of members no
+/// longer wanted, additions of new ones. Empty when nothing differs.
+pub fn changes(wanted: &Sets, current: &Sets) -> Vec<SetChange> {
+    let mut changes = Vec::new();
+    let empty = BTreeSet::new();
     for (name, (spec, members)) in &wanted.sets {
         let had = current.members(name);
         if had.is_none() {
-            let _ = writeln!(
+            changes.push(SetChange::Create(*spec));
+        }
+        let had = had.unwrap_or(&empty);
+        changes.extend(
+            had.difference(members)
+                .map(|gone| SetChange::Delete(spec.name, *gone)),
+        );
+        changes.extend(members.difference(had).map(|new| SetChange::Add(spec.name, *new)));
+    }
+    changes
+}
+
+/// [`changes`] as an `ipset restore -exist` script (the `ipset` tool's path: the
+/// benchmark's baseline and the tests' oracle).
+pub fn restore_script(wanted: &Sets, current: &Sets) -> String {
+    render(&changes(wanted, current))
+}
+
+fn render(changes: &[SetChange]) -> String {
+    let mut script = String::new();
+    for change in changes {
+        let _ = match change {
+            SetChange::Create(spec) => writeln!(
                 script,
-                "create {name} {} {}",
+                "create {} {} {}",
+                spec.name,
                 spec.kind.type_name(),
                 spec.kind.create_options(spec.family)
-            );
-        }
-        let empty = BTreeSet::new();
-        let had = had.unwrap_or(&empty);
-        for gone in had.difference(members) {
-            let _ = writeln!(script, "del {name} {gone}");
-        }
-        for new in members.difference(had) {
-            let _ = writeln!(script, "add {name} {new}");
-        }
+            ),
+            SetChange::Delete(name, member) => writeln!(script, "del {name} {member}"),
+            SetChange::Add(name, member) => writeln!(script, "add {name} {member}"),
+        };
     }
     script
 }

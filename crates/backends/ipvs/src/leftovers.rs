@@ -9,8 +9,7 @@ use std::collections::BTreeSet;
 use kpr_ipvs_netlink::{Ipvs, Protocol, ServiceKey};
 
 use crate::addresses::read_interface_addresses;
-use crate::backend::Ipset;
-use crate::ipset::{Family, Member, SetSpec, parse_save};
+use crate::ipset::{Family, Ipset, Member, SetSpec, Sets};
 use crate::sets::SetId;
 
 /// The NodePort sets, with the protocol of the ports they hold.
@@ -28,13 +27,16 @@ fn node_port_sets() -> Vec<(SetSpec, Protocol)> {
     sets
 }
 
-/// (protocol, port) of every NodePort the sets in `saved` (`ipset save` output) hold.
-pub fn node_ports(saved: &str) -> Result<BTreeSet<(Protocol, u16)>, String> {
-    let sets = node_port_sets();
-    let specs: Vec<SetSpec> = sets.iter().map(|(spec, _)| *spec).collect();
-    let parsed = parse_save(saved, &specs)?;
+/// The NodePort sets' specs, to read them.
+pub fn node_port_specs() -> Vec<SetSpec> {
+    node_port_sets().into_iter().map(|(spec, _)| spec).collect()
+}
+
+/// (protocol, port) of every NodePort the sets in `parsed` (read with [`node_port_specs`])
+/// hold.
+pub fn node_ports(parsed: &Sets) -> BTreeSet<(Protocol, u16)> {
     let mut ports = BTreeSet::new();
-    for (spec, protocol) in sets {
+    for (spec, protocol) in node_port_sets() {
         for member in parsed.members(spec.name).into_iter().flatten() {
             match member {
                 Member::Port(port) | Member::IpPort(_, _, port) => {
@@ -44,16 +46,17 @@ pub fn node_ports(saved: &str) -> Result<BTreeSet<(Protocol, u16)>, String> {
             }
         }
     }
-    Ok(ports)
+    ports
 }
 
 /// Deletes the virtual servers on this host's addresses at a NodePort of the mode's sets;
 /// the ones deleted. Nothing to do without IPVS or without such sets.
-pub fn remove_node_port_servers(ipset: &dyn Ipset) -> Result<Vec<ServiceKey>, String> {
-    let Ok(saved) = ipset.save() else {
+pub fn remove_node_port_servers(ipset: &mut dyn Ipset) -> Result<Vec<ServiceKey>, String> {
+    // A kernel without ipset has no such sets.
+    let Ok(parsed) = ipset.read(&node_port_specs()) else {
         return Ok(Vec::new());
     };
-    let ports = node_ports(&saved)?;
+    let ports = node_ports(&parsed);
     if ports.is_empty() {
         return Ok(Vec::new());
     }
@@ -92,7 +95,8 @@ mod tests {
                      add KUBE-NODE-PORT-SCTP-HASH 192.168.0.10,sctp:30905\n\
                      create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n\
                      add KUBE-CLUSTER-IP 10.96.0.10,tcp:80\n";
-        let ports = node_ports(saved).unwrap();
+        let parsed = crate::ipset::parse_save(saved, &node_port_specs()).unwrap();
+        let ports = node_ports(&parsed);
         assert_eq!(
             ports,
             [

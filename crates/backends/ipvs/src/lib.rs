@@ -24,8 +24,9 @@
 //! - [`addresses`]: this host's addresses split as a sync needs them (on kube-ipvs0, on
 //!   other interfaces, serving NodePorts).
 //! - [`sets`]: the seventeen sets, their names per family and upstream's comments.
-//! - [`ipset`]: the sets as values, the `ipset restore` script that turns what the kernel
-//!   has into what is wanted (pure), and reading a set back from `ipset save`.
+//! - [`ipset`]: the sets as values, the changes that turn what the kernel has into what is
+//!   wanted (pure), written and read back over netlink ([`IpsetNetlink`], chosen by
+//!   measurement over the `ipset` tool, [`IpsetCli`]; figures in the module).
 
 pub mod addresses;
 mod backend;
@@ -39,7 +40,6 @@ pub mod sets;
 #[cfg(test)]
 mod test_support;
 
-pub use backend::{
-    DEFAULT_RECONCILE_PERIOD, Ipset, IpsetCli, IpvsBackend, IpvsOptions, SyncError, SyncStats,
-};
+pub use backend::{DEFAULT_RECONCILE_PERIOD, IpvsBackend, IpvsOptions, SyncError, SyncStats};
+pub use ipset::{Ipset, IpsetCli, IpsetNetlink};
 pub use plan::{IpvsPlan, PlanInputs, VirtualServer, plan};

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use kpr_iptables::{IptablesCli, LocalDetector, NodePortAddresses, Variant};
 use kpr_ipvs::rules::RuleOptions;
-use kpr_ipvs::{IpsetCli, IpvsBackend, IpvsOptions};
+use kpr_ipvs::{IpsetNetlink, IpvsBackend, IpvsOptions};
 use kpr_ipvs_netlink::Scheduler;
 use kpr_model::IpFamily;
 use kpr_netns::{Netns, spread};
@@ -37,7 +37,7 @@ fn family_backend(node: &Netns, family: IpFamily, pods: &str, node_ip: &str) -> 
         node_ip: Some(node_ip.parse().unwrap()),
     };
     let iptables = IptablesCli::in_netns(family, Variant::Auto, node.name());
-    IpvsBackend::new(options, Box::new(iptables), Box::new(IpsetCli))
+    IpvsBackend::new(options, Box::new(iptables), Box::new(IpsetNetlink::default()))
 }
 
 fn web(world: &mut World, endpoints: &[&str]) {

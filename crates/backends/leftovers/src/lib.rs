@@ -24,9 +24,9 @@
 //! - **Failures name the object.** Each one is reported ([`Report::failures`]) and the
 //!   other objects are still removed; the caller logs them, and `--cleanup` exits non-zero.
 //!
-//! All I/O is netlink ([`kpr_netlink`]) in the calling thread's network namespace: links
-//! and IPVS through kpr-ipvs-netlink, and the
-//! nftables batch and ipset messages built here (their bytes are pinned by tests).
+//! All I/O is netlink in the calling thread's network namespace: links and IPVS through
+//! kpr-ipvs-netlink, ipsets through kpr-nfnetlink's ipset client, and the nftables batch
+//! built here ([`kpr_netlink`]; its bytes are pinned by tests).
 
 mod ipset;
 mod ipvs;
@@ -34,7 +34,7 @@ mod nftables;
 
 use kpr_netlink::NetlinkError;
 
-pub use ipset::{destroy_request, remove_ipvs_sets};
+pub use ipset::remove_ipvs_sets;
 pub use ipvs::upstreams_services;
 use kpr_ipvs_netlink::IpvsLinks;
 pub use kpr_ipvs_netlink::{IPVS_LINK, IpvsLink};

@@ -1,5 +1,5 @@
 //! One netlink request and its answers, for the kernel objects kube-proxy-rs reads and
-//! removes outside iptables: nfacct counters, nftables tables, ipsets, links, IPVS services.
+//! removes outside iptables: nfacct counters, nftables tables, links, IPVS services.
 //!
 //! Why a crate of its own: each of those speaks a different netlink family, but the
 //! exchange is always the same: send one request (or one nfnetlink batch), then read until

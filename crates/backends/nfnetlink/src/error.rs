@@ -85,6 +85,18 @@ pub enum Error {
     InvalidName { operation: Operation, problem: String },
     #[error("refusing to read {what}: {problem}")]
     InvalidQuery { what: String, problem: String },
+    /// An ipset request the kernel refused: what it was (a member change names the set
+    /// and the member), ipset's errno and its meaning; for a list of changes, how many
+    /// others were refused too.
+    #[error("the kernel refused {request}: {reason} (errno {errno}){}", if *.others > 0 { format!(" (and {} more refused change(s))", .others) } else { String::new() })]
+    IpsetRefused {
+        request: String,
+        errno: i32,
+        reason: String,
+        others: usize,
+    },
+    #[error("refusing to send {what}: {problem}")]
+    InvalidIpsetName { what: String, problem: String },
     #[error("a {bytes}-byte transaction is over the {limit}-byte limit; split the batch")]
     TooLarge { bytes: usize, limit: usize },
     #[error("the dump of {what} was interrupted by concurrent changes {attempts} times in a row")]
@@ -105,7 +117,7 @@ impl Error {
     /// The errno of the kernel's refusal (of a request, or the first of a batch).
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Self::Kernel { errno, .. } => Some(*errno),
+            Self::Kernel { errno, .. } | Self::IpsetRefused { errno, .. } => Some(*errno),
             Self::Rejected(batch) => batch.first().map(|f| f.errno),
             Self::PartlyCommitted { error, .. } => error.errno(),
             _ => None,

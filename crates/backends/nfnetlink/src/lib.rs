@@ -20,6 +20,9 @@
 //!   meta, ct, cmp, bitwise, lookup/vmap, immediate verdicts, numgen, nat, masquerade,
 //!   reject, counter, dynset, fib); anything else reads back as [`Expr::Other`].
 //!
+//! - [`ipset`]: ipsets over the same socket family (create, add/del members in batches,
+//!   list, destroy), for the ipvs mode.
+//!
 //! The API speaks nft's concepts and nothing of Kubernetes. Keys and values are bytes
 //! laid out as the kernel compares them; [`Value`] builds them (each field padded to a
 //! 32-bit register; addresses and ports big-endian, marks and numgen slots host-endian).
@@ -77,6 +80,7 @@ mod consts;
 mod dump;
 mod error;
 mod expr;
+pub mod ipset;
 mod objects;
 mod socket;
 mod wire;

@@ -25,7 +25,7 @@ use crate::wire::{self, HEADER_LEN};
 /// The kernel answers at once unless something is badly wrong.
 const RECV_TIMEOUT: Duration = Duration::from_secs(30);
 /// Dump datagrams hold at most 32 KiB; one more page of slack.
-const RECV_BUFFER: usize = 64 * 1024;
+pub(crate) const RECV_BUFFER: usize = 64 * 1024;
 /// The largest single transaction this socket sends: the kernel copies it into one
 /// buffer, and holds the nf_tables mutex while it applies it.
 pub const MAX_TRANSACTION_BYTES: usize = 256 * 1024 * 1024;
@@ -67,15 +67,15 @@ impl std::fmt::Debug for Socket {
 }
 
 /// One answer message.
-struct Answer {
-    message_type: u16,
-    flags: u16,
-    sequence: u32,
-    bytes: Vec<u8>,
+pub(crate) struct Answer {
+    pub(crate) message_type: u16,
+    pub(crate) flags: u16,
+    pub(crate) sequence: u32,
+    pub(crate) bytes: Vec<u8>,
 }
 
 impl Answer {
-    fn payload(&self) -> &[u8] {
+    pub(crate) fn payload(&self) -> &[u8] {
         self.bytes.get(HEADER_LEN..).unwrap_or_default()
     }
 }
@@ -83,23 +83,7 @@ impl Answer {
 impl Socket {
     /// A socket in the calling thread's network namespace.
     pub fn open() -> Result<Self, Error> {
-        let mut socket = NetlinkSocket::new(NETLINK_NETFILTER).map_err(Error::Socket)?;
-        socket.bind_auto().map_err(Error::Socket)?;
-        socket.connect(&SocketAddr::new(0, 0)).map_err(Error::Socket)?;
-        // Errors carry the kernel's explanation, and not a copy of the failed request.
-        socket.set_ext_ack(true).map_err(Error::Socket)?;
-        socket.set_cap_ack(true).map_err(Error::Socket)?;
-        nix::sys::socket::setsockopt(
-            &socket,
-            nix::sys::socket::sockopt::ReceiveTimeout,
-            &nix::sys::time::TimeVal::new(RECV_TIMEOUT.as_secs() as _, 0),
-        )
-        .map_err(|errno| Error::Socket(errno.into()))?;
-        // Room for the reports on a large refused batch (one small error per message).
-        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBufForce, &RECEIVE_QUEUE)
-            .map_err(|errno| Error::Socket(errno.into()))?;
-        let send_buffer = nix::sys::socket::getsockopt(&socket, nix::sys::socket::sockopt::SndBuf)
-            .map_err(|errno| Error::Socket(errno.into()))?;
+        let (socket, send_buffer) = open_netfilter()?;
         Ok(Self {
             socket,
             buffer: vec![0; RECV_BUFFER],
@@ -423,39 +407,83 @@ impl Socket {
 
     /// One datagram, split into its messages.
     fn recv(&mut self) -> Result<Vec<Answer>, Error> {
-        let mut space = &mut self.buffer[..];
-        let size = self.socket.recv(&mut space, MSG_TRUNC).map_err(Error::Io)?;
-        if size > self.buffer.len() {
-            return Err(Malformed(format!(
-                "a {size}-byte datagram did not fit the {}-byte buffer",
-                self.buffer.len()
-            ))
-            .into());
-        }
-        split(&self.buffer[..size])
+        recv_answers(&self.socket, &mut self.buffer)
     }
 
     fn send_all(&self, bytes: &[u8]) -> Result<(), Error> {
-        let sent = self.socket.send(bytes, 0).map_err(Error::Io)?;
-        if sent != bytes.len() {
-            return Err(Malformed(format!("sent {sent} of {} bytes", bytes.len())).into());
-        }
-        Ok(())
+        send_datagram(&self.socket, bytes)
     }
 
     fn fit_send_buffer(&mut self, bytes: usize) -> Result<(), Error> {
-        // The kernel refuses a datagram longer than the send buffer less a little.
-        let needed = bytes + 4096;
-        if needed <= self.send_buffer {
-            return Ok(());
-        }
-        let wanted = needed.next_power_of_two();
-        nix::sys::socket::setsockopt(&self.socket, nix::sys::socket::sockopt::SndBufForce, &wanted)
-            .map_err(|errno| Error::Socket(errno.into()))?;
-        self.send_buffer = nix::sys::socket::getsockopt(&self.socket, nix::sys::socket::sockopt::SndBuf)
-            .map_err(|errno| Error::Socket(errno.into()))?;
-        Ok(())
+        fit_send_buffer(&self.socket, &mut self.send_buffer, bytes)
     }
+}
+
+/// A `NETLINK_NETFILTER` socket connected to the kernel in the calling thread's network
+/// namespace, with extended and capped acknowledgements, a receive timeout and a receive
+/// queue with room for many reports; and its send buffer size. Shared by nf_tables and
+/// ipset ([`crate::ipset`]).
+pub(crate) fn open_netfilter() -> Result<(NetlinkSocket, usize), Error> {
+    let mut socket = NetlinkSocket::new(NETLINK_NETFILTER).map_err(Error::Socket)?;
+    socket.bind_auto().map_err(Error::Socket)?;
+    socket.connect(&SocketAddr::new(0, 0)).map_err(Error::Socket)?;
+    // Errors carry the kernel's explanation, and not a copy of the failed request.
+    socket.set_ext_ack(true).map_err(Error::Socket)?;
+    socket.set_cap_ack(true).map_err(Error::Socket)?;
+    nix::sys::socket::setsockopt(
+        &socket,
+        nix::sys::socket::sockopt::ReceiveTimeout,
+        &nix::sys::time::TimeVal::new(RECV_TIMEOUT.as_secs() as _, 0),
+    )
+    .map_err(|errno| Error::Socket(errno.into()))?;
+    // Room for the reports on a large refused batch (one small error per message).
+    nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBufForce, &RECEIVE_QUEUE)
+        .map_err(|errno| Error::Socket(errno.into()))?;
+    let send_buffer = nix::sys::socket::getsockopt(&socket, nix::sys::socket::sockopt::SndBuf)
+        .map_err(|errno| Error::Socket(errno.into()))?;
+    Ok((socket, send_buffer))
+}
+
+/// One datagram from `socket` into `buffer`, split into its messages.
+pub(crate) fn recv_answers(socket: &NetlinkSocket, buffer: &mut [u8]) -> Result<Vec<Answer>, Error> {
+    let capacity = buffer.len();
+    let mut space = &mut buffer[..];
+    let size = socket.recv(&mut space, MSG_TRUNC).map_err(Error::Io)?;
+    if size > capacity {
+        return Err(Malformed(format!(
+            "a {size}-byte datagram did not fit the {capacity}-byte buffer"
+        ))
+        .into());
+    }
+    split(&buffer[..size])
+}
+
+/// Sends `bytes` as one datagram.
+pub(crate) fn send_datagram(socket: &NetlinkSocket, bytes: &[u8]) -> Result<(), Error> {
+    let sent = socket.send(bytes, 0).map_err(Error::Io)?;
+    if sent != bytes.len() {
+        return Err(Malformed(format!("sent {sent} of {} bytes", bytes.len())).into());
+    }
+    Ok(())
+}
+
+/// Grows `socket`'s send buffer (recorded in `send_buffer`) to hold a `bytes`-long datagram.
+pub(crate) fn fit_send_buffer(
+    socket: &NetlinkSocket,
+    send_buffer: &mut usize,
+    bytes: usize,
+) -> Result<(), Error> {
+    // The kernel refuses a datagram longer than the send buffer less a little.
+    let needed = bytes + 4096;
+    if needed <= *send_buffer {
+        return Ok(());
+    }
+    let wanted = needed.next_power_of_two();
+    nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::SndBufForce, &wanted)
+        .map_err(|errno| Error::Socket(errno.into()))?;
+    *send_buffer = nix::sys::socket::getsockopt(socket, nix::sys::socket::sockopt::SndBuf)
+        .map_err(|errno| Error::Socket(errno.into()))?;
+    Ok(())
 }
 
 /// A generation request: no names, so it always encodes.
@@ -479,7 +507,7 @@ fn marker(buf: &mut Vec<u8>, message_type: u16, sequence: u32) {
 }
 
 /// Splits a datagram into its messages by their length fields.
-fn split(datagram: &[u8]) -> Result<Vec<Answer>, Error> {
+pub(crate) fn split(datagram: &[u8]) -> Result<Vec<Answer>, Error> {
     let mut answers = Vec::new();
     let mut rest = datagram;
     while !rest.is_empty() {
@@ -504,7 +532,7 @@ fn split(datagram: &[u8]) -> Result<Vec<Answer>, Error> {
 
 /// The errno (positive, 0 for an acknowledgement) and extended-ack text of an
 /// `NLMSG_ERROR` answer.
-fn error_of(answer: &Answer) -> Result<(i32, Option<String>), Malformed> {
+pub(crate) fn error_of(answer: &Answer) -> Result<(i32, Option<String>), Malformed> {
     let payload = answer.payload();
     let code = payload
         .get(..4)

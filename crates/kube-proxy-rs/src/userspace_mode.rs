@@ -58,6 +58,7 @@ pub fn options(settings: &Settings, family: IpFamily, node: &NodeFacts) -> Resul
             max_udp_sessions: limit(settings.userspace_max_udp_sessions, defaults.max_udp_sessions),
         },
         copy: kpr_userspace::CopyMethod::default(),
+        tcp_threads: kpr_userspace::workers::default_count(),
     })
 }
 

@@ -31,6 +31,14 @@ impl JumpRule {
     pub fn new(table: Table, chain: &'static str, target: &'static str, comment: &str) -> Self {
         jump(table, chain, target, comment, false)
     }
+
+    /// The same jump for packets to this host's own addresses only (`-m addrtype
+    /// --dst-type LOCAL` before the rest): how NodePort chains are entered.
+    pub fn to_local_addresses(mut self) -> Self {
+        self.args
+            .splice(0..0, ["-m", "addrtype", "--dst-type", "LOCAL"].map(String::from));
+        self
+    }
 }
 
 const NEW: [&str; 4] = ["-m", "conntrack", "--ctstate", "NEW"];
@@ -119,6 +127,25 @@ mod tests {
                 (Table::Filter, "OUTPUT", "-j KUBE-FIREWALL".to_string()),
             ],
             "always, as upstream: kubelet's jumps do not depend on localhost NodePorts"
+        );
+    }
+
+    #[test]
+    fn a_jump_to_local_addresses_matches_them_first() {
+        let jump = JumpRule::new(
+            Table::Nat,
+            "OUTPUT",
+            "KUBE-NODEPORT-HOST",
+            "handle service NodePorts",
+        )
+        .to_local_addresses();
+        assert_eq!(
+            jump.args.join(" "),
+            "-m addrtype --dst-type LOCAL -m comment --comment handle service NodePorts -j KUBE-NODEPORT-HOST"
+        );
+        assert_eq!(
+            (jump.table, jump.chain, jump.target),
+            (Table::Nat, "OUTPUT", "KUBE-NODEPORT-HOST")
         );
     }
 }

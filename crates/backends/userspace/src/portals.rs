@@ -205,48 +205,18 @@ impl PortRules {
 /// external IP on the node must not be taken for a NodePort), and both above whatever
 /// else the chain holds.
 pub fn jump_rules() -> Vec<JumpRule> {
-    let jump = |table, chain, target, local_only: bool, comment: &str| {
-        let mut args: Vec<String> = Vec::new();
-        if local_only {
-            args.extend(["-m", "addrtype", "--dst-type", "LOCAL"].map(String::from));
-        }
-        args.extend(["-m", "comment", "--comment", comment, "-j", target].map(String::from));
-        JumpRule {
-            table,
-            chain,
-            target,
-            args,
-        }
-    };
     use userspace_chain::*;
+    const NODEPORTS: &str = "handle service NodePorts";
+    const CLUSTER_IPS: &str = "handle ClusterIPs";
     vec![
-        jump(
-            Table::Nat,
-            "PREROUTING",
-            NODEPORT_CONTAINER,
-            true,
-            "handle service NodePorts",
-        ),
-        jump(
-            Table::Nat,
-            "OUTPUT",
-            NODEPORT_HOST,
-            true,
-            "handle service NodePorts",
-        ),
-        jump(
-            Table::Nat,
-            "PREROUTING",
-            PORTALS_CONTAINER,
-            false,
-            "handle ClusterIPs",
-        ),
-        jump(Table::Nat, "OUTPUT", PORTALS_HOST, false, "handle ClusterIPs"),
-        jump(
+        JumpRule::new(Table::Nat, "PREROUTING", NODEPORT_CONTAINER, NODEPORTS).to_local_addresses(),
+        JumpRule::new(Table::Nat, "OUTPUT", NODEPORT_HOST, NODEPORTS).to_local_addresses(),
+        JumpRule::new(Table::Nat, "PREROUTING", PORTALS_CONTAINER, CLUSTER_IPS),
+        JumpRule::new(Table::Nat, "OUTPUT", PORTALS_HOST, CLUSTER_IPS),
+        JumpRule::new(
             Table::Filter,
             "INPUT",
             NODEPORT_NON_LOCAL,
-            false,
             "Ensure that non-local NodePort traffic can flow",
         ),
     ]

@@ -8,13 +8,16 @@
 //! opened again. Then the portals are written whole in one `iptables-restore`, and the
 //! jumps into them are ensured.
 //!
-//! `sync` runs on a blocking thread of the sync loop; the listeners run on the proxy's
-//! tokio runtime, reached through a [`Handle`]. Sockets are bound synchronously here, so a
-//! sync that returns has every listener it wrote a portal for.
+//! `sync` runs on a blocking thread of the sync loop; UDP listeners run on the proxy's
+//! tokio runtime, reached through a [`Handle`], TCP listeners and connections on the
+//! backend's own TCP threads ([`crate::workers`], started with the first TCP port, in the
+//! syncing thread's network namespace). Sockets are bound synchronously here, so a sync
+//! that returns has every listener it wrote a portal for.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroUsize;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +40,7 @@ use crate::portals::{Portal, PortalTargets, checked_name, jump_rules, render};
 use crate::ports::PortAllocator;
 use crate::tcp::{self, Listener};
 use crate::udp::{self, UdpListener};
+use crate::workers::{self, Workers};
 
 /// How a family's userspace backend listens and where its portals point.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +58,8 @@ pub struct UserspaceOptions {
     pub limits: Limits,
     /// How TCP bytes are moved (splice unless a measurement says otherwise).
     pub copy: CopyMethod,
+    /// TCP threads ([`crate::workers`]); one per core by default.
+    pub tcp_threads: NonZeroUsize,
 }
 
 impl UserspaceOptions {
@@ -67,6 +73,7 @@ impl UserspaceOptions {
             udp_timeout: Duration::from_millis(250),
             limits: Limits::default(),
             copy: CopyMethod::default(),
+            tcp_threads: workers::default_count(),
         }
     }
 
@@ -109,6 +116,8 @@ struct OpenPort {
 pub struct UserspaceBackend {
     options: UserspaceOptions,
     runtime: Handle,
+    /// Started with the first TCP port.
+    workers: Option<Workers>,
     iptables: Box<dyn Iptables>,
     ports: PortAllocator,
     open: HashMap<ServicePortName, OpenPort>,
@@ -133,6 +142,8 @@ pub enum SyncError {
         #[source]
         source: crate::ports::AllocError,
     },
+    #[error("cannot start the TCP threads: {0}")]
+    Threads(#[source] std::io::Error),
     #[error(transparent)]
     Exec(#[from] ExecError),
 }
@@ -145,6 +156,7 @@ impl UserspaceBackend {
             udp_sessions: slots(Kind::UdpSessions, &options, None),
             options,
             runtime,
+            workers: None,
             iptables,
             open: HashMap::new(),
             metrics: None,
@@ -197,6 +209,17 @@ impl UserspaceBackend {
     /// TCP connections carried now, over all ports.
     pub fn active_connections(&self) -> usize {
         self.connections.in_use()
+    }
+
+    /// Tasks alive on the TCP threads (accept loops and connections; tests).
+    pub fn tcp_tasks(&self) -> usize {
+        self.workers.as_ref().map_or(0, |workers| {
+            workers
+                .handles()
+                .iter()
+                .map(|handle| handle.metrics().num_alive_tasks())
+                .sum()
+        })
     }
 
     /// UDP sessions held now, over all ports.
@@ -340,6 +363,9 @@ impl UserspaceBackend {
         if !self.open.contains_key(&port.name) {
             self.open_port(port, affinity)?;
         }
+        if port.name.protocol != Protocol::Udp {
+            self.start_tcp_threads()?;
+        }
         let Some(mut open) = self.open.remove(&port.name) else {
             return Ok(());
         };
@@ -357,7 +383,7 @@ impl UserspaceBackend {
                 bind_ip,
                 &open.state,
                 &self.connections,
-                &self.runtime,
+                self.workers.as_ref().map_or(&[], Workers::handles),
             ) {
                 Ok(listener) => open.socket = Socket::Tcp(listener),
                 Err(error) => {
@@ -368,6 +394,16 @@ impl UserspaceBackend {
             }
         }
         self.open.insert(port.name.clone(), open);
+        Ok(())
+    }
+
+    /// Starts the TCP threads unless they run.
+    fn start_tcp_threads(&mut self) -> Result<(), SyncError> {
+        if self.workers.is_none() {
+            let workers = Workers::start(self.options.tcp_threads).map_err(SyncError::Threads)?;
+            tracing::info!(threads = workers.handles().len(), "started the TCP threads");
+            self.workers = Some(workers);
+        }
         Ok(())
     }
 

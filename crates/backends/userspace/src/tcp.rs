@@ -1,11 +1,20 @@
 //! TCP: a listener per service port, one task per carried connection (upstream's
-//! `tcpProxySocket.ProxyLoop`, `tryConnect` and `proxyTCP`).
+//! `tcpProxySocket.ProxyLoop`, `tryConnect` and `proxyTCP`). A listener is one socket per
+//! TCP thread ([`crate::workers`]), all bound to the service port's one port with
+//! `SO_REUSEPORT`: the kernel hands each new connection to one of them, so exactly one
+//! thread wakes up for it (a descriptor shared by every thread's epoll would wake them
+//! all), and the connection stays on that thread.
 //!
 //! A connection goes to the balancer's pick; a connect that fails or outlasts its dial
 //! timeout (250 ms, 500 ms, 1 s, 2 s: upstream's ladder, so at most four endpoints and
 //! 3.75 s) is retried on the next pick, with the client's affinity reset. When every try
 //! failed the client's connection is closed. Bytes then flow both ways until both sides
 //! closed (a half-close is passed on), through [`crate::copy`].
+//!
+//! Small messages are never held back (Nagle's algorithm is off on both sockets, as in
+//! upstream's Go proxy): the listener's `TCP_NODELAY` is inherited by every connection it
+//! accepts, and the endpoint's socket gets it before its connect, so no connection pays a
+//! system call of its own for it.
 //!
 //! A port without endpoints has no listener, only a bound socket holding its port
 //! ([`Listener::Held`]): the kernel answers a connection to it with a reset, so clients are
@@ -15,11 +24,11 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::sys::socket::{Shutdown, setsockopt, shutdown, sockopt};
+use nix::sys::socket::{Backlog, Shutdown, listen, setsockopt, shutdown, sockopt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::OwnedSemaphorePermit;
@@ -38,7 +47,7 @@ pub const DIAL_TIMEOUTS: [Duration; 4] = [
 ];
 
 /// Pending connections the kernel queues per listener.
-const BACKLOG: u32 = 4096;
+const BACKLOG: i32 = 4096;
 
 /// A service port's TCP socket: accepting, or only holding its port.
 #[derive(Debug)]
@@ -70,25 +79,37 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// A listening socket and its accept loop. Dropping it stops the listening at once
-/// (`shutdown(SHUT_RD)` takes a listener out of LISTEN synchronously, so the very next
-/// connection is refused and the port can be bound again), while the task, and with it
-/// the socket, ends on the runtime a moment later.
+/// The listening sockets of one port and their accept loops, a socket and a loop per TCP
+/// thread (each loop on its own duplicate of its socket's descriptor). Dropping it stops
+/// the listening at once (`shutdown(SHUT_RD)` takes a listener out of LISTEN
+/// synchronously, so the very next connection is refused and the port can be bound
+/// again), while the tasks, and with them the duplicates, end on their threads a moment
+/// later.
 #[derive(Debug)]
 pub struct Accepting {
-    listener: Arc<TcpListener>,
-    _task: AbortOnDrop,
+    sockets: Vec<TcpSocket>,
+    _tasks: Vec<AbortOnDrop>,
 }
 
 impl Drop for Accepting {
     fn drop(&mut self) {
-        let _ = shutdown(self.listener.as_raw_fd(), Shutdown::Read);
+        for socket in &self.sockets {
+            let _ = shutdown(socket.as_raw_fd(), Shutdown::Read);
+        }
     }
 }
 
 /// Binds `ip:port` (port 0: the kernel picks) without listening, so the port is ours but
 /// connections to it are refused. Returns the socket and its port.
 pub fn bind(ip: IpAddr, port: u16) -> io::Result<(TcpSocket, u16)> {
+    let socket = listener_socket(ip)?;
+    socket.bind(SocketAddr::new(ip, port))?;
+    let port = socket.local_addr()?.port();
+    Ok((socket, port))
+}
+
+/// A socket for one of a port's listeners, not bound yet.
+fn listener_socket(ip: IpAddr) -> io::Result<TcpSocket> {
     let socket = match ip {
         IpAddr::V4(_) => TcpSocket::new_v4()?,
         IpAddr::V6(_) => {
@@ -101,27 +122,52 @@ pub fn bind(ip: IpAddr, port: u16) -> io::Result<(TcpSocket, u16)> {
     // A port we held a moment ago (the listener was closed and is opened again) may still
     // have connections in TIME_WAIT.
     socket.set_reuseaddr(true)?;
-    socket.bind(SocketAddr::new(ip, port))?;
-    let port = socket.local_addr()?.port();
-    Ok((socket, port))
+    // The port's other listeners join it (see the module docs). The kernel still never
+    // picks a port for port 0 that another socket holds, reuse-port or not, and the
+    // allocator never hands out a port twice.
+    socket.set_reuseport(true)?;
+    // Inherited by every accepted connection (see the module docs).
+    socket.set_nodelay(true)?;
+    Ok(socket)
 }
 
-/// Starts accepting on a held socket, on `runtime` (from any thread).
+/// Starts accepting on a held socket and as many more on its address as there are
+/// `threads`, a listener and its accept loop on each thread (from any thread).
 pub fn accept(
     socket: TcpSocket,
     port: u16,
     state: Arc<PortState>,
     slots: Arc<Slots>,
-    runtime: &Handle,
+    threads: &[Handle],
 ) -> io::Result<Listener> {
-    let _entered = runtime.enter();
-    let listener = Arc::new(socket.listen(BACKLOG)?);
-    let task = runtime.spawn(accept_loop(listener.clone(), state, slots));
+    let address = socket.local_addr()?;
+    let mut sockets = vec![socket];
+    for _ in 1..threads.len() {
+        let socket = listener_socket(address.ip())?;
+        socket.bind(address)?;
+        sockets.push(socket);
+    }
+    for socket in &sockets {
+        listen(socket, Backlog::new(BACKLOG)?)?;
+    }
+    let tasks = threads
+        .iter()
+        .zip(&sockets)
+        .map(|(thread, socket)| {
+            let duplicate = std::net::TcpListener::from(socket.as_fd().try_clone_to_owned()?);
+            let listener = {
+                let _entered = thread.enter();
+                TcpListener::from_std(duplicate)?
+            };
+            let task = thread.spawn(accept_loop(listener, state.clone(), slots.clone()));
+            Ok(AbortOnDrop(task))
+        })
+        .collect::<io::Result<Vec<_>>>()?;
     Ok(Listener::Accepting {
         port,
         accepting: Accepting {
-            listener,
-            _task: AbortOnDrop(task),
+            sockets,
+            _tasks: tasks,
         },
     })
 }
@@ -134,11 +180,11 @@ pub fn retarget(
     ip: IpAddr,
     state: &Arc<PortState>,
     slots: &Arc<Slots>,
-    runtime: &Handle,
+    threads: &[Handle],
 ) -> io::Result<Listener> {
     match (has_endpoints, listener) {
         (true, Listener::Held { port, socket }) => {
-            accept(socket, port, state.clone(), slots.clone(), runtime)
+            accept(socket, port, state.clone(), slots.clone(), threads)
         }
         (false, accepting @ Listener::Accepting { .. }) => hold(accepting, ip),
         (_, unchanged) => Ok(unchanged),
@@ -153,7 +199,7 @@ fn hold(listener: Listener, ip: IpAddr) -> io::Result<Listener> {
     Ok(Listener::Held { port, socket })
 }
 
-async fn accept_loop(listener: Arc<TcpListener>, state: Arc<PortState>, slots: Arc<Slots>) {
+async fn accept_loop(listener: TcpListener, state: Arc<PortState>, slots: Arc<Slots>) {
     let closed = state.closed();
     tokio::select! {
         () = wait_closed(closed.clone()) => {}
@@ -188,8 +234,6 @@ async fn carry(client: TcpStream, peer: SocketAddr, state: Arc<PortState>, _slot
         () = wait_closed(state.closed()) => {}
         () = async {
             let Some(endpoint) = connect(&state, peer.ip()).await else { return };
-            let _ = client.set_nodelay(true);
-            let _ = endpoint.set_nodelay(true);
             match copy_both_ways(state.copy, &client, &endpoint, stats).await {
                 Ok(()) => {}
                 Err(error) => tracing::debug!(service = %state.name, %peer, %error, "connection ended"),
@@ -211,7 +255,7 @@ async fn connect(state: &PortState, client: IpAddr) -> Option<TcpStream> {
         if attempt > 0 {
             stats.endpoint_retries.inc();
         }
-        match tokio::time::timeout(timeout, TcpStream::connect(endpoint)).await {
+        match tokio::time::timeout(timeout, connect_to(endpoint)).await {
             Ok(Ok(stream)) => return Some(stream),
             Ok(Err(error)) => {
                 tracing::debug!(service = %state.name, %endpoint, %error, "connect failed");
@@ -225,4 +269,41 @@ async fn connect(state: &PortState, client: IpAddr) -> Option<TcpStream> {
     }
     tracing::warn!(service = %state.name, %client, "no endpoint accepted the connection after {} tries", DIAL_TIMEOUTS.len());
     None
+}
+
+/// A connection to `endpoint` with Nagle's algorithm off from the start.
+async fn connect_to(endpoint: SocketAddr) -> io::Result<TcpStream> {
+    let socket = match endpoint {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_nodelay(true)?;
+    socket.connect(endpoint).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What saves a system call per connection: an accepted connection has the listener's
+    /// `TCP_NODELAY` (loopback of the test's own namespace).
+    #[test]
+    fn accepted_connections_inherit_no_delay_from_the_listener() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (socket, port) = bind(IpAddr::from([127, 0, 0, 1]), 0).unwrap();
+            let listener = socket.listen(16).unwrap();
+            let client = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            let (accepted, _) = listener.accept().await.unwrap();
+            assert!(accepted.nodelay().unwrap());
+            assert!(!client.nodelay().unwrap(), "the client's own socket is not ours");
+            let endpoint = connect_to(SocketAddr::from(([127, 0, 0, 1], port)))
+                .await
+                .unwrap();
+            assert!(endpoint.nodelay().unwrap());
+        });
+    }
 }

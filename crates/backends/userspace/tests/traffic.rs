@@ -12,7 +12,8 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use kpr_iptables::{Iptables, IptablesCli, Table, Variant};
@@ -36,6 +37,18 @@ const CEILING: Duration = Duration::from_secs(20);
 
 fn sock(text: &str) -> SocketAddr {
     text.parse().unwrap()
+}
+
+/// Held by every test, and alone by the one that counts the process's descriptors: tests
+/// run in parallel threads of one process, so another test's sockets would be counted.
+static DESCRIPTORS: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    DESCRIPTORS.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    DESCRIPTORS.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The namespace, set up as the module docs say.
@@ -65,6 +78,8 @@ fn runtime() -> Runtime {
 fn backend(ns: &Netns, rt: &Runtime, limits: Limits) -> (UserspaceBackend, UserspaceMetrics) {
     let mut options = UserspaceOptions::new(IpFamily::V4, NODE_IP.parse().unwrap());
     options.limits = limits;
+    // Two TCP threads whatever the machine, so a port always has several listeners.
+    options.tcp_threads = NonZeroUsize::new(2).unwrap();
     let metrics = UserspaceMetrics::default();
     let backend = UserspaceBackend::new(options, Box::new(iptables(ns)), rt.handle().clone())
         .with_metrics(metrics.clone());
@@ -81,6 +96,97 @@ fn sync(backend: &mut UserspaceBackend, state: DesiredState) {
     backend.sync(&pending.request(true)).unwrap();
 }
 
+/// What almost every test starts from: the namespace, a runtime whose threads live in it,
+/// a backend writing real portals there with its metrics, and the cluster it syncs.
+struct Lab<'a> {
+    ns: &'a Netns,
+    rt: Runtime,
+    backend: UserspaceBackend,
+    metrics: UserspaceMetrics,
+    world: World,
+}
+
+/// Runs `test` in a fresh namespace (see the module docs) with a backend at `limits`.
+fn in_lab(limits: Limits, test: impl FnOnce(&mut Lab<'_>) + Send) {
+    let _shared = shared();
+    in_lab_alone(limits, test);
+}
+
+/// [`in_lab`] without taking [`DESCRIPTORS`] (the caller holds it).
+fn in_lab_alone(limits: Limits, test: impl FnOnce(&mut Lab<'_>) + Send) {
+    let ns = node();
+    ns.run(|| {
+        let rt = runtime();
+        let (backend, metrics) = backend(&ns, &rt, limits);
+        test(&mut Lab {
+            ns: &ns,
+            rt,
+            backend,
+            metrics,
+            world: World::new(),
+        });
+    });
+}
+
+impl Lab<'_> {
+    fn tcp_servers(&self, ips: &[&str]) {
+        self.rt.block_on(async {
+            for ip in ips {
+                tcp_server(ip).await;
+            }
+        });
+    }
+
+    fn udp_servers(&self, ips: &[&str]) {
+        self.rt.block_on(async {
+            for ip in ips {
+                udp_server(ip).await;
+            }
+        });
+    }
+
+    /// The world as it is now, synced.
+    fn sync(&mut self) {
+        sync(&mut self.backend, self.world.state());
+    }
+
+    /// Service `web` (see [`web`]) with endpoints `ips`, synced.
+    fn web(&mut self, ips: &[&str], affinity: Option<u32>) {
+        web(&mut self.world, ips, affinity);
+        self.sync();
+    }
+
+    /// Service `dns` (see [`dns`]) with endpoints `ips`, synced.
+    fn dns(&mut self, ips: &[&str]) {
+        dns(&mut self.world, ips);
+        self.sync();
+    }
+
+    /// One connection to `web`'s cluster IP: who answered.
+    fn who(&self) -> io::Result<(String, BufReader<TcpStream>)> {
+        self.rt.block_on(who(sock(VIP)))
+    }
+
+    /// `n` connections to `web`'s cluster IP, one after the other: who answered how often.
+    fn spread(&self, n: usize) -> BTreeMap<String, usize> {
+        self.rt.block_on(spread(sock(VIP), n))
+    }
+}
+
+/// `web`'s TCP metric labels.
+fn web_labels() -> kpr_metrics::PortLabels {
+    kpr_metrics::PortLabels {
+        ip_family: "IPv4",
+        service_port: "default/web:http".into(),
+        protocol: "TCP",
+    }
+}
+
+/// Each of `ips` answering `count` times.
+fn each(ips: &[&str], count: usize) -> BTreeMap<String, usize> {
+    ips.iter().map(|ip| (ip.to_string(), count)).collect()
+}
+
 /// Service `web` (10.96.0.10:80 -> 8080, TCP) with endpoints `ips`.
 fn web(world: &mut World, ips: &[&str], affinity: Option<u32>) {
     let mut spec = json!({"clusterIP": "10.96.0.10",
@@ -94,6 +200,21 @@ fn web(world: &mut World, ips: &[&str], affinity: Option<u32>) {
         json!([{"name": "http", "port": PORT}]),
         ips.iter().map(|ip| ep(ip)).collect(),
     );
+}
+
+/// Service `dns` (10.96.0.53:53 -> 5353, UDP) with endpoints `ips`.
+fn dns(world: &mut World, ips: &[&str]) {
+    world
+        .service(
+            "dns",
+            json!({"clusterIP": "10.96.0.53",
+                   "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}),
+        )
+        .slice(
+            "dns",
+            json!([{"name": "dns", "port": 5353, "protocol": "UDP"}]),
+            ips.iter().map(|ip| ep(ip)).collect(),
+        );
 }
 
 /// Serves TCP on `ip:8080`: says its name on a line, then echoes until end of stream.
@@ -164,29 +285,12 @@ async fn spread(to: SocketAddr, n: usize) -> BTreeMap<String, usize> {
 
 #[test]
 fn tcp_through_the_cluster_ip_goes_round_robin_and_echoes() {
-    let ns = node();
-    ns.run(|| {
-        let rt = runtime();
-        let (mut backend, metrics) = backend(&ns, &rt, Limits::default());
-        let mut world = World::new();
-        web(&mut world, &ENDPOINTS[..3], None);
-        rt.block_on(async {
-            for ip in &ENDPOINTS[..3] {
-                tcp_server(ip).await;
-            }
-        });
-        sync(&mut backend, world.state());
-        let counts = rt.block_on(spread(sock(VIP), 30));
-        assert_eq!(
-            counts,
-            ENDPOINTS[..3]
-                .iter()
-                .map(|ip| (ip.to_string(), 10))
-                .collect::<BTreeMap<_, _>>(),
-            "round robin is exact"
-        );
+    in_lab(Limits::default(), |lab| {
+        lab.tcp_servers(&ENDPOINTS[..3]);
+        lab.web(&ENDPOINTS[..3], None);
+        assert_eq!(lab.spread(30), each(&ENDPOINTS[..3], 10), "round robin is exact");
         // Bytes both ways, a half-close passed on.
-        rt.block_on(async {
+        lab.rt.block_on(async {
             let (_, mut conn) = who(sock(VIP)).await.unwrap();
             let payload = vec![7u8; 1 << 20];
             conn.get_mut().write_all(&payload).await.unwrap();
@@ -195,12 +299,8 @@ fn tcp_through_the_cluster_ip_goes_round_robin_and_echoes() {
             conn.read_to_end(&mut back).await.unwrap();
             assert_eq!(back.len(), payload.len());
         });
-        let labels = kpr_metrics::PortLabels {
-            ip_family: "IPv4",
-            service_port: "default/web:http".into(),
-            protocol: "TCP",
-        };
-        assert_eq!(metrics.connections_total.get_or_create(&labels).get(), 31);
+        let metrics = &lab.metrics;
+        assert_eq!(metrics.connections_total.get_or_create(&web_labels()).get(), 31);
         let sent = metrics.bytes_total.get_or_create(&kpr_metrics::BytesLabels {
             ip_family: "IPv4",
             service_port: "default/web:http".into(),
@@ -213,52 +313,32 @@ fn tcp_through_the_cluster_ip_goes_round_robin_and_echoes() {
 
 #[test]
 fn a_service_port_without_endpoints_is_refused_at_once() {
-    let ns = node();
-    ns.run(|| {
-        let rt = runtime();
-        let (mut backend, _) = backend(&ns, &rt, Limits::default());
-        let mut world = World::new();
-        web(&mut world, &[], None);
-        sync(&mut backend, world.state());
-        let error = rt.block_on(who(sock(VIP))).unwrap_err();
+    in_lab(Limits::default(), |lab| {
+        lab.web(&[], None);
+        let error = lab.who().unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused, "{error}");
         // Endpoints come: served; gone again: refused again.
-        rt.block_on(tcp_server(ENDPOINTS[0]));
-        web(&mut world, &ENDPOINTS[..1], None);
-        sync(&mut backend, world.state());
-        assert_eq!(rt.block_on(who(sock(VIP))).unwrap().0, ENDPOINTS[0]);
-        web(&mut world, &[], None);
-        sync(&mut backend, world.state());
-        let error = rt.block_on(who(sock(VIP))).unwrap_err();
+        lab.tcp_servers(&ENDPOINTS[..1]);
+        lab.web(&ENDPOINTS[..1], None);
+        assert_eq!(lab.who().unwrap().0, ENDPOINTS[0]);
+        lab.web(&[], None);
+        let error = lab.who().unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused, "{error}");
     });
 }
 
 #[test]
 fn endpoint_changes_keep_established_connections_and_removal_ends_them() {
-    let ns = node();
-    ns.run(|| {
-        let rt = runtime();
-        let (mut backend, _) = backend(&ns, &rt, Limits::default());
-        let mut world = World::new();
-        rt.block_on(async {
-            for ip in &ENDPOINTS[..2] {
-                tcp_server(ip).await;
-            }
-        });
-        web(&mut world, &ENDPOINTS[..1], None);
-        sync(&mut backend, world.state());
-        let (name, mut held) = rt.block_on(who(sock(VIP))).unwrap();
+    in_lab(Limits::default(), |lab| {
+        lab.tcp_servers(&ENDPOINTS[..2]);
+        lab.web(&ENDPOINTS[..1], None);
+        let (name, mut held) = lab.who().unwrap();
         assert_eq!(name, ENDPOINTS[0]);
 
         // The endpoint leaves the Service: new connections go elsewhere, the held one lives.
-        web(&mut world, &ENDPOINTS[1..2], None);
-        sync(&mut backend, world.state());
-        assert_eq!(
-            rt.block_on(spread(sock(VIP), 5)),
-            BTreeMap::from([(ENDPOINTS[1].to_owned(), 5)])
-        );
-        rt.block_on(async {
+        lab.web(&ENDPOINTS[1..2], None);
+        assert_eq!(lab.spread(5), each(&ENDPOINTS[1..2], 5));
+        lab.rt.block_on(async {
             held.get_mut().write_all(b"still here\n").await.unwrap();
             let mut line = String::new();
             held.read_line(&mut line).await.unwrap();
@@ -266,7 +346,7 @@ fn endpoint_changes_keep_established_connections_and_removal_ends_them() {
         });
         // The five short connections end on the proxy's side a moment after the client's.
         kpr_netns::eventually(CEILING, Duration::from_millis(20), || {
-            let active = backend.active_connections();
+            let active = lab.backend.active_connections();
             if active == 1 {
                 Ok(())
             } else {
@@ -275,10 +355,10 @@ fn endpoint_changes_keep_established_connections_and_removal_ends_them() {
         });
 
         // The Service goes: its connections end and its listener closes.
-        let port = backend.listeners().into_values().next().unwrap();
-        world.delete_service("web");
-        sync(&mut backend, world.state());
-        rt.block_on(async {
+        let port = lab.backend.listeners().into_values().next().unwrap();
+        lab.world.delete_service("web");
+        lab.sync();
+        lab.rt.block_on(async {
             let mut rest = Vec::new();
             let read = tokio::time::timeout(CEILING, held.read_to_end(&mut rest))
                 .await
@@ -287,36 +367,26 @@ fn endpoint_changes_keep_established_connections_and_removal_ends_them() {
             let direct = TcpStream::connect((NODE_IP.parse::<IpAddr>().unwrap(), port)).await;
             assert_eq!(direct.unwrap_err().kind(), io::ErrorKind::ConnectionRefused);
         });
-        assert!(backend.listeners().is_empty());
-        let nat = iptables(&ns).save(Table::Nat).unwrap();
+        assert!(lab.backend.listeners().is_empty());
+        let nat = iptables(lab.ns).save(Table::Nat).unwrap();
         assert!(!nat.contains("default/web"), "{nat}");
     });
 }
 
 #[test]
 fn a_dead_endpoint_is_retried_on_the_next_one_and_counted() {
-    let ns = node();
-    ns.run(|| {
-        let rt = runtime();
-        let (mut backend, metrics) = backend(&ns, &rt, Limits::default());
-        let mut world = World::new();
-        rt.block_on(tcp_server(ENDPOINTS[0]));
+    in_lab(Limits::default(), |lab| {
+        lab.tcp_servers(&ENDPOINTS[..1]);
         // ENDPOINTS[3] has no server: its connects are refused at once.
-        web(&mut world, &[ENDPOINTS[0], ENDPOINTS[3]], None);
-        sync(&mut backend, world.state());
-        let counts = rt.block_on(spread(sock(VIP), 20));
+        lab.web(&[ENDPOINTS[0], ENDPOINTS[3]], None);
         assert_eq!(
-            counts,
-            BTreeMap::from([(ENDPOINTS[0].to_owned(), 20)]),
+            lab.spread(20),
+            each(&ENDPOINTS[..1], 20),
             "no client sees the dead one"
         );
-        let labels = kpr_metrics::PortLabels {
-            ip_family: "IPv4",
-            service_port: "default/web:http".into(),
-            protocol: "TCP",
-        };
-        let failures = metrics.connect_failures_total.get_or_create(&labels).get();
-        let retries = metrics.endpoint_retries_total.get_or_create(&labels).get();
+        let metrics = &lab.metrics;
+        let failures = metrics.connect_failures_total.get_or_create(&web_labels()).get();
+        let retries = metrics.endpoint_retries_total.get_or_create(&web_labels()).get();
         assert!(
             failures >= 9 && failures == retries,
             "failures {failures}, retries {retries}"
@@ -326,42 +396,28 @@ fn a_dead_endpoint_is_retried_on_the_next_one_and_counted() {
 
 #[test]
 fn client_ip_affinity_sticks_until_the_client_was_quiet_for_the_timeout() {
-    let ns = node();
-    ns.run(|| {
-        let rt = runtime();
-        let (mut backend, _) = backend(&ns, &rt, Limits::default());
-        let mut world = World::new();
-        rt.block_on(async {
-            for ip in &ENDPOINTS[..3] {
-                tcp_server(ip).await;
-            }
-        });
-        web(&mut world, &ENDPOINTS[..3], Some(1));
-        sync(&mut backend, world.state());
-        let counts = rt.block_on(spread(sock(VIP), 20));
+    in_lab(Limits::default(), |lab| {
+        lab.tcp_servers(&ENDPOINTS[..3]);
+        lab.web(&ENDPOINTS[..3], Some(1));
+        let counts = lab.spread(20);
         assert_eq!(counts.len(), 1, "one client, one endpoint: {counts:?}");
         let first = counts.keys().next().unwrap().clone();
         std::thread::sleep(Duration::from_millis(1200));
-        let (after, _) = rt.block_on(who(sock(VIP))).unwrap();
+        let (after, _) = lab.who().unwrap();
         assert_ne!(after, first, "after the timeout the rotation's next endpoint");
     });
 }
 
 #[test]
 fn connections_past_the_limit_are_refused_and_counted() {
-    let ns = node();
-    ns.run(|| {
-        let rt = runtime();
-        let limits = Limits {
-            max_connections: 2,
-            max_udp_sessions: 2,
-        };
-        let (mut backend, metrics) = backend(&ns, &rt, limits);
-        let mut world = World::new();
-        rt.block_on(tcp_server(ENDPOINTS[0]));
-        web(&mut world, &ENDPOINTS[..1], None);
-        sync(&mut backend, world.state());
-        rt.block_on(async {
+    let limits = Limits {
+        max_connections: 2,
+        max_udp_sessions: 2,
+    };
+    in_lab(limits, |lab| {
+        lab.tcp_servers(&ENDPOINTS[..1]);
+        lab.web(&ENDPOINTS[..1], None);
+        lab.rt.block_on(async {
             let a = who(sock(VIP)).await.unwrap();
             let b = who(sock(VIP)).await.unwrap();
             let third = who(sock(VIP)).await;
@@ -374,35 +430,16 @@ fn connections_past_the_limit_are_refused_and_counted() {
             ip_family: "IPv4",
             limit: "connections",
         };
-        assert_eq!(metrics.limit_reached_total.get_or_create(&labels).get(), 1);
+        assert_eq!(lab.metrics.limit_reached_total.get_or_create(&labels).get(), 1);
     });
 }
 
 #[test]
 fn udp_sessions_answer_from_the_service_address_and_end_when_idle() {
-    let ns = node();
-    ns.run(|| {
-        let rt = runtime();
-        let (mut backend, _) = backend(&ns, &rt, Limits::default());
-        let mut world = World::new();
-        rt.block_on(async {
-            for ip in &ENDPOINTS[..2] {
-                udp_server(ip).await;
-            }
-        });
-        world
-            .service(
-                "dns",
-                json!({"clusterIP": "10.96.0.53",
-                       "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}),
-            )
-            .slice(
-                "dns",
-                json!([{"name": "dns", "port": 5353, "protocol": "UDP"}]),
-                ENDPOINTS[..2].iter().map(|ip| ep(ip)).collect(),
-            );
-        sync(&mut backend, world.state());
-        rt.block_on(async {
+    in_lab(Limits::default(), |lab| {
+        lab.udp_servers(&ENDPOINTS[..2]);
+        lab.dns(&ENDPOINTS[..2]);
+        lab.rt.block_on(async {
             let mut seen = BTreeMap::new();
             for i in 0..10 {
                 // A connected socket only takes datagrams from the address it sent to: an
@@ -423,18 +460,12 @@ fn udp_sessions_answer_from_the_service_address_and_end_when_idle() {
                 }
             }
             // Each client's two datagrams share a session, so an endpoint; clients alternate.
-            assert_eq!(
-                seen,
-                ENDPOINTS[..2]
-                    .iter()
-                    .map(|ip| (ip.to_string(), 10))
-                    .collect::<BTreeMap<_, _>>()
-            );
+            assert_eq!(seen, each(&ENDPOINTS[..2], 10));
         });
-        assert_eq!(backend.active_udp_sessions(), 10);
+        assert_eq!(lab.backend.active_udp_sessions(), 10);
         std::thread::sleep(Duration::from_millis(600));
         assert_eq!(
-            backend.active_udp_sessions(),
+            lab.backend.active_udp_sessions(),
             0,
             "idle for longer than --udp-timeout (250ms)"
         );
@@ -442,31 +473,25 @@ fn udp_sessions_answer_from_the_service_address_and_end_when_idle() {
 }
 
 /// Opens and closes tens of thousands of connections through the proxy; afterwards the
-/// process's descriptors, the runtime's tasks and the active-connection count are back
-/// where they were.
+/// process's descriptors, the tasks (of the test's runtime and of the backend's TCP
+/// threads) and the active-connection count are back where they were.
 #[test]
 fn tens_of_thousands_of_connections_leak_no_descriptor_or_task() {
     const CONNECTIONS: usize = 20_000;
     const AT_ONCE: usize = 200;
-    let ns = node();
-    ns.run(|| {
-        let rt = runtime();
-        let (mut backend, metrics) = backend(&ns, &rt, Limits::default());
-        let mut world = World::new();
-        rt.block_on(async {
-            for ip in &ENDPOINTS[..2] {
-                tcp_server(ip).await;
-            }
-        });
-        web(&mut world, &ENDPOINTS[..2], None);
-        sync(&mut backend, world.state());
+    let _alone = exclusive();
+    in_lab_alone(Limits::default(), |lab| {
+        lab.tcp_servers(&ENDPOINTS[..2]);
+        lab.web(&ENDPOINTS[..2], None);
         // Warm up (the runtime's and the listener's own descriptors and tasks exist now).
-        rt.block_on(spread(sock(VIP), 10));
+        lab.spread(10);
         std::thread::sleep(Duration::from_millis(200));
+        let tasks = |lab: &Lab<'_>| lab.rt.metrics().num_alive_tasks() + lab.backend.tcp_tasks();
         let fds_before = open_descriptors();
-        let tasks_before = rt.metrics().num_alive_tasks();
+        let tasks_before = tasks(lab);
+        assert!(lab.backend.tcp_tasks() > 0, "the accept loops are counted");
 
-        let done = rt.block_on(async {
+        let done = lab.rt.block_on(async {
             let mut handles = Vec::new();
             for worker in 0..AT_ONCE {
                 handles.push(tokio::spawn(async move {
@@ -495,11 +520,7 @@ fn tens_of_thousands_of_connections_leak_no_descriptor_or_task() {
         assert_eq!(done, CONNECTIONS);
 
         let settled = kpr_netns::eventually(CEILING, Duration::from_millis(100), || {
-            let state = (
-                open_descriptors(),
-                rt.metrics().num_alive_tasks(),
-                backend.active_connections(),
-            );
+            let state = (open_descriptors(), tasks(lab), lab.backend.active_connections());
             if state == (fds_before, tasks_before, 0) {
                 Ok(state)
             } else {
@@ -510,14 +531,10 @@ fn tens_of_thousands_of_connections_leak_no_descriptor_or_task() {
             }
         });
         assert_eq!(settled.2, 0);
-        let labels = kpr_metrics::PortLabels {
-            ip_family: "IPv4",
-            service_port: "default/web:http".into(),
-            protocol: "TCP",
-        };
-        assert_eq!(metrics.active_connections.get_or_create(&labels).get(), 0);
+        let metrics = &lab.metrics;
+        assert_eq!(metrics.active_connections.get_or_create(&web_labels()).get(), 0);
         assert_eq!(
-            metrics.connections_total.get_or_create(&labels).get(),
+            metrics.connections_total.get_or_create(&web_labels()).get(),
             (CONNECTIONS + 10) as u64
         );
     });
@@ -529,33 +546,29 @@ fn open_descriptors() -> usize {
 
 #[test]
 fn shutdown_removes_the_portals_and_their_jumps() {
-    let ns = node();
-    ns.run(|| {
-        let rt = runtime();
-        let (mut backend, _) = backend(&ns, &rt, Limits::default());
-        let mut world = World::new();
-        web(&mut world, &ENDPOINTS[..1], None);
-        sync(&mut backend, world.state());
-        let cli = iptables(&ns);
+    in_lab(Limits::default(), |lab| {
+        lab.web(&ENDPOINTS[..1], None);
+        let cli = iptables(lab.ns);
         assert!(
             cli.save(Table::Nat).unwrap().contains(
                 "-A PREROUTING -m comment --comment \"handle ClusterIPs\" -j KUBE-PORTALS-CONTAINER"
             )
         );
-        backend.shutdown().unwrap();
+        lab.backend.shutdown().unwrap();
         let nat = cli.save(Table::Nat).unwrap();
         let filter = cli.save(Table::Filter).unwrap();
         assert!(
             !nat.contains("KUBE-") && !filter.contains("KUBE-"),
             "{nat}\n{filter}"
         );
-        assert!(backend.listeners().is_empty());
+        assert!(lab.backend.listeners().is_empty());
     });
 }
 
 /// The shared runtime handle is what `sync` uses from the sync loop's blocking thread.
 #[test]
 fn sync_from_a_blocking_thread_of_the_runtime() {
+    let _shared = shared();
     let ns = node();
     ns.run(|| {
         let rt = runtime();
@@ -576,6 +589,7 @@ fn sync_from_a_blocking_thread_of_the_runtime() {
 /// the same number (a dual-stack `[::]` socket would).
 #[test]
 fn ipv4_and_ipv6_listeners_share_port_numbers() {
+    let _shared = shared();
     let ns = node();
     ns.run(|| {
         let any4 = IpAddr::from([0, 0, 0, 0]);
@@ -592,10 +606,29 @@ fn ipv4_and_ipv6_listeners_share_port_numbers() {
     });
 }
 
+/// A port's listeners share it through `SO_REUSEPORT`; the kernel still never picks a port
+/// for port 0 that one of them holds, so two service ports never share a listener port.
+#[test]
+fn kernel_chosen_ports_are_never_shared() {
+    let _shared = shared();
+    let ns = node();
+    ns.set_sysctl("net.ipv4.ip_local_port_range", "40000 40001")
+        .unwrap();
+    ns.run(|| {
+        let any = IpAddr::from([0, 0, 0, 0]);
+        let (_first, a) = kpr_userspace::tcp::bind(any, 0).unwrap();
+        let (_second, b) = kpr_userspace::tcp::bind(any, 0).unwrap();
+        assert_ne!(a, b);
+        let third = kpr_userspace::tcp::bind(any, 0);
+        assert!(third.is_err(), "both ports are held: {:?}", third.map(|t| t.1));
+    });
+}
+
 /// IPv6: the family's own listener (IPv6 only), ip6tables portals, DNAT to the node's IPv6
 /// address for the node's own traffic.
 #[test]
 fn ipv6_through_the_cluster_ip() {
+    let _shared = shared();
     const NODE6: &str = "fd00::10";
     const ENDPOINTS6: [&str; 2] = ["fd00::21", "fd00::22"];
     let ns = node();
@@ -645,27 +678,15 @@ fn ipv6_through_the_cluster_ip() {
 /// socket is answered again.
 #[test]
 fn a_udp_client_keeping_its_port_follows_a_recreated_service() {
+    let _shared = shared();
     let ns = node();
     ns.run(|| {
         let rt = runtime();
         let (backend, _) = backend(&ns, &rt, Limits::default());
         let mut backend = backend.with_conntrack(Box::new(kpr_conntrack::NetlinkTable::new()));
         rt.block_on(udp_server(ENDPOINTS[0]));
-        let dns = |world: &mut World| {
-            world
-                .service(
-                    "dns",
-                    json!({"clusterIP": "10.96.0.53",
-                           "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}),
-                )
-                .slice(
-                    "dns",
-                    json!([{"name": "dns", "port": 5353, "protocol": "UDP"}]),
-                    vec![ep(ENDPOINTS[0])],
-                );
-        };
         let mut world = World::new();
-        dns(&mut world);
+        dns(&mut world, &ENDPOINTS[..1]);
         sync(&mut backend, world.state());
         let first_port = backend.listeners().into_values().next().unwrap();
         let client = rt.block_on(async {
@@ -688,7 +709,7 @@ fn a_udp_client_keeping_its_port_follows_a_recreated_service() {
 
         world.delete_service("dns");
         sync(&mut backend, world.state());
-        dns(&mut world);
+        dns(&mut world, &ENDPOINTS[..1]);
         sync(&mut backend, world.state());
         let second_port = backend.listeners().into_values().next().unwrap();
         assert_ne!(

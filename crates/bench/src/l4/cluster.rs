@@ -56,6 +56,9 @@ pub enum Path {
     Haproxy,
     /// The same with `option splice-auto` (HAProxy's zero-copy forwarding).
     HaproxySplice,
+    /// HAProxy `mode tcp` behind the userspace mode's portal: client → cluster IP,
+    /// `REDIRECT` in the node's kernel → HAProxy → pod (what the portal costs).
+    HaproxyPortal,
     /// kube-proxy-rs `--proxy-mode iptables`: client → cluster IP, DNAT in the node's kernel → pod.
     Iptables,
     /// Client → pod, no proxy: the floor every other row is measured against.
@@ -64,10 +67,11 @@ pub enum Path {
 
 impl Path {
     /// In the report's order: the (a) to (d).
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Userspace,
         Self::Haproxy,
         Self::HaproxySplice,
+        Self::HaproxyPortal,
         Self::Iptables,
         Self::Direct,
     ];
@@ -75,10 +79,11 @@ impl Path {
     /// The order rows run in: paths that leave the node's netfilter untouched first. A
     /// kube-proxy-rs row registers conntrack and NAT in the node namespace, which then costs
     /// every later packet; no row may pay for an earlier row's rules.
-    pub const RUN_ORDER: [Self; 5] = [
+    pub const RUN_ORDER: [Self; 6] = [
         Self::Direct,
         Self::Haproxy,
         Self::HaproxySplice,
+        Self::HaproxyPortal,
         Self::Userspace,
         Self::Iptables,
     ];
@@ -88,6 +93,7 @@ impl Path {
             Self::Userspace => "(a) kube-proxy-rs userspace",
             Self::Haproxy => "(b) HAProxy mode tcp",
             Self::HaproxySplice => "(b) HAProxy mode tcp, splice-auto",
+            Self::HaproxyPortal => "(b) HAProxy mode tcp behind the portal",
             Self::Iptables => "(c) kube-proxy-rs iptables",
             Self::Direct => "(d) direct to the pod",
         }
@@ -98,7 +104,7 @@ impl Path {
         match self {
             Self::Userspace => Some("userspace"),
             Self::Iptables => Some("iptables"),
-            Self::Haproxy | Self::HaproxySplice | Self::Direct => None,
+            Self::Haproxy | Self::HaproxySplice | Self::HaproxyPortal | Self::Direct => None,
         }
     }
 
@@ -107,7 +113,9 @@ impl Path {
     /// spread them).
     pub fn target(self, port: Port, backends: usize, n: usize) -> SocketAddr {
         match self {
-            Self::Userspace | Self::Iptables => SocketAddr::from((CLUSTER_IP, port.service)),
+            Self::Userspace | Self::Iptables | Self::HaproxyPortal => {
+                SocketAddr::from((CLUSTER_IP, port.service))
+            }
             Self::Haproxy | Self::HaproxySplice => SocketAddr::from((NODE_IP, port.haproxy)),
             Self::Direct => SocketAddr::from((pod_ip(n % backends.max(1)), port.target)),
         }
@@ -162,6 +170,7 @@ mod tests {
             assert_eq!(Path::Userspace.target(RR, 4, n).to_string(), "10.96.0.10:80");
             assert_eq!(Path::Iptables.target(BULK, 4, n).to_string(), "10.96.0.10:5001");
             assert_eq!(Path::Haproxy.target(RR, 4, n).to_string(), "192.168.77.1:18080");
+            assert_eq!(Path::HaproxyPortal.target(RR, 4, n).to_string(), "10.96.0.10:80");
         }
         let direct: Vec<String> = (0..5)
             .map(|n| Path::Direct.target(RR, 4, n).to_string())
@@ -185,11 +194,17 @@ mod tests {
         let mut all = Path::ALL.to_vec();
         all.sort_by_key(|p| p.label());
         assert_eq!(run, all);
-        // No kube-proxy-rs row before a row without it.
+        // No kube-proxy-rs row before a row without it, and no row through a portal before
+        // the rows that reach HAProxy on the node's address.
         let first_proxy = Path::RUN_ORDER
             .iter()
             .position(|p| p.proxy_mode().is_some())
             .unwrap();
+        let portal = Path::RUN_ORDER
+            .iter()
+            .position(|p| *p == Path::HaproxyPortal)
+            .unwrap();
+        assert!(portal > 2 && portal < first_proxy);
         assert!(
             Path::RUN_ORDER[first_proxy..]
                 .iter()

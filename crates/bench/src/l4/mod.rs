@@ -20,6 +20,7 @@ pub mod client;
 pub mod cluster;
 pub mod figures;
 pub mod haproxy;
+pub mod portal;
 pub mod report;
 pub mod servers;
 
@@ -187,6 +188,15 @@ impl Bench<'_> {
         match path {
             Path::Direct => Ok(self.measured(path, &|| None)),
             Path::Haproxy | Path::HaproxySplice => Ok(self.haproxy_row(path)),
+            Path::HaproxyPortal => {
+                let portal = match portal::Portal::add(self.lab.node(), &[BULK, RR]) {
+                    Ok(portal) => portal,
+                    Err(why) => return Ok(Outcome::Failed(why)),
+                };
+                let outcome = self.haproxy_row(path);
+                portal.remove()?;
+                Ok(outcome)
+            }
             Path::Userspace | Path::Iptables => {
                 let outcome = self.proxy_row(path, manifest);
                 crate::proxy::cleanup(self.lab.node(), self.plan.proxy)?;
@@ -203,7 +213,8 @@ impl Bench<'_> {
                 .into_iter()
                 .map(|port| haproxy::Listener {
                     port,
-                    bind: path.target(port, self.plan.backends, 0),
+                    // Behind the portal too: the portal leads to this address.
+                    bind: Path::Haproxy.target(port, self.plan.backends, 0),
                     servers: cluster::backends(port, self.plan.backends),
                 })
                 .collect(),

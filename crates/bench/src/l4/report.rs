@@ -175,7 +175,11 @@ pub fn section(out: &mut String, run: &L4Run) {
          roundrobin` over the same pods, `nbthread {threads}` (kube-proxy-rs's runtime starts \
          one worker per core, {threads} here), no health checks, bound on the node's address \
          the client connects to, once as configured by default and once with `option \
-         splice-auto` (zero-copy through pipes); (c) kube-proxy-rs `--proxy-mode iptables` (the \
+         splice-auto` (zero-copy through pipes), and once more (default configuration) behind \
+         the userspace mode's portal: the client connects to the cluster IP and a nat \
+         `PREROUTING` `REDIRECT` (the rule shape of `KUBE-PORTALS-CONTAINER`) leads to HAProxy's \
+         port, so NAT and conntrack work in the node's kernel as for (a): the difference to \
+         plain (b) is what the portal costs; (c) kube-proxy-rs `--proxy-mode iptables` (the \
          kernel DNATs the cluster IP to a pod); (d) the client straight to the pods, in turn. \n\n\
          The client is kpr-bench's own (tokio, {workers} worker threads living in the client \
          namespace), measuring on its side: *1 stream* and *{streams} streams*: bytes read from \
@@ -187,7 +191,7 @@ pub fn section(out: &mut String, run: &L4Run) {
          shown (and its CPU), the lowest and highest of the runs in brackets. Every answer is checked against what was sent, and a round that fails or takes \
          over {round} s is counted as failed and shown. *Pods reached*: connections each pod \
          accepted during the row (the proxies must spread them). Rows run one after the other \
-         (direct, HAProxy, then the kube-proxy-rs rows, whose rules are removed with \
+         (direct, HAProxy, HAProxy behind the portal, then the kube-proxy-rs rows, whose rules are removed with \
          `kube-proxy-rs --cleanup` after each, so no row pays for an earlier row's netfilter \
          state); the client and node namespaces use ports 1024-65535 and reuse TIME-WAIT \
          ports. Nothing is pinned: the two cores are shared by the client, the servers, the \

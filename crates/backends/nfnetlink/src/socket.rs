@@ -25,7 +25,7 @@ use crate::wire::{self, HEADER_LEN};
 /// The kernel answers at once unless something is badly wrong.
 const RECV_TIMEOUT: Duration = Duration::from_secs(30);
 /// Dump datagrams hold at most 32 KiB; one more page of slack.
-pub(crate) const RECV_BUFFER: usize = 64 * 1024;
+const RECV_BUFFER: usize = 64 * 1024;
 /// The largest single transaction this socket sends: the kernel copies it into one
 /// buffer, and holds the nf_tables mutex while it applies it.
 pub const MAX_TRANSACTION_BYTES: usize = 256 * 1024 * 1024;
@@ -51,18 +51,56 @@ enum Outcome {
 
 /// A netlink socket speaking nf_tables.
 pub struct Socket {
-    socket: NetlinkSocket,
-    buffer: Vec<u8>,
-    sequence: u32,
-    send_buffer: usize,
+    channel: Channel,
 }
 
 impl std::fmt::Debug for Socket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Socket")
-            .field("sequence", &self.sequence)
-            .field("send_buffer", &self.send_buffer)
+            .field("sequence", &self.channel.sequence)
+            .field("send_buffer", &self.channel.send_buffer)
             .finish()
+    }
+}
+
+/// What nf_tables' and ipset's sockets share: one `NETLINK_NETFILTER` socket (see
+/// [`open_netfilter`]), its receive buffer, the last sequence number used and the send
+/// buffer's size.
+pub(crate) struct Channel {
+    socket: NetlinkSocket,
+    buffer: Vec<u8>,
+    pub(crate) sequence: u32,
+    pub(crate) send_buffer: usize,
+}
+
+impl Channel {
+    /// A channel in the calling thread's network namespace.
+    pub(crate) fn open() -> Result<Self, Error> {
+        let (socket, send_buffer) = open_netfilter()?;
+        Ok(Self {
+            socket,
+            buffer: vec![0; RECV_BUFFER],
+            sequence: std::process::id().wrapping_mul(7919),
+            send_buffer,
+        })
+    }
+
+    pub(crate) fn next_sequence(&mut self) -> u32 {
+        self.sequence = self.sequence.wrapping_add(1);
+        self.sequence
+    }
+
+    /// One datagram, split into its messages.
+    pub(crate) fn recv(&mut self) -> Result<Vec<Answer>, Error> {
+        recv_answers(&self.socket, &mut self.buffer)
+    }
+
+    pub(crate) fn send_all(&self, bytes: &[u8]) -> Result<(), Error> {
+        send_datagram(&self.socket, bytes)
+    }
+
+    pub(crate) fn fit_send_buffer(&mut self, bytes: usize) -> Result<(), Error> {
+        fit_send_buffer(&self.socket, &mut self.send_buffer, bytes)
     }
 }
 
@@ -83,18 +121,9 @@ impl Answer {
 impl Socket {
     /// A socket in the calling thread's network namespace.
     pub fn open() -> Result<Self, Error> {
-        let (socket, send_buffer) = open_netfilter()?;
         Ok(Self {
-            socket,
-            buffer: vec![0; RECV_BUFFER],
-            sequence: std::process::id().wrapping_mul(7919),
-            send_buffer,
+            channel: Channel::open()?,
         })
-    }
-
-    fn next_sequence(&mut self) -> u32 {
-        self.sequence = self.sequence.wrapping_add(1);
-        self.sequence
     }
 
     /// Applies `batch` as one transaction: all of it, or (on error) none of it. Returns
@@ -164,29 +193,29 @@ impl Socket {
                 limit: MAX_TRANSACTION_BYTES,
             });
         }
-        self.fit_send_buffer(bytes)?;
+        self.channel.fit_send_buffer(bytes)?;
 
         let mut datagram = Vec::with_capacity(bytes);
-        let begin = self.next_sequence();
+        let begin = self.channel.next_sequence();
         marker(&mut datagram, NFNL_MSG_BATCH_BEGIN, begin);
         let offset = datagram.len();
         datagram.extend_from_slice(body);
         for message in batch.messages.get(range.clone()).unwrap_or_default() {
-            let sequence = self.next_sequence();
+            let sequence = self.channel.next_sequence();
             wire::set_sequence(&mut datagram, offset + message.start - first, sequence);
         }
-        let end = self.next_sequence();
+        let end = self.channel.next_sequence();
         marker(&mut datagram, NFNL_MSG_BATCH_END, end);
-        self.send_all(&datagram)?;
+        self.channel.send_all(&datagram)?;
 
-        let barrier = self.next_sequence();
+        let barrier = self.channel.next_sequence();
         let mut request = generation_request();
         wire::set_sequence(&mut request, 0, barrier);
-        self.send_all(&request)?;
+        self.channel.send_all(&request)?;
 
         let mut failures = Vec::new();
         loop {
-            for answer in self.recv()? {
+            for answer in self.channel.recv()? {
                 if answer.sequence == barrier {
                     return match answer.message_type {
                         NLMSG_ERROR => Err(self.refusal("the generation request", &answer)),
@@ -366,13 +395,13 @@ impl Socket {
     /// Sends one request and returns its answers, up to the end of a dump, or the first
     /// answer of a plain request.
     fn exchange(&mut self, what: &str, mut request: Vec<u8>) -> Result<Vec<Answer>, Error> {
-        let sequence = self.next_sequence();
+        let sequence = self.channel.next_sequence();
         wire::set_sequence(&mut request, 0, sequence);
         let is_dump = u16::from_ne_bytes([request[6], request[7]]) & NLM_F_DUMP == NLM_F_DUMP;
-        self.send_all(&request)?;
+        self.channel.send_all(&request)?;
         let mut answers = Vec::new();
         loop {
-            for answer in self.recv()? {
+            for answer in self.channel.recv()? {
                 if answer.sequence != sequence {
                     continue;
                 }
@@ -404,26 +433,13 @@ impl Socket {
             Err(malformed) => malformed.into(),
         }
     }
-
-    /// One datagram, split into its messages.
-    fn recv(&mut self) -> Result<Vec<Answer>, Error> {
-        recv_answers(&self.socket, &mut self.buffer)
-    }
-
-    fn send_all(&self, bytes: &[u8]) -> Result<(), Error> {
-        send_datagram(&self.socket, bytes)
-    }
-
-    fn fit_send_buffer(&mut self, bytes: usize) -> Result<(), Error> {
-        fit_send_buffer(&self.socket, &mut self.send_buffer, bytes)
-    }
 }
 
 /// A `NETLINK_NETFILTER` socket connected to the kernel in the calling thread's network
 /// namespace, with extended and capped acknowledgements, a receive timeout and a receive
 /// queue with room for many reports; and its send buffer size. Shared by nf_tables and
 /// ipset ([`crate::ipset`]).
-pub(crate) fn open_netfilter() -> Result<(NetlinkSocket, usize), Error> {
+fn open_netfilter() -> Result<(NetlinkSocket, usize), Error> {
     let mut socket = NetlinkSocket::new(NETLINK_NETFILTER).map_err(Error::Socket)?;
     socket.bind_auto().map_err(Error::Socket)?;
     socket.connect(&SocketAddr::new(0, 0)).map_err(Error::Socket)?;
@@ -445,7 +461,7 @@ pub(crate) fn open_netfilter() -> Result<(NetlinkSocket, usize), Error> {
 }
 
 /// One datagram from `socket` into `buffer`, split into its messages.
-pub(crate) fn recv_answers(socket: &NetlinkSocket, buffer: &mut [u8]) -> Result<Vec<Answer>, Error> {
+fn recv_answers(socket: &NetlinkSocket, buffer: &mut [u8]) -> Result<Vec<Answer>, Error> {
     let capacity = buffer.len();
     let mut space = &mut buffer[..];
     let size = socket.recv(&mut space, MSG_TRUNC).map_err(Error::Io)?;
@@ -459,7 +475,7 @@ pub(crate) fn recv_answers(socket: &NetlinkSocket, buffer: &mut [u8]) -> Result<
 }
 
 /// Sends `bytes` as one datagram.
-pub(crate) fn send_datagram(socket: &NetlinkSocket, bytes: &[u8]) -> Result<(), Error> {
+fn send_datagram(socket: &NetlinkSocket, bytes: &[u8]) -> Result<(), Error> {
     let sent = socket.send(bytes, 0).map_err(Error::Io)?;
     if sent != bytes.len() {
         return Err(Malformed(format!("sent {sent} of {} bytes", bytes.len())).into());
@@ -468,7 +484,7 @@ pub(crate) fn send_datagram(socket: &NetlinkSocket, bytes: &[u8]) -> Result<(), 
 }
 
 /// Grows `socket`'s send buffer (recorded in `send_buffer`) to hold a `bytes`-long datagram.
-pub(crate) fn fit_send_buffer(
+fn fit_send_buffer(
     socket: &NetlinkSocket,
     send_buffer: &mut usize,
     bytes: usize,

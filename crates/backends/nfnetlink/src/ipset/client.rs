@@ -1,5 +1,5 @@
 //! The ipset socket: one `NETLINK_NETFILTER` socket in the calling thread's network
-//! namespace, the same set-up as nf_tables' ([`crate::socket::open_netfilter`]).
+//! namespace, the same set-up as nf_tables' (`crate::socket::Channel`).
 //!
 //! Member changes go out many messages to a datagram, each with its own sequence number
 //! and `NLM_F_ACK`: the kernel handles the messages of a datagram one after the other and
@@ -10,13 +10,9 @@
 
 use std::collections::HashMap;
 
-use netlink_sys::Socket as NetlinkSocket;
-
 use crate::consts::{NLMSG_DONE, NLMSG_ERROR};
 use crate::error::Error;
-use crate::socket::{
-    Answer, RECV_BUFFER, error_of, fit_send_buffer, open_netfilter, recv_answers, send_datagram,
-};
+use crate::socket::{Answer, Channel, error_of};
 use crate::wire;
 
 use super::messages::{self, Change, ListedSet, SetDef, SetType, reason};
@@ -27,10 +23,7 @@ pub const CHANGES_PER_DATAGRAM: usize = 1024;
 
 /// A netlink socket speaking ipset.
 pub struct IpsetSocket {
-    socket: NetlinkSocket,
-    buffer: Vec<u8>,
-    sequence: u32,
-    send_buffer: usize,
+    channel: Channel,
     /// The kernel's newest revision of each type asked about so far.
     revisions: HashMap<SetType, u8>,
 }
@@ -38,7 +31,7 @@ pub struct IpsetSocket {
 impl std::fmt::Debug for IpsetSocket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpsetSocket")
-            .field("sequence", &self.sequence)
+            .field("sequence", &self.channel.sequence)
             .field("revisions", &self.revisions)
             .finish()
     }
@@ -47,12 +40,8 @@ impl std::fmt::Debug for IpsetSocket {
 impl IpsetSocket {
     /// A socket in the calling thread's network namespace.
     pub fn open() -> Result<Self, Error> {
-        let (socket, send_buffer) = open_netfilter()?;
         Ok(Self {
-            socket,
-            buffer: vec![0; RECV_BUFFER],
-            sequence: std::process::id().wrapping_mul(7919),
-            send_buffer,
+            channel: Channel::open()?,
             revisions: HashMap::new(),
         })
     }
@@ -130,19 +119,19 @@ impl IpsetSocket {
     /// kernel text).
     fn send_changes(&mut self, chunk: &[Change<'_>]) -> Result<Vec<(usize, i32, Option<String>)>, Error> {
         let mut datagram = Vec::with_capacity(chunk.len() * 96);
-        let first = self.sequence.wrapping_add(1);
+        let first = self.channel.sequence.wrapping_add(1);
         for change in chunk {
             let start = messages::append_change(&mut datagram, change)
                 .map_err(|problem| invalid(&change.to_string(), problem))?;
-            let sequence = self.next_sequence();
+            let sequence = self.channel.next_sequence();
             wire::set_sequence(&mut datagram, start, sequence);
         }
-        fit_send_buffer(&self.socket, &mut self.send_buffer, datagram.len())?;
-        send_datagram(&self.socket, &datagram)?;
+        self.channel.fit_send_buffer(datagram.len())?;
+        self.channel.send_all(&datagram)?;
         let mut acknowledged = 0;
         let mut refusals = Vec::new();
         while acknowledged < chunk.len() {
-            for answer in recv_answers(&self.socket, &mut self.buffer)? {
+            for answer in self.channel.recv()? {
                 let index = answer.sequence.wrapping_sub(first) as usize;
                 if index >= chunk.len() || answer.message_type != NLMSG_ERROR {
                     continue;
@@ -157,21 +146,16 @@ impl IpsetSocket {
         Ok(refusals)
     }
 
-    fn next_sequence(&mut self) -> u32 {
-        self.sequence = self.sequence.wrapping_add(1);
-        self.sequence
-    }
-
     /// Sends one request and returns its answers: up to the end of a dump, up to the
     /// acknowledgement of a request that asks for one, else the first answer.
     fn exchange(&mut self, what: &str, mut request: Vec<u8>, dump: bool) -> Result<Vec<Answer>, Error> {
-        let sequence = self.next_sequence();
+        let sequence = self.channel.next_sequence();
         wire::set_sequence(&mut request, 0, sequence);
         let acknowledged = u16::from_ne_bytes([request[6], request[7]]) & crate::consts::NLM_F_ACK != 0;
-        send_datagram(&self.socket, &request)?;
+        self.channel.send_all(&request)?;
         let mut answers = Vec::new();
         loop {
-            for answer in recv_answers(&self.socket, &mut self.buffer)? {
+            for answer in self.channel.recv()? {
                 if answer.sequence != sequence {
                     continue;
                 }

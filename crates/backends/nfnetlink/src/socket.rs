@@ -484,11 +484,7 @@ fn send_datagram(socket: &NetlinkSocket, bytes: &[u8]) -> Result<(), Error> {
 }
 
 /// Grows `socket`'s send buffer (recorded in `send_buffer`) to hold a `bytes`-long datagram.
-fn fit_send_buffer(
-    socket: &NetlinkSocket,
-    send_buffer: &mut usize,
-    bytes: usize,
-) -> Result<(), Error> {
+fn fit_send_buffer(socket: &NetlinkSocket, send_buffer: &mut usize, bytes: usize) -> Result<(), Error> {
     // The kernel refuses a datagram longer than the send buffer less a little.
     let needed = bytes + 4096;
     if needed <= *send_buffer {

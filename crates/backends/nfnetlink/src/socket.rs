@@ -102,6 +102,48 @@ impl Channel {
     pub(crate) fn fit_send_buffer(&mut self, bytes: usize) -> Result<(), Error> {
         fit_send_buffer(&self.socket, &mut self.send_buffer, bytes)
     }
+
+    /// Sends one request and returns its answers: up to the end of a dump, up to the
+    /// acknowledgement of a request that asks for one (`NLM_F_ACK`), else the first
+    /// answer. A refusal comes back as [`Exchanged::Refused`] with the kernel's error
+    /// message, for the caller to name in its own terms.
+    pub(crate) fn exchange(&mut self, mut request: Vec<u8>) -> Result<Exchanged, Error> {
+        let sequence = self.next_sequence();
+        wire::set_sequence(&mut request, 0, sequence);
+        let flags = u16::from_ne_bytes([request[6], request[7]]);
+        let is_dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        let acknowledged = flags & NLM_F_ACK != 0;
+        self.send_all(&request)?;
+        let mut answers = Vec::new();
+        loop {
+            for answer in self.recv()? {
+                if answer.sequence != sequence {
+                    continue;
+                }
+                match answer.message_type {
+                    NLMSG_DONE => return Ok(Exchanged::Answers(answers)),
+                    NLMSG_ERROR => {
+                        let (errno, _) = error_of(&answer)?;
+                        return Ok(match errno {
+                            0 => Exchanged::Answers(answers),
+                            _ => Exchanged::Refused(answer),
+                        });
+                    }
+                    _ => answers.push(answer),
+                }
+                if !is_dump && !acknowledged {
+                    return Ok(Exchanged::Answers(answers));
+                }
+            }
+        }
+    }
+}
+
+/// How [`Channel::exchange`] ended.
+pub(crate) enum Exchanged {
+    Answers(Vec<Answer>),
+    /// The kernel's error message.
+    Refused(Answer),
 }
 
 /// One answer message.
@@ -393,33 +435,11 @@ impl Socket {
     }
 
     /// Sends one request and returns its answers, up to the end of a dump, or the first
-    /// answer of a plain request.
-    fn exchange(&mut self, what: &str, mut request: Vec<u8>) -> Result<Vec<Answer>, Error> {
-        let sequence = self.channel.next_sequence();
-        wire::set_sequence(&mut request, 0, sequence);
-        let is_dump = u16::from_ne_bytes([request[6], request[7]]) & NLM_F_DUMP == NLM_F_DUMP;
-        self.channel.send_all(&request)?;
-        let mut answers = Vec::new();
-        loop {
-            for answer in self.channel.recv()? {
-                if answer.sequence != sequence {
-                    continue;
-                }
-                match answer.message_type {
-                    NLMSG_DONE => return Ok(answers),
-                    NLMSG_ERROR => {
-                        let (errno, _) = error_of(&answer)?;
-                        if errno == 0 {
-                            return Ok(answers);
-                        }
-                        return Err(self.refusal(what, &answer));
-                    }
-                    _ => answers.push(answer),
-                }
-                if !is_dump {
-                    return Ok(answers);
-                }
-            }
+    /// answer of a plain request (nf_tables requests ask for no acknowledgement).
+    fn exchange(&mut self, what: &str, request: Vec<u8>) -> Result<Vec<Answer>, Error> {
+        match self.channel.exchange(request)? {
+            Exchanged::Answers(answers) => Ok(answers),
+            Exchanged::Refused(answer) => Err(self.refusal(what, &answer)),
         }
     }
 

@@ -10,9 +10,9 @@
 
 use std::collections::HashMap;
 
-use crate::consts::{NLMSG_DONE, NLMSG_ERROR};
+use crate::consts::NLMSG_ERROR;
 use crate::error::Error;
-use crate::socket::{Answer, Channel, error_of};
+use crate::socket::{Answer, Channel, Exchanged, error_of};
 use crate::wire;
 
 use super::messages::{self, Change, ListedSet, SetDef, SetType, reason};
@@ -53,7 +53,7 @@ impl IpsetSocket {
             return Ok(*revision);
         }
         let what = format!("the revision of ipset type {}", set_type.name());
-        let answers = self.exchange(&what, messages::type_query(set_type), false)?;
+        let answers = self.exchange(&what, messages::type_query(set_type))?;
         let answer = answers
             .first()
             .ok_or_else(|| crate::Malformed(format!("no answer to {what}")))?;
@@ -67,7 +67,7 @@ impl IpsetSocket {
         let revision = self.revision(set.set_type)?;
         let what = format!("creating ipset {} ({})", set.name, set.set_type.name());
         let request = messages::create(set, revision).map_err(|problem| invalid(&what, problem))?;
-        self.exchange(&what, request, false).map(drop)
+        self.exchange(&what, request).map(drop)
     }
 
     /// Destroys set `name` (`ENOENT` when there is none; `IPSET_ERR_BUSY` while a rule
@@ -75,7 +75,7 @@ impl IpsetSocket {
     pub fn destroy(&mut self, name: &str) -> Result<(), Error> {
         let what = format!("destroying ipset {name}");
         let request = messages::destroy(name).map_err(|problem| invalid(&what, problem))?;
-        self.exchange(&what, request, false).map(drop)
+        self.exchange(&what, request).map(drop)
     }
 
     /// Set `name` with its members (`ENOENT` when there is none), or every set.
@@ -86,7 +86,7 @@ impl IpsetSocket {
         };
         let request = messages::list(name).map_err(|problem| invalid(&what, problem))?;
         let mut sets = Vec::new();
-        for answer in self.exchange(&what, request, true)? {
+        for answer in self.exchange(&what, request)? {
             messages::parse_list_answer(answer.payload(), &mut sets)?;
         }
         Ok(sets)
@@ -146,33 +146,14 @@ impl IpsetSocket {
         Ok(refusals)
     }
 
-    /// Sends one request and returns its answers: up to the end of a dump, up to the
-    /// acknowledgement of a request that asks for one, else the first answer.
-    fn exchange(&mut self, what: &str, mut request: Vec<u8>, dump: bool) -> Result<Vec<Answer>, Error> {
-        let sequence = self.channel.next_sequence();
-        wire::set_sequence(&mut request, 0, sequence);
-        let acknowledged = u16::from_ne_bytes([request[6], request[7]]) & crate::consts::NLM_F_ACK != 0;
-        self.channel.send_all(&request)?;
-        let mut answers = Vec::new();
-        loop {
-            for answer in self.channel.recv()? {
-                if answer.sequence != sequence {
-                    continue;
-                }
-                match answer.message_type {
-                    NLMSG_DONE => return Ok(answers),
-                    NLMSG_ERROR => {
-                        let (errno, message) = error_of(&answer)?;
-                        return match errno {
-                            0 => Ok(answers),
-                            _ => Err(refused(what.to_owned(), errno, message)),
-                        };
-                    }
-                    _ => answers.push(answer),
-                }
-                if !dump && !acknowledged {
-                    return Ok(answers);
-                }
+    /// Sends one request and returns its answers (see [`Channel::exchange`]); a refusal
+    /// names `what`.
+    fn exchange(&mut self, what: &str, request: Vec<u8>) -> Result<Vec<Answer>, Error> {
+        match self.channel.exchange(request)? {
+            Exchanged::Answers(answers) => Ok(answers),
+            Exchanged::Refused(answer) => {
+                let (errno, message) = error_of(&answer)?;
+                Err(refused(what.to_owned(), errno, message))
             }
         }
     }

@@ -82,6 +82,26 @@ pub fn load_balancer(
 }
 
 /// The plan of an IPv6-only node without NodePort addresses for `world`.
+/// LoadBalancers `web` (10.96.0.10, NodePort 30080, ingress 203.0.113.1, ranges 192.0.2.0/24
+/// and 192.168.0.0/24) and `other` (10.96.0.11, 30081, 203.0.113.2, 192.0.2.0/24).
+pub fn two_load_balancers_with_source_ranges(world: &mut World) {
+    let web = load_balancer(
+        "web",
+        "10.96.0.10",
+        30080,
+        json!(["192.0.2.0/24", "192.168.0.0/24"]),
+        "203.0.113.1",
+    );
+    let other = load_balancer(
+        "other",
+        "10.96.0.11",
+        30081,
+        json!(["192.0.2.0/24"]),
+        "203.0.113.2",
+    );
+    assert!(world.apply_service(&web).is_empty() && world.apply_service(&other).is_empty());
+}
+
 pub fn ipv6_plan_of(world: &mut World) -> IpvsPlan {
     let scheduler = Scheduler::new("rr").unwrap();
     let none = BTreeSet::new();

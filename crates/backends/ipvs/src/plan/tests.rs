@@ -5,7 +5,9 @@ use kpr_world::{World, ep};
 use serde_json::json;
 
 use super::*;
-use crate::test_support::{check, ipv6_plan_of, ipv6_web, load_balancer, nodeport, plan_of, spec, web};
+use crate::test_support::{
+    check, ipv6_plan_of, ipv6_web, nodeport, plan_of, spec, two_load_balancers_with_source_ranges, web,
+};
 
 #[test]
 fn a_cluster_ip_is_a_bound_virtual_server_with_every_ready_endpoint() {
@@ -182,21 +184,7 @@ fn external_ips_are_bound_unless_another_interface_has_them() {
 #[test]
 fn load_balancer_source_ranges_fill_the_firewall_sets() {
     let mut world = World::new();
-    let web = load_balancer(
-        "web",
-        "10.96.0.10",
-        30080,
-        json!(["192.0.2.0/24", "192.168.0.0/24"]),
-        "203.0.113.1",
-    );
-    let other = load_balancer(
-        "other",
-        "10.96.0.11",
-        30081,
-        json!(["192.0.2.0/24"]),
-        "203.0.113.2",
-    );
-    assert!(world.apply_service(&web).is_empty() && world.apply_service(&other).is_empty());
+    two_load_balancers_with_source_ranges(&mut world);
     world.slice(
         "web",
         json!([{"name": "http", "port": 8080}]),

@@ -6,7 +6,10 @@ use kpr_world::{World, ep};
 use serde_json::json;
 
 use super::*;
-use crate::test_support::{check, ipv6_plan_of, ipv6_web, load_balancer, nodeport, plan_of, spec, web};
+use crate::test_support::{
+    check, ipv6_plan_of, ipv6_web, load_balancer, nodeport, plan_of, spec,
+    two_load_balancers_with_source_ranges, web,
+};
 
 fn options() -> RuleOptions {
     RuleOptions {
@@ -70,21 +73,7 @@ fn without_local_detection_the_node_s_own_traffic_is_masqueraded() {
 #[test]
 fn load_balancers_with_source_ranges_and_external_ips_fill_every_chain() {
     let mut world = World::new();
-    let web = load_balancer(
-        "web",
-        "10.96.0.10",
-        30080,
-        json!(["192.0.2.0/24", "192.168.0.0/24"]),
-        "203.0.113.1",
-    );
-    let other = load_balancer(
-        "other",
-        "10.96.0.11",
-        30081,
-        json!(["192.0.2.0/24"]),
-        "203.0.113.2",
-    );
-    assert!(world.apply_service(&web).is_empty() && world.apply_service(&other).is_empty());
+    two_load_balancers_with_source_ranges(&mut world);
     world
         .service(
             "ext",

@@ -28,7 +28,12 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::sys::socket::{Backlog, Shutdown, listen, setsockopt, shutdown, sockopt};
+use nix::errno::Errno;
+use nix::sys::socket::{
+    AddressFamily, Backlog, Shutdown, SockFlag, SockType, SockaddrStorage, listen, setsockopt, shutdown,
+    sockopt,
+};
+use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::OwnedSemaphorePermit;
@@ -272,13 +277,30 @@ async fn connect(state: &PortState, client: IpAddr) -> Option<TcpStream> {
 }
 
 /// A connection to `endpoint` with Nagle's algorithm off from the start.
+///
+/// Whether the connect worked is read from the readiness event that ends the wait: a
+/// refused or unreachable connect closes the socket (`EPOLLHUP`), a working one only makes
+/// it writable. So the error is asked of the kernel (`SO_ERROR`) only when there is one,
+/// not on every connection as `TcpSocket::connect` does.
 async fn connect_to(endpoint: SocketAddr) -> io::Result<TcpStream> {
-    let socket = match endpoint {
-        SocketAddr::V4(_) => TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    let family = match endpoint {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
     };
-    socket.set_nodelay(true)?;
-    socket.connect(endpoint).await
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let socket = nix::sys::socket::socket(family, SockType::Stream, flags, None)?;
+    setsockopt(&socket, sockopt::TcpNoDelay, &true)?;
+    match nix::sys::socket::connect(socket.as_raw_fd(), &SockaddrStorage::from(endpoint)) {
+        Ok(()) | Err(Errno::EINPROGRESS) => {}
+        Err(error) => return Err(error.into()),
+    }
+    let stream = TcpStream::from_std(std::net::TcpStream::from(socket))?;
+    let ready = stream.ready(Interest::WRITABLE).await?;
+    if ready.is_write_closed() {
+        let error = stream.take_error()?;
+        return Err(error.unwrap_or_else(|| io::ErrorKind::ConnectionRefused.into()));
+    }
+    Ok(stream)
 }
 
 #[cfg(test)]
@@ -304,6 +326,31 @@ mod tests {
                 .await
                 .unwrap();
             assert!(endpoint.nodelay().unwrap());
+        });
+    }
+
+    /// Without the `SO_ERROR` question on every connect, a refused connect must still be
+    /// seen as refused (the dial ladder moves on), in both families.
+    #[test]
+    fn a_refused_connect_is_an_error_and_a_working_one_is_not() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            for ip in [
+                IpAddr::from([127, 0, 0, 1]),
+                IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+            ] {
+                // Bound, not listening: the kernel answers a connect with a reset.
+                let (held, port) = bind(ip, 0).unwrap();
+                let refused = connect_to(SocketAddr::new(ip, port)).await.unwrap_err();
+                assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused, "{ip}");
+                let listener = held.listen(16).unwrap();
+                let stream = connect_to(SocketAddr::new(ip, port)).await.unwrap();
+                let (accepted, _) = listener.accept().await.unwrap();
+                assert_eq!(stream.local_addr().unwrap(), accepted.peer_addr().unwrap());
+            }
         });
     }
 }

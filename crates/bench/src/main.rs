@@ -178,6 +178,9 @@ struct Args {
     /// Runs of each L4 phase per path (the median run is reported).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=99))]
     l4_runs: u16,
+    /// The paths the L4 benchmark measures (default: all; fewer for a quick comparison).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = l4::cluster::Path::ALL)]
+    l4_paths: Vec<l4::cluster::Path>,
     /// The haproxy program for the L4 benchmark (default: `haproxy` from PATH).
     #[arg(long, value_name = "FILE")]
     haproxy: Option<PathBuf>,
@@ -442,6 +445,7 @@ fn l4(args: &Args) -> Result<l4::L4Run, String> {
         warm_up: Duration::from_millis(500),
         runs: args.l4_runs.into(),
         timeout: Duration::from_secs(args.e2e_timeout),
+        paths: &args.l4_paths,
     };
     eprintln!(
         "[l4] {} pods; {} runs of {} s per phase; 1 and {} streams, {} connections at once",

@@ -48,7 +48,7 @@ pub const RR: Port = Port {
 };
 
 /// Which path a row's traffic takes from the client to a pod.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Path {
     /// kube-proxy-rs `--proxy-mode userspace`: client → cluster IP → the proxy → pod.
     Userspace,

@@ -64,6 +64,8 @@ pub struct L4Plan<'a> {
     pub runs: usize,
     /// For kube-proxy-rs's first sync.
     pub timeout: Duration,
+    /// The paths measured (all of them unless a run asks for fewer).
+    pub paths: &'a [Path],
 }
 
 /// The whole L4 run: how it was set up, and a row per path.
@@ -129,7 +131,7 @@ pub fn measure(plan: &L4Plan<'_>) -> Result<L4Run, String> {
         threads,
     };
     let mut rows = Vec::new();
-    for path in Path::RUN_ORDER {
+    for path in Path::RUN_ORDER.into_iter().filter(|p| plan.paths.contains(p)) {
         eprintln!("[l4] {}", path.label());
         let load_before = crate::machine::load_average();
         let figures = bench.row(path, manifest.path())?;

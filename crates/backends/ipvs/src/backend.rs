@@ -199,6 +199,8 @@ impl IpvsBackend {
         let report = SyncReport {
             full,
             tables: ruleset.table_counts(&payload),
+            no_local_internal: plan.no_local_internal.len(),
+            no_local_external: plan.no_local_external.len(),
             ..SyncReport::default()
         };
         self.applied = Some(Applied {

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
 use kpr_ipvs_netlink::{FLAG_MH_PORT, FLAG_PERSISTENT, Scheduler, Service, ServiceKey};
-use kpr_model::{IpFamily, Protocol, ServicePort, ServicePortName};
+use kpr_model::{IpFamily, NamespacedName, Protocol, ServicePort, ServicePortName};
 use kpr_state::{Categorized, DesiredState, categorize};
 
 use crate::ipset::{Family, Member, Sets};
@@ -57,6 +57,11 @@ pub struct IpvsPlan {
     /// Load-balancer IPs whose source ranges leave the node out: the node's own traffic to
     /// them is dropped (`KUBE-IPVS-OUT-FILTER`).
     pub out_filter: BTreeSet<ServiceKey>,
+    /// Services with a Local policy, endpoints, and none of them on this node
+    /// (`sync_proxy_rules_no_local_endpoints_total`): counted per Service, as upstream's
+    /// ipvs mode does, while its virtual servers fall back to the cluster's endpoints.
+    pub no_local_internal: BTreeSet<NamespacedName>,
+    pub no_local_external: BTreeSet<NamespacedName>,
 }
 
 /// The plan for `state`, one family's desired state.
@@ -74,6 +79,8 @@ pub fn plan(state: &DesiredState, inputs: &PlanInputs<'_>) -> IpvsPlan {
             bound: BTreeSet::new(),
             sets,
             out_filter: BTreeSet::new(),
+            no_local_internal: BTreeSet::new(),
+            no_local_external: BTreeSet::new(),
         },
     };
     for port in state.ports() {
@@ -124,6 +131,7 @@ impl Builder<'_> {
         }
         let internal = real_servers(categorized, port.internal_policy_local);
         let external = real_servers(categorized, port.external_policy_local);
+        self.count_no_local(port, categorized);
 
         self.member(
             SetId::ClusterIp,
@@ -159,6 +167,19 @@ impl Builder<'_> {
         }
         if let Some(health_check) = port.health_check_node_port {
             self.member(SetId::HealthCheckNodePort, Member::Port(health_check));
+        }
+    }
+
+    fn count_no_local(&mut self, port: &ServicePort, categorized: &Categorized<'_>) {
+        if !categorized.has_any || !categorized.local.is_empty() {
+            return;
+        }
+        let service = &port.name.service;
+        if port.internal_policy_local {
+            self.plan.no_local_internal.insert(service.clone());
+        }
+        if port.external_policy_local {
+            self.plan.no_local_external.insert(service.clone());
         }
     }
 

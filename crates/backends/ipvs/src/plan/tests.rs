@@ -130,6 +130,7 @@ fn external_local_uses_local_endpoints_and_falls_back_to_all_without_them() {
     let node_port =
         &plan.virtual_servers[&service_key(Protocol::Tcp, "192.168.0.10".parse().unwrap(), 30080)];
     assert_eq!(node_port.real_servers.len(), 1, "local only");
+    assert!(plan.no_local_external.is_empty(), "a local endpoint exists");
     assert!(
         plan.sets
             .members("KUBE-NODE-PORT-LOCAL-TCP")
@@ -144,6 +145,20 @@ fn external_local_uses_local_endpoints_and_falls_back_to_all_without_them() {
         node_port.real_servers.len(),
         1,
         "upstream's ipvs mode falls back to the cluster's endpoints"
+    );
+    let service = NamespacedName::new("default", "web");
+    assert_eq!(
+        plan.no_local_external,
+        [service].into(),
+        "counted although it falls back"
+    );
+    assert!(plan.no_local_internal.is_empty());
+
+    let mut world = web(nodeport(json!({"externalTrafficPolicy": "Local"})), vec![]);
+    let plan = plan_of(&mut world, "rr");
+    assert!(
+        plan.no_local_external.is_empty(),
+        "no endpoints at all is not 'no local endpoints'"
     );
 }
 
@@ -162,6 +177,8 @@ fn internal_local_cluster_ip_without_local_endpoints_has_no_real_server() {
             .real_servers
             .is_empty()
     );
+    assert_eq!(plan.no_local_internal.len(), 1);
+    assert!(plan.no_local_external.is_empty());
     check("internal_local_no_local.plan", &plan.to_string());
 }
 

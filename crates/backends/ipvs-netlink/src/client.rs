@@ -68,14 +68,14 @@ impl Ipvs {
         self.acked(|seq| messages::delete_service_request(family, key, seq))
     }
 
-    /// The masquerading real servers of `key`'s service.
+    /// The real servers of `key`'s service.
     pub fn destinations(&mut self, key: &ServiceKey) -> Result<Listing<Destination>, NetlinkError> {
         let family = self.family;
         let answers = self
             .channel
             .request(|seq| messages::list_destinations_request(family, key, seq))?;
         Ok(listing(&answers, |payload| {
-            messages::parse_destination(payload, key.address)
+            messages::parse_destination(payload, key.address).map(Some)
         }))
     }
 

@@ -351,9 +351,9 @@ impl ServiceFields {
     }
 }
 
-/// One listed real server of a service whose address family is `family_of_service`'s:
-/// `Ok(None)` for one that does not masquerade (not kube-proxy's way).
-pub fn parse_destination(payload: &[u8], family_of_service: IpAddr) -> Result<Option<Destination>, String> {
+/// One listed real server of a service whose address family is `family_of_service`'s,
+/// whatever its forwarding method (a sync removes or corrects the ones it did not make).
+pub fn parse_destination(payload: &[u8], family_of_service: IpAddr) -> Result<Destination, String> {
     let nested = top_level_attribute(payload, CMD_ATTR_DEST)?.ok_or("no IPVS_CMD_ATTR_DEST")?;
     let (mut address, mut port, mut forward, mut weight) = (None, 0, FORWARD_MASQUERADE, 0);
     let (mut active, mut inactive) = (0, 0);
@@ -370,20 +370,18 @@ pub fn parse_destination(payload: &[u8], family_of_service: IpAddr) -> Result<Op
             _ => {}
         }
     }
-    if forward & FORWARD_MASK != FORWARD_MASQUERADE {
-        return Ok(None);
-    }
     let family = match family_of_service {
         IpAddr::V4(_) => AF_INET,
         IpAddr::V6(_) => AF_INET6,
     };
-    Ok(Some(Destination {
+    Ok(Destination {
         address: address_of(Some(family), address.as_deref())?,
         port,
         weight,
+        masquerades: forward & FORWARD_MASK == FORWARD_MASQUERADE,
         active_connections: active,
         inactive_connections: inactive,
-    }))
+    })
 }
 
 /// The connection timeouts in a `GET_CONFIG` answer.

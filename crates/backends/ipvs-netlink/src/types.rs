@@ -143,6 +143,9 @@ pub struct Destination {
     pub address: IpAddr,
     pub port: u16,
     pub weight: u32,
+    /// Whether the kernel forwards to it by masquerading: always in what a caller writes;
+    /// a listed one that does not (direct routing, tunnelling) was set up by someone else.
+    pub masquerades: bool,
     /// Connections the kernel counts for this server (0 in what a caller writes).
     pub active_connections: u32,
     pub inactive_connections: u32,
@@ -154,6 +157,7 @@ impl Destination {
             address,
             port,
             weight,
+            masquerades: true,
             active_connections: 0,
             inactive_connections: 0,
         }

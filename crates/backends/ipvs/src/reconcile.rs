@@ -125,7 +125,9 @@ fn reconcile_destinations(
             None => operations.push(Operation::AddDestination(key, new_destination(real, WEIGHT))),
             Some(destination) => {
                 let back_from_draining = graceful.draining.remove(&(key, real));
-                if destination.weight != WEIGHT && (back_from_draining || first_sync) {
+                let reset_weight = destination.weight != WEIGHT && (back_from_draining || first_sync);
+                // Someone else made it forward another way: kube-proxy's real servers masquerade.
+                if reset_weight || !destination.masquerades {
                     operations.push(Operation::UpdateDestination(key, new_destination(real, WEIGHT)));
                 }
             }

@@ -82,7 +82,7 @@ fn deleting_needs_only_the_keys() {
     let message = delete_destination_request(FAMILY, &key("fd00::1", 443), &destination, 4);
     assert_eq!(message[16], Command::DelDest as u8);
     let parsed = parse_destination(payload(&message), "fd00::1".parse().unwrap()).unwrap();
-    assert_eq!(parsed.map(|d| d.socket()), Some(destination.socket()));
+    assert_eq!(parsed.socket(), destination.socket());
 }
 
 #[test]
@@ -111,7 +111,29 @@ fn real_servers_round_trip_with_their_weight() {
     let message = set_destination_request(FAMILY, &key("10.96.0.1", 80), &destination, 1);
     assert_eq!(message[16], Command::SetDest as u8);
     let parsed = parse_destination(payload(&message), "10.96.0.1".parse().unwrap()).unwrap();
-    assert_eq!(parsed, Some(destination));
+    assert_eq!(parsed, destination);
+    assert!(parsed.masquerades);
+}
+
+/// A real server someone else added with direct routing (`ipvsadm -g`) is listed too, so a
+/// sync can correct or remove it.
+#[test]
+fn a_real_server_that_does_not_masquerade_is_listed_as_such() {
+    const FORWARD_DIRECT_ROUTING: u32 = 3;
+    let destination = Destination::new("10.244.1.5".parse().unwrap(), 8080, 1);
+    let mut attributes = destination_key(&destination);
+    attributes.push(u32_attribute(DEST_FWD_METHOD, FORWARD_DIRECT_ROUTING));
+    attributes.push(u32_attribute(DEST_WEIGHT, 1));
+    let message = request(
+        FAMILY,
+        Command::NewDest,
+        ACKED,
+        &[nested(CMD_ATTR_DEST, &attributes)],
+        1,
+    );
+    let parsed = parse_destination(payload(&message), "10.96.0.1".parse().unwrap()).unwrap();
+    assert_eq!(parsed.socket(), destination.socket());
+    assert!(!parsed.masquerades);
 }
 
 #[test]

@@ -226,3 +226,23 @@ fn a_draining_entry_of_a_deleted_server_is_forgotten() {
     run(&wanted(tcp(), &[]), &kernel(tcp(), vec![]), &mut graceful);
     assert!(graceful.is_empty(), "someone else deleted the real server");
 }
+
+#[test]
+fn real_servers_someone_set_to_another_forwarding_method_are_corrected_or_removed() {
+    let mut routed = destination("10.244.1.5:8080", 1, 0, 0);
+    routed.masquerades = false;
+    let mut stray = destination("10.244.9.9:8080", 1, 0, 0);
+    stray.masquerades = false;
+    let operations = run(
+        &wanted(tcp(), &["10.244.1.5:8080"]),
+        &kernel(tcp(), vec![routed, stray]),
+        &mut Graceful::default(),
+    );
+    assert_eq!(
+        operations,
+        [
+            Operation::UpdateDestination(tcp(), destination("10.244.1.5:8080", 1, 0, 0)),
+            Operation::DeleteDestination(tcp(), stray),
+        ]
+    );
+}

@@ -6,6 +6,7 @@
 //! health and metrics served by kpr-servers. Everything that decides what the rules are
 //! lives in the library crates.
 
+mod allocator;
 mod conntrack_sysctls;
 mod events;
 mod explain;
@@ -27,6 +28,7 @@ use kpr_config::{ConfigError, Settings};
 use crate::fatal::Fatal;
 
 fn main() -> ExitCode {
+    allocator::tune();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if explain::requested(&args) {
         return explain::run(&args);

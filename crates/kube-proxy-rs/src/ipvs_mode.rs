@@ -86,6 +86,23 @@ fn prepare_host_with(settings: &Settings, sysctl: &dyn Sysctl) -> Result<(), Fat
             ("net/ipv4/conf/all/arp_announce", "2"),
         ]);
     }
+    let release = sysctl
+        .get("kernel/osrelease")
+        .map_err(|e| Fatal::runtime(format!("ipvs mode: reading the kernel's version: {e}")))?;
+    match ConnReuse::for_kernel(release.trim()) {
+        Some(ConnReuse::Unsupported) => tracing::error!(
+            kernel = release.trim(),
+            "ipvs mode: cannot set net/ipv4/vs/conn_reuse_mode, the kernel is older than 4.1"
+        ),
+        Some(ConnReuse::Disable) => wanted.push(("net/ipv4/vs/conn_reuse_mode", "0")),
+        Some(ConnReuse::LeaveAsIs) => {}
+        None => {
+            return Err(Fatal::runtime(format!(
+                "ipvs mode: cannot read a kernel version from {:?}",
+                release.trim()
+            )));
+        }
+    }
     for (key, value) in wanted {
         if sysctl.get(key).is_ok_and(|current| current.trim() == value) {
             continue;
@@ -95,6 +112,34 @@ fn prepare_host_with(settings: &Settings, sysctl: &dyn Sysctl) -> Result<(), Fat
             .map_err(|e| Fatal::runtime(format!("ipvs mode: setting {key} to {value}: {e}")))?;
     }
     set_timeouts(settings)
+}
+
+/// What upstream's ipvs mode does with `net/ipv4/vs/conn_reuse_mode` on a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ConnReuse {
+    /// Before 4.1 the setting does not exist (upstream logs an error and goes on).
+    Unsupported,
+    /// From 4.1 to before 5.9: 0, because reusing a closed connection's source port stalled
+    /// new connections for a second when real servers changed (kubernetes#81775).
+    Disable,
+    /// From 5.9 the kernel handles it (kubernetes#93297): left as it is.
+    LeaveAsIs,
+}
+
+impl ConnReuse {
+    /// From `/proc/sys/kernel/osrelease` ("6.1.0-31-amd64"); `None` if it has no version.
+    fn for_kernel(release: &str) -> Option<Self> {
+        let mut numbers = release
+            .split(|c: char| !c.is_ascii_digit())
+            .map(str::parse::<u32>);
+        let major = numbers.next()?.ok()?;
+        let minor = numbers.next()?.ok()?;
+        Some(match (major, minor) {
+            version if version < (4, 1) => Self::Unsupported,
+            version if version < (5, 9) => Self::Disable,
+            _ => Self::LeaveAsIs,
+        })
+    }
 }
 
 /// `--ipvs-tcp-timeout` and friends (0 keeps the kernel's); a failure is logged, as upstream.
@@ -254,6 +299,25 @@ mod tests {
         }
     }
 
+    #[test]
+    fn connection_reuse_is_turned_off_only_on_kernels_from_4_1_to_5_8() {
+        for (release, expected) in [
+            ("3.10.0-1160.el7.x86_64", Some(ConnReuse::Unsupported)),
+            ("4.0.9", Some(ConnReuse::Unsupported)),
+            ("4.1.0", Some(ConnReuse::Disable)),
+            ("4.19.0-27-amd64", Some(ConnReuse::Disable)),
+            ("5.8.18", Some(ConnReuse::Disable)),
+            ("5.9.0", Some(ConnReuse::LeaveAsIs)),
+            ("6.1.0-31-amd64", Some(ConnReuse::LeaveAsIs)),
+            ("6.18.44-fc-v657", Some(ConnReuse::LeaveAsIs)),
+            ("", None),
+            ("linux", None),
+            ("6", None),
+        ] {
+            assert_eq!(ConnReuse::for_kernel(release), expected, "{release:?}");
+        }
+    }
+
     /// Upstream's host settings, each written once and only when it differs.
     #[test]
     fn host_settings_are_upstreams_and_strict_arp_only_when_asked() {
@@ -270,6 +334,13 @@ mod tests {
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(&path, "0\n").unwrap();
         }
+        // The kernel's default.
+        std::fs::write(root.path().join("net/ipv4/vs/conn_reuse_mode"), "1\n").unwrap();
+        let write_release = |release: &str| {
+            std::fs::create_dir_all(root.path().join("kernel")).unwrap();
+            std::fs::write(root.path().join("kernel/osrelease"), format!("{release}\n")).unwrap();
+        };
+        write_release("6.1.0-31-amd64");
         let sysctl = ProcSysctl::at(root.path());
         prepare_host_with(&settings(&[]), &sysctl).unwrap();
         let read = |key: &str| sysctl.get(key).unwrap().trim().to_string();
@@ -280,8 +351,15 @@ mod tests {
             "0",
             "strict ARP only when asked"
         );
+        assert_eq!(read("net/ipv4/vs/conn_reuse_mode"), "1", "left as is from 5.9");
         prepare_host_with(&settings(&["--ipvs-strict-arp"]), &sysctl).unwrap();
         assert_eq!(read("net/ipv4/conf/all/arp_ignore"), "1");
         assert_eq!(read("net/ipv4/conf/all/arp_announce"), "2");
+        write_release("5.4.0-150-generic");
+        prepare_host_with(&settings(&[]), &sysctl).unwrap();
+        assert_eq!(read("net/ipv4/vs/conn_reuse_mode"), "0", "turned off before 5.9");
+        write_release("not a version");
+        let error = prepare_host_with(&settings(&[]), &sysctl).unwrap_err();
+        assert!(error.message.contains("kernel version"), "{}", error.message);
     }
 }

@@ -22,7 +22,7 @@
 //! A read that returns less than the buffer holds has emptied the socket, so the next read
 //! would only say "nothing yet" (`EAGAIN`): that is one wasted system call per message and
 //! direction, a tenth of what a short request/answer connection costs. After such a read
-//! the socket's readable state is cleared without asking the kernel ([`drained`]), and the
+//! the socket's readable state is cleared without asking the kernel (`drained`), and the
 //! next read waits for the kernel's next readiness event. This is only sound where no other
 //! thread turns the reactor between the read and the clearing (else an event for bytes that
 //! came in between could be cleared unseen): on a single-threaded runtime, which is where

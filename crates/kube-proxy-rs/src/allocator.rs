@@ -8,11 +8,13 @@
 //! at relists under churn and never came back down (the soak in BENCHMARKS.md).
 //!
 //! Two arenas and a fixed 128 KiB mmap threshold (large blocks are mapped and unmapped on
-//! their own, and the heap is trimmed above 256 KiB free) measured, whole process, nftables
-//! mode (kpr-bench on the 2-core machine, 2026-11-28): 10k Services x 10 from the API, 10
-//! minutes of churn with relists every 150 s: steady 62.6 -> 53.4 MiB, the first relist's
-//! step +8.5 -> +3.8 MiB; 50k from the API peak/steady 188/185 -> 176/171 MiB; 50k from a
-//! manifest 407/352 -> 379/293 MiB; first syncs unchanged within the machine's noise.
+//! their own, and the heap is trimmed once 128 KiB at its top are free: glibc's default,
+//! no longer raised) measured, whole process, nftables mode (kpr-bench on the 2-core
+//! machine, 2026-11-28, BENCHMARKS.md): 10k Services x 10 from the API, 10 minutes of churn
+//! with relists every 150 s: steady 62.6 -> 53.4 MiB, the first relist's step +8.5 -> +3.8
+//! MiB; 50k from the API peak/steady 189/186 -> 176/171 MiB; 50k from a manifest 405/352 ->
+//! 420/339 MiB (379/293 in another run: that peak varies from run to run); first syncs
+//! unchanged within the machine's noise.
 //! mimalloc (flat under churn, but peak 118 against 75 MiB at 10k) and jemalloc (peak 194
 //! MiB at 50k) measured worse.
 //!

@@ -14,7 +14,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use kpr_ipvs_netlink::{FLAG_MH_PORT, FLAG_PERSISTENT, Scheduler, Service, ServiceKey};
 use kpr_model::{IpFamily, NamespacedName, Protocol, ServicePort, ServicePortName};
-use kpr_state::{Categorized, DesiredState, categorize};
+use kpr_state::{Categorized, DesiredState, PortPlan, Unreachable};
 
 use crate::ipset::{Family, Member, Sets};
 use crate::sets::SetId;
@@ -84,8 +84,7 @@ pub fn plan(state: &DesiredState, inputs: &PlanInputs<'_>) -> IpvsPlan {
         },
     };
     for port in state.ports() {
-        let categorized = categorize(port, state.endpoints(port), &state.node);
-        builder.add_port(port, state.endpoints(port), &categorized);
+        builder.add_port(port, state.endpoints(port), &state.plan(port));
     }
     let bound: Vec<IpAddr> = builder.plan.bound.iter().copied().collect();
     for ip in bound {
@@ -118,12 +117,8 @@ fn real_servers(categorized: &Categorized<'_>, only_local: bool) -> BTreeSet<Soc
 }
 
 impl Builder<'_> {
-    fn add_port(
-        &mut self,
-        port: &ServicePort,
-        endpoints: &[kpr_model::Endpoint],
-        categorized: &Categorized<'_>,
-    ) {
+    fn add_port(&mut self, port: &ServicePort, endpoints: &[kpr_model::Endpoint], port_plan: &PortPlan<'_>) {
+        let categorized = &port_plan.endpoints;
         let protocol = port.name.protocol;
         for endpoint in endpoints.iter().filter(|endpoint| endpoint.is_local) {
             let (ip, target) = (endpoint.addr.ip(), endpoint.addr.port());
@@ -131,7 +126,7 @@ impl Builder<'_> {
         }
         let internal = real_servers(categorized, port.internal_policy_local);
         let external = real_servers(categorized, port.external_policy_local);
-        self.count_no_local(port, categorized);
+        self.count_no_local(port_plan);
 
         self.member(
             SetId::ClusterIp,
@@ -170,15 +165,14 @@ impl Builder<'_> {
         }
     }
 
-    fn count_no_local(&mut self, port: &ServicePort, categorized: &Categorized<'_>) {
-        if !categorized.has_any || !categorized.local.is_empty() {
-            return;
-        }
-        let service = &port.name.service;
-        if port.internal_policy_local {
+    /// The other modes drop this traffic ([`Unreachable::Drop`]); ipvs mode falls back to
+    /// the cluster's endpoints but counts the Service all the same, as upstream's.
+    fn count_no_local(&mut self, port_plan: &PortPlan<'_>) {
+        let service = &port_plan.port.name.service;
+        if port_plan.internal_unreachable == Some(Unreachable::Drop) {
             self.plan.no_local_internal.insert(service.clone());
         }
-        if port.external_policy_local {
+        if port_plan.external_unreachable == Some(Unreachable::Drop) {
             self.plan.no_local_external.insert(service.clone());
         }
     }

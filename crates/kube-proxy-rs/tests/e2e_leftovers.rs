@@ -7,7 +7,9 @@
 //! - a node switched from IPVS or nftables mode to kube-proxy-rs loses the old mode's
 //!   tables, chains, sets and `kube-ipvs0` at start-up, keeps everything that is not
 //!   kube-proxy's, and serves its Services;
-//! - `--cleanup` removes every mode's leftovers, and names what it could not remove;
+//! - `--cleanup` removes every mode's leftovers, and names what it could not remove; where
+//!   there were no iptables tables it creates none (a legacy table, once there, costs every
+//!   packet);
 //! - connections to a NodePort on 127.0.0.1, and packets conntrack marks INVALID, show
 //!   in `kubeproxy_iptables_localhost_nodeports_accepted_packets_total` and
 //!   `kubeproxy_iptables_ct_state_invalid_dropped_packets_total`.
@@ -147,6 +149,20 @@ fn cleanup_removes_every_modes_leftovers_and_nothing_else() {
     assert_only_foreign_objects_left(cluster.node(), &iptables);
     let kube: Vec<&str> = iptables.lines().filter(|l| l.contains("KUBE-")).collect();
     assert!(kube.is_empty(), "left behind: {kube:?}");
+}
+
+/// Looking for leftovers never creates a table: legacy iptables instantiates a table in the
+/// namespace on the first `-t` naming it, and from then on the table's hooks see every
+/// packet of the node. A node that never had iptables tables has none after `--cleanup`.
+#[test]
+fn cleanup_creates_no_iptables_table_where_there_was_none() {
+    let node = Netns::new("notab").unwrap();
+    let tables = || node.sh("cat /proc/net/ip_tables_names /proc/net/ip6_tables_names; nft list tables");
+    assert_eq!(tables().unwrap(), "", "a new namespace has no tables");
+    let out = node.command(proxy_binary()).arg("--cleanup").output().unwrap();
+    let logs = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{logs}");
+    assert_eq!(tables().unwrap(), "", "--cleanup created tables:\n{logs}");
 }
 
 #[test]

@@ -285,7 +285,10 @@ pub fn cleanup_modes(exec: &dyn Iptables, modes: Modes) -> CleanupReport {
 }
 
 fn clean_table(exec: &dyn Iptables, modes: Modes, table: Table) -> Result<Option<TableCleanup>, ExecError> {
-    let plan = plan_table_for(modes, table, &exec.save(table)?);
+    let Some(saved) = exec.save_if_present(table)? else {
+        return Ok(None);
+    };
+    let plan = plan_table_for(modes, table, &saved);
     if plan.is_empty() {
         return Ok(None);
     }

@@ -12,6 +12,7 @@ use std::process::{Command, Output, Stdio};
 use kpr_model::IpFamily;
 
 use crate::ruleset::Table;
+use crate::saved::table_section;
 
 /// Seconds to wait for the xtables lock before giving up (legacy backend only).
 const WAIT_SECONDS: &str = "5";
@@ -101,6 +102,14 @@ pub trait Iptables: Send {
     fn restore(&self, payload: &[u8]) -> Result<(), ExecError>;
     /// `iptables-save -t <table>`.
     fn save(&self, table: Table) -> Result<String, ExecError>;
+    /// The table as [`Iptables::save`] gives it, if it exists, without creating it: legacy
+    /// iptables instantiates a table in the namespace on the first `-t` that names it, and
+    /// from then on the table's hooks see every packet. Looking for leftovers must not add
+    /// that cost to a node whose kube-proxy uses the other flavour. `None`: no such table,
+    /// so nothing of ours is in it.
+    fn save_if_present(&self, table: Table) -> Result<Option<String>, ExecError> {
+        self.save(table).map(Some)
+    }
     fn chain_exists(&self, table: Table, chain: &str) -> Result<bool, ExecError>;
     /// `iptables -C`: whether this exact rule is in `chain`.
     fn rule_exists(&self, table: Table, chain: &str, args: &[String]) -> Result<bool, ExecError>;
@@ -361,6 +370,17 @@ impl Iptables for IptablesCli {
             return Err(self.failed(&program, &args, &out));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `iptables-save` naming no table prints only the tables that exist.
+    fn save_if_present(&self, table: Table) -> Result<Option<String>, ExecError> {
+        let program = self.binary(self.variant, Tool::Save);
+        let out = self.run(&program, &[], None)?;
+        if !out.status.success() {
+            return Err(self.failed(&program, &[], &out));
+        }
+        let dump = String::from_utf8_lossy(&out.stdout);
+        Ok(table_section(&dump, table).map(str::to_owned))
     }
 
     fn chain_exists(&self, table: Table, chain: &str) -> Result<bool, ExecError> {

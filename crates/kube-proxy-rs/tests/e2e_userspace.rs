@@ -137,6 +137,33 @@ fn endpoint_changes_under_load_fail_no_request() {
     wait_spread(client, sock(WEB_VIP), 20, &["pod1"]);
 }
 
+/// The jump into `KUBE-NODEPORT-NON-LOCAL` takes new connections only; the jump of an
+/// earlier version, which sent every packet through the chain, is replaced at start, and
+/// NodePort traffic from outside still comes in.
+#[test]
+fn an_earlier_versions_jump_for_every_packet_is_replaced() {
+    let mut cluster = web_cluster(&[0], 1, Some(30080));
+    cluster
+        .node()
+        .sh("iptables -N KUBE-NODEPORT-NON-LOCAL && iptables -I INPUT -m comment --comment 'Ensure that non-local NodePort traffic can flow' -j KUBE-NODEPORT-NON-LOCAL")
+        .unwrap();
+    cluster.start_proxy(&[USERSPACE]);
+    let node_port = std::net::SocketAddr::new(NODE_IP.into(), 30080);
+    wait_spread(cluster.lab.client(), node_port, 5, &["pod0"]);
+    let rules = cluster.iptables_save();
+    let jumps: Vec<&str> = rules
+        .lines()
+        .filter(|l| l.starts_with("-A INPUT") && l.contains("KUBE-NODEPORT-NON-LOCAL"))
+        .collect();
+    assert_eq!(
+        jumps,
+        [
+            "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"Ensure that non-local NodePort traffic can flow\" -j KUBE-NODEPORT-NON-LOCAL"
+        ],
+        "{rules}"
+    );
+}
+
 #[test]
 fn sigterm_and_cleanup_remove_the_portals() {
     let mut cluster = web_cluster(&[0], 1, Some(30080));

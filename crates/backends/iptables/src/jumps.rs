@@ -32,6 +32,15 @@ impl JumpRule {
         jump(table, chain, target, comment, false)
     }
 
+    /// The same jump for a connection's first packet only (`-m conntrack --ctstate NEW`
+    /// before the rest): for a chain whose every rule matches only new connections, so
+    /// the packets of established ones skip it, and its comment match too (a compat match,
+    /// called per packet, under iptables-nft).
+    pub fn new_connections_only(mut self) -> Self {
+        self.args.splice(0..0, NEW.map(String::from));
+        self
+    }
+
     /// The same jump for packets to this host's own addresses only (`-m addrtype
     /// --dst-type LOCAL` before the rest): how NodePort chains are entered.
     pub fn to_local_addresses(mut self) -> Self {

@@ -36,7 +36,7 @@ use crate::conntrack::remove_stale;
 use crate::copy::CopyMethod;
 use crate::limits::{Kind, Limits, Slots};
 use crate::port::{PortState, PortStats};
-use crate::portals::{Portal, PortalTargets, checked_name, jump_rules, render};
+use crate::portals::{Portal, PortalTargets, checked_name, jump_rules, render, superseded_jump_rules};
 use crate::ports::PortAllocator;
 use crate::tcp::{self, Listener};
 use crate::udp::{self, UdpListener};
@@ -132,6 +132,8 @@ pub struct UserspaceBackend {
     /// UDP ports opened or closed in this sync: their flows' scopes and the listener port
     /// they must lead to now (`None`: closed).
     flow_cleanups: Vec<(Vec<Scope>, Option<u16>)>,
+    /// Whether jumps an earlier version made were looked for (once, at the first sync).
+    superseded_jumps_removed: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +167,7 @@ impl UserspaceBackend {
             random: RandomState::new(),
             conntrack: None,
             flow_cleanups: Vec::new(),
+            superseded_jumps_removed: false,
         }
     }
 
@@ -280,6 +283,7 @@ impl UserspaceBackend {
         for jump in jump_rules() {
             self.iptables.ensure_rule(jump.table, jump.chain, &jump.args)?;
         }
+        self.remove_superseded_jumps()?;
         self.remove_stale_flows();
         let now = Instant::now();
         for open in self.open.values() {
@@ -291,6 +295,21 @@ impl UserspaceBackend {
         let mut report = report(&ruleset, &payload);
         report.newly_unsafe = self.report_refusals(refused);
         Ok(report)
+    }
+
+    /// Removes, once, the jumps an earlier version made that [`jump_rules`] replaced.
+    fn remove_superseded_jumps(&mut self) -> Result<(), ExecError> {
+        if self.superseded_jumps_removed {
+            return Ok(());
+        }
+        for old in superseded_jump_rules() {
+            if self.iptables.rule_exists(old.table, old.chain, &old.args)? {
+                tracing::info!(chain = old.chain, args = ?old.args, "removing a jump of an earlier version");
+                self.iptables.delete_rule(old.table, old.chain, &old.args)?;
+            }
+        }
+        self.superseded_jumps_removed = true;
+        Ok(())
     }
 
     /// The flow cleanups this sync queued, after its portals are in.

@@ -153,7 +153,7 @@ fn jumps_put_the_portals_above_the_node_ports() {
             "nat OUTPUT -m addrtype --dst-type LOCAL -m comment --comment handle service NodePorts -j KUBE-NODEPORT-HOST",
             "nat PREROUTING -m comment --comment handle ClusterIPs -j KUBE-PORTALS-CONTAINER",
             "nat OUTPUT -m comment --comment handle ClusterIPs -j KUBE-PORTALS-HOST",
-            "filter INPUT -m comment --comment Ensure that non-local NodePort traffic can flow -j KUBE-NODEPORT-NON-LOCAL",
+            "filter INPUT -m conntrack --ctstate NEW -m comment --comment Ensure that non-local NodePort traffic can flow -j KUBE-NODEPORT-NON-LOCAL",
         ],
         "each is inserted at the top in this order: the last ones end up first"
     );

@@ -22,7 +22,7 @@ use tracing::{error, info, warn};
 use super::catalog::ManifestCatalog;
 use super::scan::{DEFAULT_MAX_FILE_BYTES, scan};
 use super::validate::ValidationRules;
-use super::watch::DirWatcher;
+use super::watch::{DirWatcher, WatchedDir};
 use crate::{Event, EventSender};
 
 /// The `source` of this source's [`Event::Synced`].
@@ -54,7 +54,7 @@ pub enum ManifestError {
 pub struct ManifestSource {
     /// Absolute, so events name the same path whatever the working directory.
     targets: Arc<[PathBuf]>,
-    watch_dirs: Vec<PathBuf>,
+    watched: Vec<WatchedDir>,
     node_name: Option<String>,
     resync: Duration,
     rules: ValidationRules,
@@ -73,25 +73,35 @@ impl ManifestSource {
             return Err(ManifestError::NoPaths);
         }
         let mut targets = Vec::with_capacity(paths.len());
-        let mut watch_dirs = Vec::new();
+        let mut watched: Vec<WatchedDir> = Vec::new();
         for path in paths {
             let (absolute, is_dir) = check_path(&path)?;
-            let watch_dir = if is_dir {
-                absolute.clone()
-            } else {
-                // An absolute path to an existing file always has a parent.
-                absolute
-                    .parent()
-                    .map_or_else(|| absolute.clone(), |p| p.to_path_buf())
+            // An absolute path to an existing file always has a parent and a name.
+            let (dir, file) = match (is_dir, absolute.parent(), absolute.file_name()) {
+                (false, Some(parent), Some(name)) => (parent.to_path_buf(), Some(name.to_os_string())),
+                _ => (absolute.clone(), None),
             };
-            if !watch_dirs.contains(&watch_dir) {
-                watch_dirs.push(watch_dir);
+            let index = match watched.iter().position(|w| w.dir == dir) {
+                Some(index) => index,
+                None => {
+                    watched.push(WatchedDir {
+                        dir,
+                        ..WatchedDir::default()
+                    });
+                    watched.len() - 1
+                }
+            };
+            match file {
+                Some(name) => {
+                    watched[index].files.insert(name);
+                }
+                None => watched[index].manifests = true,
             }
             targets.push(absolute);
         }
         Ok(Self {
             targets: targets.into(),
-            watch_dirs,
+            watched,
             node_name,
             resync,
             rules: ValidationRules::default(),
@@ -117,7 +127,7 @@ impl ManifestSource {
     /// receiving side of `events` is dropped.
     pub async fn run(self, events: EventSender) {
         let (wake_tx, wake_rx) = mpsc::channel(1);
-        let (mut watcher, mut wake) = match DirWatcher::start(self.watch_dirs.clone(), wake_tx) {
+        let (mut watcher, mut wake) = match DirWatcher::start(self.watched.clone(), wake_tx) {
             Ok(watcher) => (Some(watcher), Some(wake_rx)),
             Err(error) => {
                 warn!(%error, "cannot watch manifest files; polling instead");
@@ -276,6 +286,7 @@ async fn tick(ticker: &mut Option<tokio::time::Interval>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ffi::OsString;
 
     #[test]
     fn missing_paths_are_refused_before_running() {
@@ -305,7 +316,18 @@ mod tests {
             Duration::ZERO,
         )
         .unwrap();
-        assert_eq!(source.watch_dirs, vec![dir.path().to_path_buf(), sub]);
+        let dirs: Vec<(PathBuf, bool, Vec<OsString>)> = source
+            .watched
+            .iter()
+            .map(|w| (w.dir.clone(), w.manifests, w.files.iter().cloned().collect()))
+            .collect();
+        assert_eq!(
+            dirs,
+            [
+                (dir.path().to_path_buf(), false, vec![OsString::from("svc.yaml")]),
+                (sub, true, vec![]),
+            ]
+        );
         assert_eq!(&source.targets[..2], &[file.clone(), dir.path().join("more")]);
     }
 

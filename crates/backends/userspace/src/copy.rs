@@ -17,7 +17,7 @@
 //!
 //! Buffers are allocated, not zeroed (the kernel writes them before anything reads them):
 //! per connection, clearing two 16 KiB buffers cost more than the bytes a short exchange
-//! moves. The small ones are kept for the thread's next connections ([`Buffer`]): a
+//! moves. The small ones are kept for the thread's next connections (`Buffer`): a
 //! 16 KiB block is too big for the allocator's per-thread cache, so each took and gave
 //! back a trip through its bins (`_int_malloc`, `_int_free`, `unlink_chunk`: 2 % of a
 //! short connection's CPU in the L4 profile), as HAProxy keeps its buffers in pools.

@@ -85,3 +85,96 @@ fn a_port_whose_name_cannot_be_a_rule_gets_no_listener_and_is_reported_once() {
         assert_eq!(backend.footprint().get("reported_refusals"), Some(1));
     });
 }
+
+/// Counts `iptables -C` calls; its restore fails while `fail` is set.
+#[derive(Clone, Default)]
+struct CountingChecks {
+    checks: Arc<std::sync::atomic::AtomicUsize>,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl kpr_iptables::Iptables for CountingChecks {
+    fn version(&self) -> Result<kpr_iptables::IptablesVersion, kpr_iptables::ExecError> {
+        Accepting.version()
+    }
+    fn restore(&self, _: &[u8]) -> Result<(), kpr_iptables::ExecError> {
+        if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(kpr_iptables::ExecError::Failed {
+                command: "iptables-restore".into(),
+                status: "exit status: 1".into(),
+                stderr: "made to fail".into(),
+            });
+        }
+        Ok(())
+    }
+    fn save(&self, table: kpr_iptables::Table) -> Result<String, kpr_iptables::ExecError> {
+        Accepting.save(table)
+    }
+    fn chain_exists(&self, table: kpr_iptables::Table, chain: &str) -> Result<bool, kpr_iptables::ExecError> {
+        Accepting.chain_exists(table, chain)
+    }
+    fn rule_exists(
+        &self,
+        table: kpr_iptables::Table,
+        chain: &str,
+        args: &[String],
+    ) -> Result<bool, kpr_iptables::ExecError> {
+        self.checks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Accepting.rule_exists(table, chain, args)
+    }
+    fn insert_rule(
+        &self,
+        table: kpr_iptables::Table,
+        chain: &str,
+        args: &[String],
+    ) -> Result<(), kpr_iptables::ExecError> {
+        Accepting.insert_rule(table, chain, args)
+    }
+    fn delete_rule(
+        &self,
+        table: kpr_iptables::Table,
+        chain: &str,
+        args: &[String],
+    ) -> Result<(), kpr_iptables::ExecError> {
+        Accepting.delete_rule(table, chain, args)
+    }
+    fn create_chain(&self, table: kpr_iptables::Table, chain: &str) -> Result<(), kpr_iptables::ExecError> {
+        Accepting.create_chain(table, chain)
+    }
+}
+
+/// The jumps are checked (each check reads the whole nat table) at the first sync, when a
+/// sync is forced and after a failed one, not at every sync.
+#[test]
+fn jumps_are_checked_on_full_syncs_only() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let iptables = CountingChecks::default();
+    let options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
+    let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone());
+    let pending = PendingSync {
+        state: World::new().state(),
+        changed: Default::default(),
+        service_changes: Vec::new(),
+        endpoint_changes: Vec::new(),
+    };
+    let mut checks_of = |force_full: bool| {
+        let before = iptables.checks.load(std::sync::atomic::Ordering::Relaxed);
+        let result = backend.sync(&pending.request(force_full));
+        (
+            result.is_ok(),
+            iptables.checks.load(std::sync::atomic::Ordering::Relaxed) - before,
+        )
+    };
+    // Five jumps, and the one an earlier version made.
+    assert_eq!(checks_of(false), (true, 6), "first sync");
+    assert_eq!(checks_of(false), (true, 0), "a sync in between");
+    assert_eq!(checks_of(true), (true, 6), "a forced sync");
+    iptables.fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(!checks_of(false).0, "the restore fails");
+    iptables.fail.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(checks_of(false), (true, 6), "the sync after a failure");
+    assert_eq!(checks_of(false), (true, 0), "and then none again");
+}

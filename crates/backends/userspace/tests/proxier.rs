@@ -6,8 +6,10 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use common::Accepting;
+use kpr_iptables::{ExecError, Iptables, IptablesVersion, Table};
 use kpr_model::{IpFamily, NamespacedName, ServicePort, ServicePortName};
 use kpr_netns::Netns;
 use kpr_state::{Backend, DesiredState, PendingSync};
@@ -89,17 +91,17 @@ fn a_port_whose_name_cannot_be_a_rule_gets_no_listener_and_is_reported_once() {
 /// Counts `iptables -C` calls; its restore fails while `fail` is set.
 #[derive(Clone, Default)]
 struct CountingChecks {
-    checks: Arc<std::sync::atomic::AtomicUsize>,
-    fail: Arc<std::sync::atomic::AtomicBool>,
+    checks: Arc<AtomicUsize>,
+    fail: Arc<AtomicBool>,
 }
 
-impl kpr_iptables::Iptables for CountingChecks {
-    fn version(&self) -> Result<kpr_iptables::IptablesVersion, kpr_iptables::ExecError> {
+impl Iptables for CountingChecks {
+    fn version(&self) -> Result<IptablesVersion, ExecError> {
         Accepting.version()
     }
-    fn restore(&self, _: &[u8]) -> Result<(), kpr_iptables::ExecError> {
-        if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(kpr_iptables::ExecError::Failed {
+    fn restore(&self, _: &[u8]) -> Result<(), ExecError> {
+        if self.fail.load(Ordering::Relaxed) {
+            return Err(ExecError::Failed {
                 command: "iptables-restore".into(),
                 status: "exit status: 1".into(),
                 stderr: "made to fail".into(),
@@ -107,38 +109,23 @@ impl kpr_iptables::Iptables for CountingChecks {
         }
         Ok(())
     }
-    fn save(&self, table: kpr_iptables::Table) -> Result<String, kpr_iptables::ExecError> {
+    fn save(&self, table: Table) -> Result<String, ExecError> {
         Accepting.save(table)
     }
-    fn chain_exists(&self, table: kpr_iptables::Table, chain: &str) -> Result<bool, kpr_iptables::ExecError> {
+    fn chain_exists(&self, table: Table, chain: &str) -> Result<bool, ExecError> {
         Accepting.chain_exists(table, chain)
     }
-    fn rule_exists(
-        &self,
-        table: kpr_iptables::Table,
-        chain: &str,
-        args: &[String],
-    ) -> Result<bool, kpr_iptables::ExecError> {
-        self.checks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    fn rule_exists(&self, table: Table, chain: &str, args: &[String]) -> Result<bool, ExecError> {
+        self.checks.fetch_add(1, Ordering::Relaxed);
         Accepting.rule_exists(table, chain, args)
     }
-    fn insert_rule(
-        &self,
-        table: kpr_iptables::Table,
-        chain: &str,
-        args: &[String],
-    ) -> Result<(), kpr_iptables::ExecError> {
+    fn insert_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError> {
         Accepting.insert_rule(table, chain, args)
     }
-    fn delete_rule(
-        &self,
-        table: kpr_iptables::Table,
-        chain: &str,
-        args: &[String],
-    ) -> Result<(), kpr_iptables::ExecError> {
+    fn delete_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError> {
         Accepting.delete_rule(table, chain, args)
     }
-    fn create_chain(&self, table: kpr_iptables::Table, chain: &str) -> Result<(), kpr_iptables::ExecError> {
+    fn create_chain(&self, table: Table, chain: &str) -> Result<(), ExecError> {
         Accepting.create_chain(table, chain)
     }
 }
@@ -161,20 +148,17 @@ fn jumps_are_checked_on_full_syncs_only() {
         endpoint_changes: Vec::new(),
     };
     let mut checks_of = |force_full: bool| {
-        let before = iptables.checks.load(std::sync::atomic::Ordering::Relaxed);
+        let before = iptables.checks.load(Ordering::Relaxed);
         let result = backend.sync(&pending.request(force_full));
-        (
-            result.is_ok(),
-            iptables.checks.load(std::sync::atomic::Ordering::Relaxed) - before,
-        )
+        (result.is_ok(), iptables.checks.load(Ordering::Relaxed) - before)
     };
     // Five jumps, and the one an earlier version made.
     assert_eq!(checks_of(false), (true, 6), "first sync");
     assert_eq!(checks_of(false), (true, 0), "a sync in between");
     assert_eq!(checks_of(true), (true, 6), "a forced sync");
-    iptables.fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    iptables.fail.store(true, Ordering::Relaxed);
     assert!(!checks_of(false).0, "the restore fails");
-    iptables.fail.store(false, std::sync::atomic::Ordering::Relaxed);
+    iptables.fail.store(false, Ordering::Relaxed);
     assert_eq!(checks_of(false), (true, 6), "the sync after a failure");
     assert_eq!(checks_of(false), (true, 0), "and then none again");
 }

@@ -52,6 +52,10 @@ pub const RR: Port = Port {
 pub enum Path {
     /// kube-proxy-rs `--proxy-mode userspace`: client → cluster IP → the proxy → pod.
     Userspace,
+    /// The same proxy, its listener reached on the node's address (the port its portal
+    /// leads to) without the portal: what the proxy costs beside HAProxy reached the same
+    /// way, with the portal's NAT left out (its rules are still in place).
+    UserspaceListener,
     /// HAProxy `mode tcp` on the node: client → node address → HAProxy → pod.
     Haproxy,
     /// The same with `option splice-auto` (HAProxy's zero-copy forwarding).
@@ -59,6 +63,10 @@ pub enum Path {
     /// HAProxy `mode tcp` behind the userspace mode's portal: client → cluster IP,
     /// `REDIRECT` in the node's kernel → HAProxy → pod (what the portal costs).
     HaproxyPortal,
+    /// HAProxy reached on the node's address while the portal's rules are in place: conntrack
+    /// and the nat hooks see its connections, nothing rewrites them (the counterpart of
+    /// [`Self::UserspaceListener`]).
+    HaproxyBesidePortal,
     /// kube-proxy-rs `--proxy-mode iptables`: client → cluster IP, DNAT in the node's kernel → pod.
     Iptables,
     /// Client → pod, no proxy: the floor every other row is measured against.
@@ -67,11 +75,13 @@ pub enum Path {
 
 impl Path {
     /// In the report's order: the issue's (a) to (d).
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 8] = [
         Self::Userspace,
+        Self::UserspaceListener,
         Self::Haproxy,
         Self::HaproxySplice,
         Self::HaproxyPortal,
+        Self::HaproxyBesidePortal,
         Self::Iptables,
         Self::Direct,
     ];
@@ -79,21 +89,25 @@ impl Path {
     /// The order rows run in: paths that leave the node's netfilter untouched first. A
     /// kube-proxy-rs row registers conntrack and NAT in the node namespace, which then costs
     /// every later packet; no row may pay for an earlier row's rules.
-    pub const RUN_ORDER: [Self; 6] = [
+    pub const RUN_ORDER: [Self; 8] = [
         Self::Direct,
         Self::Haproxy,
         Self::HaproxySplice,
         Self::HaproxyPortal,
+        Self::HaproxyBesidePortal,
         Self::Userspace,
+        Self::UserspaceListener,
         Self::Iptables,
     ];
 
     pub fn label(self) -> &'static str {
         match self {
             Self::Userspace => "(a) kube-proxy-rs userspace",
+            Self::UserspaceListener => "(a) kube-proxy-rs userspace, its listener reached directly",
             Self::Haproxy => "(b) HAProxy mode tcp",
             Self::HaproxySplice => "(b) HAProxy mode tcp, splice-auto",
             Self::HaproxyPortal => "(b) HAProxy mode tcp behind the portal",
+            Self::HaproxyBesidePortal => "(b) HAProxy mode tcp beside the portal",
             Self::Iptables => "(c) kube-proxy-rs iptables",
             Self::Direct => "(d) direct to the pod",
         }
@@ -102,24 +116,79 @@ impl Path {
     /// The `--proxy-mode` of a kube-proxy-rs row.
     pub fn proxy_mode(self) -> Option<&'static str> {
         match self {
-            Self::Userspace => Some("userspace"),
+            Self::Userspace | Self::UserspaceListener => Some("userspace"),
             Self::Iptables => Some("iptables"),
-            Self::Haproxy | Self::HaproxySplice | Self::HaproxyPortal | Self::Direct => None,
+            Self::Haproxy
+            | Self::HaproxySplice
+            | Self::HaproxyPortal
+            | Self::HaproxyBesidePortal
+            | Self::Direct => None,
         }
     }
 
     /// Where the client's connection number `n` to `port` goes: the Service's or HAProxy's
-    /// one address, or, without a proxy, the pods in turn (round robin, as the proxies
-    /// spread them).
-    pub fn target(self, port: Port, backends: usize, n: usize) -> SocketAddr {
+    /// one address, the proxy's listener on the node (port 0, which nothing accepts, until
+    /// `listeners` are known), or, without a proxy, the pods in turn (round robin, as the
+    /// proxies spread them).
+    pub fn target(self, port: Port, backends: usize, n: usize, listeners: Option<Listeners>) -> SocketAddr {
         match self {
             Self::Userspace | Self::Iptables | Self::HaproxyPortal => {
                 SocketAddr::from((CLUSTER_IP, port.service))
             }
-            Self::Haproxy | Self::HaproxySplice => SocketAddr::from((NODE_IP, port.haproxy)),
+            Self::UserspaceListener => SocketAddr::from((NODE_IP, listeners.map_or(0, |l| l.port(port)))),
+            Self::Haproxy | Self::HaproxySplice | Self::HaproxyBesidePortal => {
+                SocketAddr::from((NODE_IP, port.haproxy))
+            }
             Self::Direct => SocketAddr::from((pod_ip(n % backends.max(1)), port.target)),
         }
     }
+}
+
+/// The node ports the userspace mode's listeners for [`BULK`] and [`RR`] took (from a
+/// random place in `--proxy-port-range`, or the kernel's pick), as its portals name them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listeners {
+    pub bulk: u16,
+    pub rr: u16,
+}
+
+impl Listeners {
+    pub fn port(self, port: Port) -> u16 {
+        if port == BULK { self.bulk } else { self.rr }
+    }
+
+    /// Reads both ports from the node's nat table (`iptables-save` text): the
+    /// `KUBE-PORTALS-CONTAINER` rule for the cluster IP and the Service port, and its
+    /// `REDIRECT --to-ports`. `Err` says which port's rule is missing.
+    pub fn from_portals(saved_nat: &str) -> Result<Self, String> {
+        let find = |port: Port| {
+            saved_nat
+                .lines()
+                .find_map(|line| redirect_port(line, port))
+                .ok_or_else(|| {
+                    format!(
+                        "no KUBE-PORTALS-CONTAINER rule redirects {CLUSTER_IP}:{} ({}) in the node's nat table",
+                        port.service, port.name
+                    )
+                })
+        };
+        Ok(Self {
+            bulk: find(BULK)?,
+            rr: find(RR)?,
+        })
+    }
+}
+
+/// The `--to-ports` of `line` when it is the container portal of the cluster IP's `port`.
+fn redirect_port(line: &str, port: Port) -> Option<u16> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let after = |flag: &str| words.windows(2).find(|w| w[0] == flag).map(|w| w[1]);
+    let portal = words.starts_with(&["-A", "KUBE-PORTALS-CONTAINER"])
+        && after("-d") == Some(&format!("{CLUSTER_IP}/32"))
+        && after("-p") == Some("tcp")
+        && after("--dport") == Some(&port.service.to_string())
+        && after("-j") == Some("REDIRECT");
+    portal.then(|| after("--to-ports")?.parse().ok()).flatten()
 }
 
 /// The backends of `port`: every pod of the lab, pod 0 first.
@@ -167,13 +236,25 @@ mod tests {
     #[test]
     fn proxied_paths_share_one_address_and_direct_goes_round_robin() {
         for n in [0, 7] {
-            assert_eq!(Path::Userspace.target(RR, 4, n).to_string(), "10.96.0.10:80");
-            assert_eq!(Path::Iptables.target(BULK, 4, n).to_string(), "10.96.0.10:5001");
-            assert_eq!(Path::Haproxy.target(RR, 4, n).to_string(), "192.168.77.1:18080");
-            assert_eq!(Path::HaproxyPortal.target(RR, 4, n).to_string(), "10.96.0.10:80");
+            assert_eq!(
+                Path::Userspace.target(RR, 4, n, None).to_string(),
+                "10.96.0.10:80"
+            );
+            assert_eq!(
+                Path::Iptables.target(BULK, 4, n, None).to_string(),
+                "10.96.0.10:5001"
+            );
+            assert_eq!(
+                Path::Haproxy.target(RR, 4, n, None).to_string(),
+                "192.168.77.1:18080"
+            );
+            assert_eq!(
+                Path::HaproxyPortal.target(RR, 4, n, None).to_string(),
+                "10.96.0.10:80"
+            );
         }
         let direct: Vec<String> = (0..5)
-            .map(|n| Path::Direct.target(RR, 4, n).to_string())
+            .map(|n| Path::Direct.target(RR, 4, n, None).to_string())
             .collect();
         assert_eq!(
             direct,
@@ -185,6 +266,51 @@ mod tests {
                 "10.244.1.10:8080"
             ]
         );
+    }
+
+    #[test]
+    fn the_listener_path_goes_to_the_node_at_the_ports_the_portals_name() {
+        let listeners = Some(Listeners {
+            bulk: 40001,
+            rr: 40002,
+        });
+        assert_eq!(
+            Path::UserspaceListener.target(BULK, 4, 3, listeners).to_string(),
+            "192.168.77.1:40001"
+        );
+        assert_eq!(
+            Path::UserspaceListener.target(RR, 4, 0, listeners).to_string(),
+            "192.168.77.1:40002"
+        );
+        assert_eq!(Path::UserspaceListener.target(RR, 4, 0, None).port(), 0);
+    }
+
+    /// The ports come from the container portals of the cluster IP only: not from the host
+    /// portals (DNAT), another address's rule, or the other Service port's.
+    #[test]
+    fn listeners_are_read_from_the_container_portals() {
+        let saved = "*nat\n\
+            :KUBE-PORTALS-CONTAINER - [0:0]\n\
+            -A KUBE-PORTALS-HOST -d 10.96.0.10/32 -p tcp -m comment --comment \"l4/l4:rr\" -m tcp --dport 80 -j DNAT --to-destination 192.168.77.1:1111\n\
+            -A KUBE-PORTALS-CONTAINER -d 10.96.0.11/32 -p tcp -m comment --comment \"x/y:rr\" -m tcp --dport 80 -j REDIRECT --to-ports 2222\n\
+            -A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p udp -m comment --comment \"l4/l4:u\" -m udp --dport 80 -j REDIRECT --to-ports 3333\n\
+            -A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p tcp -m comment --comment \"l4/l4:bulk\" -m tcp --dport 5001 -j REDIRECT --to-ports 40001\n\
+            -A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p tcp -m comment --comment \"l4/l4:rr\" -m tcp --dport 80 -j REDIRECT --to-ports 40002\n\
+            COMMIT\n";
+        assert_eq!(
+            Listeners::from_portals(saved),
+            Ok(Listeners {
+                bulk: 40001,
+                rr: 40002
+            })
+        );
+        let without_rr: String = saved
+            .lines()
+            .filter(|l| !l.contains("40002"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let err = Listeners::from_portals(&without_rr).unwrap_err();
+        assert!(err.contains("10.96.0.10:80 (rr)"), "{err}");
     }
 
     #[test]

@@ -125,7 +125,7 @@ mod tests {
                 .into_iter()
                 .map(|port| Listener {
                     port,
-                    bind: L4Path::Haproxy.target(port, 3, 0),
+                    bind: L4Path::Haproxy.target(port, 3, 0, None),
                     servers: backends(port, 3),
                 })
                 .collect(),

@@ -35,7 +35,7 @@ use crate::load::Outcome;
 use crate::proxy::{Launch, RunningProxy, Source};
 use crate::scratch::ScratchFile;
 use client::{Bulk, Client, Rounds};
-use cluster::{BULK, Path, RR};
+use cluster::{BULK, Listeners, Path, RR};
 use figures::{
     Cpu, Figures, Phase, accepted_between, gbit_per_second, latency_quantiles, median_by, rounds_per_second,
 };
@@ -188,9 +188,9 @@ impl Bench<'_> {
     /// is in doubt (a proxy's rules could not be removed).
     fn row(&self, path: Path, manifest: &FilePath) -> Result<Outcome<Figures>, String> {
         match path {
-            Path::Direct => Ok(self.measured(path, &|| None)),
+            Path::Direct => Ok(self.measured(path, None, &|| None)),
             Path::Haproxy | Path::HaproxySplice => Ok(self.haproxy_row(path)),
-            Path::HaproxyPortal => {
+            Path::HaproxyPortal | Path::HaproxyBesidePortal => {
                 let portal = match portal::Portal::add(self.lab.node(), &[BULK, RR]) {
                     Ok(portal) => portal,
                     Err(why) => return Ok(Outcome::Failed(why)),
@@ -199,7 +199,7 @@ impl Bench<'_> {
                 portal.remove()?;
                 Ok(outcome)
             }
-            Path::Userspace | Path::Iptables => {
+            Path::Userspace | Path::UserspaceListener | Path::Iptables => {
                 let outcome = self.proxy_row(path, manifest);
                 crate::proxy::cleanup(self.lab.node(), self.plan.proxy)?;
                 Ok(outcome)
@@ -216,7 +216,7 @@ impl Bench<'_> {
                 .map(|port| haproxy::Listener {
                     port,
                     // Behind the portal too: the portal leads to this address.
-                    bind: Path::Haproxy.target(port, self.plan.backends, 0),
+                    bind: Path::Haproxy.target(port, self.plan.backends, 0, None),
                     servers: cluster::backends(port, self.plan.backends),
                 })
                 .collect(),
@@ -231,7 +231,7 @@ impl Bench<'_> {
             Err(e) => return Outcome::Failed(format!("starting haproxy: {e}")),
         };
         let pid = guard.pid();
-        let outcome = self.measured(path, &|| crate::cpu::process(pid));
+        let outcome = self.measured(path, None, &|| crate::cpu::process(pid));
         if let (Outcome::Failed(why), Ok(Some(status))) = (&outcome, guard.try_wait()) {
             return Outcome::Failed(format!(
                 "haproxy exited ({status}): {} / {why}",
@@ -266,25 +266,63 @@ impl Bench<'_> {
                 return Outcome::Failed(format!("kube-proxy-rs: proxy mode {mode} not available: {why}"));
             }
         }
-        self.measured(path, &|| proxy.cpu_time())
+        let listeners = match path {
+            Path::UserspaceListener => match self.listeners() {
+                Ok(listeners) => Some(listeners),
+                Err(why) => return Outcome::Failed(why),
+            },
+            _ => None,
+        };
+        self.measured(path, listeners, &|| proxy.cpu_time())
+    }
+
+    /// The userspace mode's listener ports, from the portals it wrote in the node. The whole
+    /// dump: `-t nat` would create a legacy nat table where there was none.
+    fn listeners(&self) -> Result<Listeners, String> {
+        let node = self.lab.node();
+        let out = node
+            .command("iptables-save")
+            .output()
+            .map_err(|e| format!("iptables-save in {}: {e}", node.name()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "iptables-save in {}: {}",
+                node.name(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Listeners::from_portals(&String::from_utf8_lossy(&out.stdout))
     }
 
     /// The four phases through `path`, once it answers.
-    fn measured(&self, path: Path, proxy_cpu: &dyn Fn() -> Option<Duration>) -> Outcome<Figures> {
-        match self.phases(path, proxy_cpu) {
+    fn measured(
+        &self,
+        path: Path,
+        listeners: Option<Listeners>,
+        proxy_cpu: &dyn Fn() -> Option<Duration>,
+    ) -> Outcome<Figures> {
+        match self.phases(path, listeners, proxy_cpu) {
             Ok(figures) => Outcome::Done(figures),
             Err(why) => Outcome::Failed(why),
         }
     }
 
-    fn phases(&self, path: Path, proxy_cpu: &dyn Fn() -> Option<Duration>) -> Result<Figures, String> {
+    fn phases(
+        &self,
+        path: Path,
+        listeners: Option<Listeners>,
+        proxy_cpu: &dyn Fn() -> Option<Duration>,
+    ) -> Result<Figures, String> {
         let backends = self.plan.backends;
         // The request/response port answering means the path is programmed (a bulk stream
         // that does not connect fails its phase with the reason).
-        self.client.probe(path.target(RR, backends, 0), READY)?;
+        self.client
+            .probe(path.target(RR, backends, 0, listeners), READY)?;
         let before = self.servers.accepted();
         let bulk = |streams: usize| -> Result<Bulk, String> {
-            let targets: Vec<_> = (0..streams).map(|n| path.target(BULK, backends, n)).collect();
+            let targets: Vec<_> = (0..streams)
+                .map(|n| path.target(BULK, backends, n, listeners))
+                .collect();
             self.client.bulk(
                 &targets,
                 Arc::clone(&self.block),
@@ -294,7 +332,7 @@ impl Bench<'_> {
         };
         let rounds = |concurrency: usize| -> Result<Rounds, String> {
             self.client.rounds(
-                move |n| path.target(RR, backends, n),
+                move |n| path.target(RR, backends, n, listeners),
                 Arc::clone(&self.requests),
                 concurrency,
                 self.plan.window,

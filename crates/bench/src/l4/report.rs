@@ -107,13 +107,37 @@ pub fn cpu_table(out: &mut String, run: &L4Run) {
     }
 }
 
-/// The userspace mode against the better HAProxy row, figure by figure.
+/// The userspace mode against the better HAProxy row, figure by figure (the issue's
+/// target).
 pub fn versus_haproxy(run: &L4Run) -> Vec<Versus> {
-    let ours = run.row(Path::Userspace);
-    let theirs: Vec<&Figures> = [Path::Haproxy, Path::HaproxySplice]
-        .into_iter()
-        .filter_map(|p| run.row(p))
-        .collect();
+    versus(run, Path::Userspace, &[Path::Haproxy, Path::HaproxySplice])
+}
+
+/// The comparisons the section shows: the issue's, then each proxy reached the same way
+/// (both through the portal, both on their own listener), which splits what the portal
+/// costs from what the proxy does.
+const COMPARISONS: [(&str, Path, &[Path]); 3] = [
+    (
+        "The userspace mode (through its portal) against HAProxy reached directly, its better configuration per figure (the issue's target)",
+        Path::Userspace,
+        &[Path::Haproxy, Path::HaproxySplice],
+    ),
+    (
+        "Both through the same portal: the userspace mode against HAProxy behind it",
+        Path::Userspace,
+        &[Path::HaproxyPortal],
+    ),
+    (
+        "Both reached on their own listener, without the portal's NAT but with its rules in place (conntrack sees every connection): the userspace mode's listener against HAProxy beside the portal",
+        Path::UserspaceListener,
+        &[Path::HaproxyBesidePortal],
+    ),
+];
+
+/// Row `ours` against the better of rows `theirs`, figure by figure.
+pub fn versus(run: &L4Run, ours: Path, theirs: &[Path]) -> Vec<Versus> {
+    let ours = run.row(ours);
+    let theirs: Vec<&Figures> = theirs.iter().filter_map(|&p| run.row(p)).collect();
     let more = |what: String, figure: fn(&Figures) -> f64, show: fn(f64) -> String| {
         let best = theirs.iter().map(|f| figure(f)).reduce(f64::max);
         let mine = ours.map(figure);
@@ -171,7 +195,10 @@ pub fn section(out: &mut String, run: &L4Run) {
          Service (ClusterIP + NodePort, ports `bulk` and `rr`) has every pod as a ready endpoint; \
          the kube-proxy-rs rows read it from a manifest. Paths: (a) kube-proxy-rs \
          `--proxy-mode userspace`, the client connecting to the cluster IP (its portal leads to \
-         the proxy, which connects to a pod); (b) HAProxy ({haproxy}) `mode tcp`, `balance \
+         the proxy, which connects to a pod), and once more with the client connecting to the \
+         proxy's listener on the node's address (the port its portal names, read from the \
+         node's `iptables-save`): the portals stay in place, so conntrack still sees every \
+         connection, but no NAT rewrites it — the counterpart of plain (b); (b) HAProxy ({haproxy}) `mode tcp`, `balance \
          roundrobin` over the same pods, `nbthread {threads}` (kube-proxy-rs's runtime starts \
          one worker per core, {threads} here), no health checks, bound on the node's address \
          the client connects to, once as configured by default and once with `option \
@@ -179,7 +206,9 @@ pub fn section(out: &mut String, run: &L4Run) {
          the userspace mode's portal: the client connects to the cluster IP and a nat \
          `PREROUTING` `REDIRECT` (the rule shape of `KUBE-PORTALS-CONTAINER`) leads to HAProxy's \
          port, so NAT and conntrack work in the node's kernel as for (a): the difference to \
-         plain (b) is what the portal costs; (c) kube-proxy-rs `--proxy-mode iptables` (the \
+         plain (b) is what the portal costs; and once reached on the node's address with that \
+         portal in place (*beside the portal*: conntrack and the nat hooks see each connection, \
+         no rule rewrites it), the counterpart of (a)'s listener row; (c) kube-proxy-rs `--proxy-mode iptables` (the \
          kernel DNATs the cluster IP to a pod); (d) the client straight to the pods, in turn. \n\n\
          The client is kpr-bench's own (tokio, {workers} worker threads living in the client \
          namespace), measuring on its side: *1 stream* and *{streams} streams*: bytes read from \
@@ -191,7 +220,7 @@ pub fn section(out: &mut String, run: &L4Run) {
          shown (and its CPU), the lowest and highest of the runs in brackets. Every answer is checked against what was sent, and a round that fails or takes \
          over {round} s is counted as failed and shown. *Pods reached*: connections each pod \
          accepted during the row (the proxies must spread them). Rows run one after the other \
-         (direct, HAProxy, HAProxy behind the portal, then the kube-proxy-rs rows, whose rules are removed with \
+         (direct, HAProxy, HAProxy behind and beside the portal, then the kube-proxy-rs rows, whose rules are removed with \
          `kube-proxy-rs --cleanup` after each, so no row pays for an earlier row's netfilter \
          state); the client and node namespaces use ports 1024-65535 and reuse TIME-WAIT \
          ports. Nothing is pinned: the two cores are shared by the client, the servers, the \
@@ -215,9 +244,19 @@ pub fn section(out: &mut String, run: &L4Run) {
     failures(out, run);
     out.push_str("\nCPU per phase (percent of one core):\n\n");
     cpu_table(out, run);
-    out.push_str("\nThe userspace mode against HAProxy's better configuration, per figure:\n\n");
-    out.push_str("| figure | (a) userspace | (b) HAProxy, better of both | at least HAProxy's |\n|---|---:|---:|---|\n");
-    for line in versus_haproxy(run) {
+    for (title, ours, theirs) in COMPARISONS {
+        versus_table(out, run, title, ours, theirs);
+    }
+}
+
+fn versus_table(out: &mut String, run: &L4Run, title: &str, ours: Path, theirs: &[Path]) {
+    let _ = write!(
+        out,
+        "\n{title}:\n\n| figure | {ours} | {theirs} | at least HAProxy's |\n|---|---:|---:|---|\n",
+        ours = ours.label(),
+        theirs = theirs.iter().map(|p| p.label()).collect::<Vec<_>>().join(" or "),
+    );
+    for line in versus(run, ours, theirs) {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} |",
@@ -231,7 +270,6 @@ pub fn section(out: &mut String, run: &L4Run) {
             }
         );
     }
-    out.push('\n');
 }
 
 /// Why rows failed, in full (the table's cell keeps one short line).
@@ -474,6 +512,57 @@ pub(crate) mod tests {
                     Some(true)
                 ),
             ]
+        );
+    }
+
+    /// Each comparison pairs rows reached the same way: the listener row against plain
+    /// HAProxy, the portal row against HAProxy behind the portal too.
+    #[test]
+    fn the_section_compares_each_proxy_reached_the_same_way() {
+        let mut run = run(Outcome::Done(figures(4.0, 9_000, 2)));
+        let row = |path, figures| L4Row {
+            path,
+            figures: Outcome::Done(figures),
+            load_before: "1.00".into(),
+            load_after: "2.00".into(),
+        };
+        run.rows
+            .push(row(Path::UserspaceListener, figures(6.0, 7_500, 1)));
+        run.rows.push(row(Path::HaproxyPortal, figures(2.0, 6_000, 3)));
+        run.rows
+            .push(row(Path::HaproxyBesidePortal, figures(2.5, 8_000, 2)));
+        let listener: Vec<_> = versus(&run, Path::UserspaceListener, &[Path::HaproxyBesidePortal])
+            .into_iter()
+            .map(|l| (l.ours, l.haproxy, l.met))
+            .collect();
+        assert_eq!(
+            listener[2],
+            (
+                Some("7,500/s".to_string()),
+                Some("8,000/s".to_string()),
+                Some(false)
+            )
+        );
+        assert_eq!(
+            listener[3],
+            (
+                Some("1.00 ms".to_string()),
+                Some("2.00 ms".to_string()),
+                Some(true)
+            )
+        );
+        let portal = versus(&run, Path::Userspace, &[Path::HaproxyPortal]);
+        assert_eq!(portal[2].haproxy.as_deref(), Some("6,000/s"));
+        assert_eq!(portal[2].met, Some(true));
+        let mut text = String::new();
+        section(&mut text, &run);
+        assert!(
+            text.contains("| figure | (a) kube-proxy-rs userspace, its listener reached directly | (b) HAProxy mode tcp beside the portal | at least HAProxy's |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| new connections/s, 32 at once | 9,000/s | 6,000/s | yes |"),
+            "{text}"
         );
     }
 

@@ -178,6 +178,11 @@ struct Args {
     /// Runs of each L4 phase per path (the median run is reported).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=99))]
     l4_runs: u16,
+    /// Times the L4 benchmark goes through all its rows, one after the other; each phase's
+    /// runs are pooled over the rounds (the machine's load drifts: a row measured in one
+    /// stretch of time only can be lucky).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=20))]
+    l4_rounds: u16,
     /// The paths the L4 benchmark measures (default: all; fewer for a quick comparison).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = l4::cluster::Path::ALL)]
     l4_paths: Vec<l4::cluster::Path>,
@@ -444,12 +449,13 @@ fn l4(args: &Args) -> Result<l4::L4Run, String> {
         window: Duration::from_secs(args.l4_seconds),
         warm_up: Duration::from_millis(500),
         runs: args.l4_runs.into(),
+        rounds: args.l4_rounds.into(),
         timeout: Duration::from_secs(args.e2e_timeout),
         paths: &args.l4_paths,
     };
     eprintln!(
-        "[l4] {} pods; {} runs of {} s per phase; 1 and {} streams, {} connections at once",
-        plan.backends, plan.runs, args.l4_seconds, plan.streams, plan.concurrency
+        "[l4] {} pods; {} round(s) of {} runs of {} s per phase; 1 and {} streams, {} connections at once",
+        plan.backends, plan.rounds, plan.runs, args.l4_seconds, plan.streams, plan.concurrency
     );
     l4::measure(&plan)
 }

@@ -41,6 +41,50 @@ pub struct Figures {
     pub accepted: Vec<usize>,
 }
 
+impl Figures {
+    /// One path measured in several rounds, as one: per phase, the round whose (median)
+    /// figure is the median, with every round's runs beside it; the pods' counts summed.
+    /// `None` for no rounds.
+    pub fn pooled(rounds: Vec<Self>) -> Option<Self> {
+        let accepted = rounds.iter().fold(Vec::new(), |sum: Vec<usize>, f| {
+            (0..sum.len().max(f.accepted.len()))
+                .map(|i| sum.get(i).copied().unwrap_or(0) + f.accepted.get(i).copied().unwrap_or(0))
+                .collect()
+        });
+        let mut one_stream = Vec::new();
+        let mut streams = Vec::new();
+        let mut connections = Vec::new();
+        let mut latency = Vec::new();
+        for f in rounds {
+            one_stream.push(f.one_stream);
+            streams.push(f.streams);
+            connections.push(f.connections);
+            latency.push(f.latency);
+        }
+        Some(Self {
+            one_stream: pooled_phase(one_stream, |b| gbit_per_second(b))?,
+            streams: pooled_phase(streams, |b| gbit_per_second(b))?,
+            connections: pooled_phase(connections, rounds_per_second)?,
+            latency: pooled_phase(latency, p50_ms)?,
+            accepted,
+        })
+    }
+}
+
+/// The phase whose `figure` is the median of the rounds', carrying every round's runs.
+fn pooled_phase<T>(phases: Vec<Phase<T>>, figure: impl Fn(&T) -> f64) -> Option<Phase<T>> {
+    let runs: Vec<f64> = phases.iter().flat_map(|p| p.runs.iter().copied()).collect();
+    let mut median = median_by(phases, |p| figure(&p.result))?;
+    median.runs = runs;
+    Some(median)
+}
+
+/// The p50 latency in milliseconds, the figure one-at-a-time phases are ranked by; a phase
+/// without a completed round ranks last.
+pub fn p50_ms(rounds: &Rounds) -> f64 {
+    latency_quantiles(rounds).map_or(f64::INFINITY, |q| q.0.as_secs_f64() * 1e3)
+}
+
 /// Bits per second over the window, in Gbit/s (10^9).
 pub fn gbit_per_second(bulk: &Bulk) -> f64 {
     let secs = bulk.window.as_secs_f64();
@@ -154,6 +198,51 @@ mod tests {
         assert_eq!(median_by(Vec::<u32>::new(), |&x| f64::from(x)), None);
         // An unmeasured run (infinite) ranks last.
         assert_eq!(median_by(vec![1.0, f64::INFINITY, 2.0], |&x| x), Some(2.0));
+    }
+
+    fn phase(ms: u64, runs: &[f64]) -> Phase<Rounds> {
+        Phase {
+            result: rounds(&[ms], 1000),
+            cpu: Cpu::default(),
+            runs: runs.to_vec(),
+        }
+    }
+
+    fn figures(ms: u64, runs: &[f64], accepted: &[usize]) -> Figures {
+        let bulk = |bytes| Phase {
+            result: Bulk {
+                streams: 1,
+                bytes,
+                window: Duration::from_secs(1),
+            },
+            cpu: Cpu::default(),
+            runs: vec![bytes as f64],
+        };
+        Figures {
+            one_stream: bulk(ms * 1000),
+            streams: bulk(ms * 2000),
+            connections: phase(ms, runs),
+            latency: phase(ms, runs),
+            accepted: accepted.to_vec(),
+        }
+    }
+
+    /// Each phase of the pooled row is a real round's (the median one), its runs every
+    /// round's; the pods' counts add up.
+    #[test]
+    fn rounds_pool_into_the_median_round_with_every_run() {
+        let pooled = Figures::pooled(vec![
+            figures(3, &[3.0, 3.1], &[1, 2]),
+            figures(1, &[1.0, 1.2], &[10, 20]),
+            figures(2, &[2.0], &[100, 200, 5]),
+        ])
+        .unwrap();
+        assert_eq!(pooled.latency.result.latencies, [Duration::from_millis(2)]);
+        assert_eq!(pooled.latency.runs, [3.0, 3.1, 1.0, 1.2, 2.0]);
+        assert_eq!(pooled.one_stream.result.bytes, 2000);
+        assert_eq!(pooled.one_stream.runs, [3000.0, 1000.0, 2000.0]);
+        assert_eq!(pooled.accepted, [111, 222, 5]);
+        assert!(Figures::pooled(Vec::new()).is_none());
     }
 
     #[test]

@@ -36,9 +36,7 @@ use crate::proxy::{Launch, RunningProxy, Source};
 use crate::scratch::ScratchFile;
 use client::{Bulk, Client, Rounds};
 use cluster::{BULK, Listeners, Path, RR};
-use figures::{
-    Cpu, Figures, Phase, accepted_between, gbit_per_second, latency_quantiles, median_by, rounds_per_second,
-};
+use figures::{Cpu, Figures, Phase, accepted_between, gbit_per_second, median_by, p50_ms, rounds_per_second};
 use servers::{BLOCK, Servers};
 
 /// Seeded request bytes the rounds cycle through.
@@ -62,6 +60,8 @@ pub struct L4Plan<'a> {
     pub warm_up: Duration,
     /// Runs of each phase; the median run is reported.
     pub runs: usize,
+    /// Passes through every row; each phase's runs are pooled over them.
+    pub rounds: usize,
     /// For kube-proxy-rs's first sync.
     pub timeout: Duration,
     /// The paths measured (all of them unless a run asks for fewer).
@@ -77,6 +77,7 @@ pub struct L4Run {
     pub window: Duration,
     pub warm_up: Duration,
     pub runs: usize,
+    pub rounds: usize,
     /// HAProxy's `nbthread`, kube-proxy-rs's worker threads.
     pub threads: usize,
     pub haproxy_version: String,
@@ -130,20 +131,28 @@ pub fn measure(plan: &L4Plan<'_>) -> Result<L4Run, String> {
         requests,
         threads,
     };
-    let mut rows = Vec::new();
-    for path in Path::RUN_ORDER.into_iter().filter(|p| plan.paths.contains(p)) {
-        eprintln!("[l4] {}", path.label());
-        let load_before = crate::machine::load_average();
-        let figures = bench.row(path, manifest.path())?;
-        let load_after = crate::machine::load_average();
-        eprintln!("[l4] {}: {}", path.label(), report::summary(&figures));
-        rows.push(L4Row {
-            path,
-            figures,
-            load_before,
-            load_after,
-        });
+    let paths: Vec<Path> = Path::RUN_ORDER
+        .into_iter()
+        .filter(|p| plan.paths.contains(p))
+        .collect();
+    let mut passes: Vec<Vec<L4Row>> = vec![Vec::new(); paths.len()];
+    let rounds = plan.rounds.max(1);
+    for round in 1..=rounds {
+        for (path, passed) in paths.iter().zip(&mut passes) {
+            eprintln!("[l4] round {round}/{rounds}: {}", path.label());
+            let load_before = crate::machine::load_average();
+            let figures = bench.row(*path, manifest.path())?;
+            let load_after = crate::machine::load_average();
+            eprintln!("[l4] {}: {}", path.label(), report::summary(&figures));
+            passed.push(L4Row {
+                path: *path,
+                figures,
+                load_before,
+                load_after,
+            });
+        }
     }
+    let mut rows: Vec<L4Row> = passes.into_iter().filter_map(pooled_row).collect();
     rows.sort_by_key(|r| Path::ALL.iter().position(|p| *p == r.path));
     servers.stop();
     Ok(L4Run {
@@ -153,9 +162,33 @@ pub fn measure(plan: &L4Plan<'_>) -> Result<L4Run, String> {
         window: plan.window,
         warm_up: plan.warm_up,
         runs: plan.runs.max(1),
+        rounds,
         threads,
         haproxy_version: haproxy::version(plan.haproxy),
         rows,
+    })
+}
+
+/// One path's rounds as one row: the load before the first and after the last; a round
+/// that failed stands for the row (its reason shown), else the phases pooled.
+fn pooled_row(rounds: Vec<L4Row>) -> Option<L4Row> {
+    let first = rounds.first()?;
+    let (path, load_before) = (first.path, first.load_before.clone());
+    let load_after = rounds.last()?.load_after.clone();
+    let figures = match rounds.iter().find(|r| r.figures.done().is_none()) {
+        Some(failed) => failed.figures.clone(),
+        None => Outcome::Done(Figures::pooled(
+            rounds
+                .into_iter()
+                .filter_map(|r| r.figures.done().cloned())
+                .collect(),
+        )?),
+    };
+    Some(L4Row {
+        path,
+        figures,
+        load_before,
+        load_after,
     })
 }
 
@@ -343,7 +376,6 @@ impl Bench<'_> {
         let streams = self.repeated(proxy_cpu, || bulk(self.plan.streams), gbit)?;
         let connections = self.repeated(proxy_cpu, || rounds(self.plan.concurrency), rounds_per_second)?;
         // The run with the median p50; a run without a completed round ranks last.
-        let p50_ms = |r: &Rounds| latency_quantiles(r).map_or(f64::INFINITY, |q| q.0.as_secs_f64() * 1e3);
         let latency = self.repeated(proxy_cpu, || rounds(1), p50_ms)?;
         Ok(Figures {
             one_stream,

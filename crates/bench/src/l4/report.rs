@@ -216,8 +216,10 @@ pub fn section(out: &mut String, run: &L4Run) {
          connections/s*: {concurrency} tasks each looping connect, send 1 byte, read the 1-byte \
          answer, close, for {window} s, completed rounds per second; *p50 / p99*: the same loop \
          with one task, each round's time from the start of the connect to the answer (nearest \
-         rank). Each phase runs {runs} time(s) in a row; the run with the median figure is \
-         shown (and its CPU), the lowest and highest of the runs in brackets. Every answer is checked against what was sent, and a round that fails or takes \
+         rank). Each phase runs {runs} time(s) in a row, and the whole sequence of rows \
+         {rounds} time(s); the run with the median figure is shown (over several rounds: \
+         the median of the rounds' medians) with its CPU, the lowest and highest of all runs in \
+         brackets. Every answer is checked against what was sent, and a round that fails or takes \
          over {round} s is counted as failed and shown. *Pods reached*: connections each pod \
          accepted during the row (the proxies must spread them). Rows run one after the other \
          (direct, HAProxy, HAProxy behind and beside the portal, then the kube-proxy-rs rows, whose rules are removed with \
@@ -239,6 +241,7 @@ pub fn section(out: &mut String, run: &L4Run) {
         concurrency = run.concurrency,
         round = ROUND_TIMEOUT.as_secs(),
         runs = run.runs,
+        rounds = run.rounds,
     );
     figures_table(out, run);
     failures(out, run);
@@ -441,6 +444,7 @@ pub(crate) mod tests {
             window: Duration::from_secs(5),
             warm_up: Duration::from_millis(500),
             runs: 1,
+            rounds: 1,
             threads: 2,
             haproxy_version: "HAProxy version 2.6.12".into(),
             rows: vec![

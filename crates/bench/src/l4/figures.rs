@@ -62,8 +62,8 @@ impl Figures {
             latency.push(f.latency);
         }
         Some(Self {
-            one_stream: pooled_phase(one_stream, |b| gbit_per_second(b))?,
-            streams: pooled_phase(streams, |b| gbit_per_second(b))?,
+            one_stream: pooled_phase(one_stream, gbit_per_second)?,
+            streams: pooled_phase(streams, gbit_per_second)?,
             connections: pooled_phase(connections, rounds_per_second)?,
             latency: pooled_phase(latency, p50_ms)?,
             accepted,

@@ -201,6 +201,9 @@ struct Args {
 enum BenchMode {
     Iptables,
     Nftables,
+    /// The real binary only (end to end, churn, soak): the userspace mode has no
+    /// in-process part of its own.
+    Userspace,
 }
 
 /// The parts of a run (`--parts`).
@@ -229,6 +232,7 @@ impl BenchMode {
         match self {
             Self::Iptables => "iptables",
             Self::Nftables => "nftables",
+            Self::Userspace => "userspace",
         }
     }
 }

@@ -75,7 +75,7 @@ pub use options::{
 pub use proxier::{FULL_SYNC_PERIOD, FullSyncReason, IptablesBackend, SyncError};
 pub use rules::{Mark, MarkWithMask, build, build_with_cache, refused_field, render_dry_run};
 pub use ruleset::{
-    Arg, Chain, ChainKind, Payload, PayloadBuilder, RefusedPort, Rule, RuleBuilder, Ruleset, Table,
-    TableRules, WrittenCount,
+    Arg, Chain, ChainHashes, ChainKind, Payload, PayloadBuilder, RefusedPort, Rule, RuleBuilder, Ruleset,
+    Table, TableRules, WrittenCount,
 };
 pub use saved::{SavedChain, SavedRule, SavedTable};

@@ -196,7 +196,6 @@ impl Ruleset {
         }
     }
 
-    /// The restore input of a full sync: every chain, nothing deleted.
     /// Rules per table after a sync that wrote `payload`, for the `*_iptables_*` metrics.
     pub fn table_counts(&self, payload: &Payload) -> Vec<TableCount> {
         [Table::Filter, Table::Nat]
@@ -209,14 +208,41 @@ impl Ruleset {
             .collect()
     }
 
+    /// The restore input of a full sync: every chain, nothing deleted.
     pub fn render_full(&self) -> Payload {
+        self.render_changed(&ChainHashes::new())
+    }
+
+    /// The restore input that brings chains last written as `written` to this ruleset:
+    /// only the chains whose rules differ (or that `written` lacks), nothing deleted; empty
+    /// when nothing changed.
+    pub fn render_changed(&self, written: &ChainHashes) -> Payload {
         let mut payload = PayloadBuilder::default();
         for table in self.tables() {
-            payload.table(table, |_| true, &[]);
+            let changed = |chain: &Chain| {
+                written.get(&(table.table, chain.name.clone())) != Some(&chain.content_hash())
+            };
+            payload.table(table, changed, &[]);
         }
         payload.finish()
     }
+
+    /// Every chain's [`Chain::content_hash`], what [`Self::render_changed`] compares with.
+    pub fn chain_hashes(&self) -> ChainHashes {
+        self.tables()
+            .into_iter()
+            .flat_map(|table| {
+                table
+                    .chains()
+                    .iter()
+                    .map(|chain| ((table.table, chain.name.clone()), chain.content_hash()))
+            })
+            .collect()
+    }
 }
+
+/// Chains as written by a restore, by table and name: their [`Chain::content_hash`].
+pub type ChainHashes = HashMap<(Table, ChainName), u64>;
 
 /// Rules written for one table by one restore.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -508,6 +534,29 @@ mod tests {
         );
         assert_eq!(p.written_rules(Table::Nat), 1);
         assert_eq!(p.written_rules(Table::Filter), 0);
+    }
+
+    /// Only chains whose rules changed are written, per table: a chain of the same name in
+    /// the other table is another chain.
+    #[test]
+    fn render_changed_writes_the_changed_chains_only() {
+        let mut rs = Ruleset::default();
+        for name in ["KUBE-A", "KUBE-B"] {
+            rs.nat.declare(&chain(name), ChainKind::Fixed);
+            rs.nat.append(&chain(name), Rule::builder().jump("RETURN"));
+        }
+        rs.filter.declare(&chain("KUBE-A"), ChainKind::Fixed);
+        rs.filter.append(&chain("KUBE-A"), Rule::builder().jump("ACCEPT"));
+        let written = rs.chain_hashes();
+        assert_eq!(rs.render_changed(&written), Payload::default());
+        assert_eq!(rs.render_changed(&ChainHashes::new()), rs.render_full());
+        rs.nat.append(&chain("KUBE-A"), Rule::builder().jump("ACCEPT"));
+        let payload = rs.render_changed(&written);
+        assert_eq!(
+            payload.text,
+            "*nat\n:KUBE-A - [0:0]\n-A KUBE-A -j RETURN\n-A KUBE-A -j ACCEPT\nCOMMIT\n"
+        );
+        assert_eq!(payload.written_rules(Table::Filter), 0);
     }
 
     #[test]

@@ -21,8 +21,9 @@
 //!   under iptables-nft, 1 % of a short connection's CPU in the L4 profile) to accept none
 //!   of the established ones. The old jump is removed when found.
 //!
-//! Every sync writes all five chains whole in one restore (each sync re-adds everything,
-//! as upstream's did; the restore also deletes what is gone). One deliberate difference:
+//! A chain is written whole (its rules replaced in one restore, so what is gone goes with
+//! it) when its rules changed, and every chain on the syncs the proxier makes full
+//! ([`crate::proxier`]); upstream re-added every portal at every sync. One deliberate difference:
 //! upstream matched external IPs that are not local only for non-bridged traffic
 //! (`-m physdev ! --physdev-is-in`), which needs br_netfilter; here an external IP is
 //! served like a cluster IP, as the other modes serve it.

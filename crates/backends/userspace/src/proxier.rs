@@ -5,9 +5,12 @@
 //! connections and sessions end, its port and metric series are released), and a kept one
 //! only gets its new endpoints and affinity in its balancer, so established connections
 //! are never touched by endpoint changes. A port whose protocol changed is closed and
-//! opened again. Then the portals are written whole in one `iptables-restore`, and the
-//! jumps into them are ensured when the iptables mode would do a full sync (first, after a
-//! failure, forced, hourly): checking them reads the whole nat table.
+//! opened again. Then the portal chains whose rules changed are written in one
+//! `iptables-restore` (none when only endpoints changed: they live in the balancers, not in
+//! rules). When the iptables mode would do a full sync (first, after a failure, forced,
+//! hourly) every portal chain is written whatever it holds, repairing changes made behind
+//! the proxy's back, and the jumps into them are ensured (checking them reads the whole
+//! nat table).
 //!
 //! `sync` runs on a blocking thread of the sync loop; UDP listeners run on the proxy's
 //! tokio runtime, reached through a [`Handle`], TCP listeners and connections on the
@@ -24,14 +27,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kpr_conntrack::{ConntrackTable, Scope};
-use kpr_iptables::{
-    ExecError, FULL_SYNC_PERIOD, Iptables, Modes, RefusedPort, Ruleset, Table, cleanup_modes,
-};
+use kpr_iptables::{ChainHashes, ExecError, FULL_SYNC_PERIOD, Iptables, Modes, RefusedPort, cleanup_modes};
 use kpr_metrics::{PortLabels, ProtocolLabels, UserspaceMetrics};
 use kpr_model::{IpFamily, Protocol, ServicePort, ServicePortName, Sizes};
-use kpr_state::{
-    Backend, BackendError, DesiredState, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount,
-};
+use kpr_state::{Backend, BackendError, DesiredState, FailedStep, SyncKind, SyncReport, SyncRequest};
 use tokio::runtime::Handle;
 
 use crate::balancer::PortBalancer;
@@ -135,8 +134,11 @@ pub struct UserspaceBackend {
     /// UDP ports opened or closed in this sync: their flows' scopes and the listener port
     /// they must lead to now (`None`: closed).
     flow_cleanups: Vec<(Vec<Scope>, Option<u16>)>,
-    /// When the jumps into the portal chains were last ensured (`None`: at the next sync).
-    jumps_ensured: Option<Instant>,
+    /// When the last full sync's work was done: every portal chain written, the jumps into
+    /// them ensured (`None`: at the next sync).
+    full_synced: Option<Instant>,
+    /// The portal chains as the last restore left them (empty: unknown, all are written).
+    written: ChainHashes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -170,7 +172,8 @@ impl UserspaceBackend {
             random: RandomState::new(),
             conntrack: None,
             flow_cleanups: Vec::new(),
-            jumps_ensured: None,
+            full_synced: None,
+            written: ChainHashes::new(),
         }
     }
 
@@ -281,9 +284,21 @@ impl UserspaceBackend {
             })
             .collect();
         let ruleset = render(&portals, self.targets());
-        let payload = ruleset.render_full();
-        self.iptables.restore(payload.text.as_bytes())?;
-        self.ensure_jumps_when_due(force_full)?;
+        let full = self.full_sync_due(force_full);
+        if full {
+            self.written.clear();
+        }
+        let payload = ruleset.render_changed(&self.written);
+        if !payload.text.is_empty() {
+            // Unknown until the restore is known to have worked.
+            self.written.clear();
+            self.iptables.restore(payload.text.as_bytes())?;
+        }
+        self.written = ruleset.chain_hashes();
+        if full {
+            self.ensure_jumps()?;
+            self.full_synced = Some(Instant::now());
+        }
         self.remove_stale_flows();
         let now = Instant::now();
         for open in self.open.values() {
@@ -292,24 +307,26 @@ impl UserspaceBackend {
         if let Some(error) = failed {
             return Err(error);
         }
-        let mut report = report(&ruleset, &payload);
-        report.newly_unsafe = self.report_refusals(refused);
-        Ok(report)
+        Ok(SyncReport {
+            full,
+            tables: ruleset.table_counts(&payload),
+            newly_unsafe: self.report_refusals(refused),
+            ..SyncReport::default()
+        })
     }
 
-    /// Ensures the jumps into the portal chains (and removes those an earlier version made
-    /// that [`jump_rules`] replaced) when the iptables mode would do a full sync: at the
-    /// first sync, after a failed one, when forced, and every [`FULL_SYNC_PERIOD`].
-    /// Not every sync: each `iptables -C` in the nat table reads the whole table, 0.6 s
-    /// with 20,000 Services' portals, and the jumps live in chains no sync rewrites.
-    fn ensure_jumps_when_due(&mut self, force_full: bool) -> Result<(), ExecError> {
-        let due = force_full
-            || self
-                .jumps_ensured
-                .is_none_or(|at| at.elapsed() >= FULL_SYNC_PERIOD);
-        if !due {
-            return Ok(());
-        }
+    /// Whether this sync does what the iptables mode's full sync does: at the first sync,
+    /// after a failed one, when forced, and every [`FULL_SYNC_PERIOD`]. Not every sync:
+    /// each `iptables -C` in the nat table reads the whole table (0.6 s with 20,000
+    /// Services' portals), and rewriting every portal at each endpoint change would cost
+    /// as much as the rules a Service change needs.
+    fn full_sync_due(&self, force_full: bool) -> bool {
+        force_full || self.full_synced.is_none_or(|at| at.elapsed() >= FULL_SYNC_PERIOD)
+    }
+
+    /// Ensures the jumps into the portal chains, and removes those an earlier version made
+    /// that [`jump_rules`] replaced.
+    fn ensure_jumps(&mut self) -> Result<(), ExecError> {
         for jump in jump_rules() {
             self.iptables.ensure_rule(jump.table, jump.chain, &jump.args)?;
         }
@@ -319,7 +336,6 @@ impl UserspaceBackend {
                 self.iptables.delete_rule(old.table, old.chain, &old.args)?;
             }
         }
-        self.jumps_ensured = Some(Instant::now());
         Ok(())
     }
 
@@ -550,19 +566,6 @@ fn slots(kind: Kind, options: &UserspaceOptions, metrics: Option<&UserspaceMetri
     Arc::new(Slots::new(kind, max, options.family.label(), metrics.cloned()))
 }
 
-fn report(ruleset: &Ruleset, payload: &kpr_iptables::Payload) -> SyncReport {
-    let count = |table: Table| TableCount {
-        table: table.as_str(),
-        total: ruleset.table(table).map_or(0, |t| t.rule_count()),
-        written: payload.written_rules(table),
-    };
-    SyncReport {
-        full: true,
-        tables: vec![count(Table::Filter), count(Table::Nat)],
-        ..SyncReport::default()
-    }
-}
-
 impl Backend for UserspaceBackend {
     fn mode(&self) -> &'static str {
         "userspace"
@@ -570,8 +573,10 @@ impl Backend for UserspaceBackend {
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         self.try_sync(request.state, request.force_full).map_err(|error| {
-            // Whatever failed, the next sync checks the jumps again.
-            self.jumps_ensured = None;
+            // Whatever failed, the next sync is full: every portal chain written, the
+            // jumps checked.
+            self.full_synced = None;
+            self.written.clear();
             let step = match error {
                 SyncError::Exec(ExecError::Restore { .. }) => FailedStep::Restore,
                 _ => FailedStep::Other,

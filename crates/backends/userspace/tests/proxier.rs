@@ -5,8 +5,8 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use common::Accepting;
 use kpr_iptables::{ExecError, Iptables, IptablesVersion, Table};
@@ -88,18 +88,41 @@ fn a_port_whose_name_cannot_be_a_rule_gets_no_listener_and_is_reported_once() {
     });
 }
 
-/// Counts `iptables -C` calls; its restore fails while `fail` is set.
+/// Counts `iptables -C` calls and keeps every restore's input; its restore fails while
+/// `fail` is set.
 #[derive(Clone, Default)]
 struct CountingChecks {
     checks: Arc<AtomicUsize>,
+    restores: Arc<Mutex<Vec<String>>>,
     fail: Arc<AtomicBool>,
+}
+
+impl CountingChecks {
+    /// The chains each restore since the last call declared, one list per restore.
+    fn restored_chains(&self) -> Vec<Vec<String>> {
+        let restores = std::mem::take(&mut *self.restores.lock().unwrap());
+        restores
+            .iter()
+            .map(|text| {
+                text.lines()
+                    .filter_map(|line| line.strip_prefix(':'))
+                    .filter_map(|line| line.split_whitespace().next())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .collect()
+    }
 }
 
 impl Iptables for CountingChecks {
     fn version(&self) -> Result<IptablesVersion, ExecError> {
         Accepting.version()
     }
-    fn restore(&self, _: &[u8]) -> Result<(), ExecError> {
+    fn restore(&self, input: &[u8]) -> Result<(), ExecError> {
+        self.restores
+            .lock()
+            .unwrap()
+            .push(String::from_utf8_lossy(input).into_owned());
         if self.fail.load(Ordering::Relaxed) {
             return Err(ExecError::Failed {
                 command: "iptables-restore".into(),
@@ -157,8 +180,109 @@ fn jumps_are_checked_on_full_syncs_only() {
     assert_eq!(checks_of(false), (true, 0), "a sync in between");
     assert_eq!(checks_of(true), (true, 6), "a forced sync");
     iptables.fail.store(true, Ordering::Relaxed);
-    assert!(!checks_of(false).0, "the restore fails");
+    // Forced, so that it restores (an unchanged sync in between writes nothing).
+    assert!(!checks_of(true).0, "the restore fails");
     iptables.fail.store(false, Ordering::Relaxed);
     assert_eq!(checks_of(false), (true, 6), "the sync after a failure");
     assert_eq!(checks_of(false), (true, 0), "and then none again");
+}
+
+/// One ClusterIP Service `web` (port 80, with NodePort `node_port` when given) with one
+/// endpoint at `endpoint`, and `api` too when `with_api`.
+fn portal_world(endpoint: &str, with_api: bool, node_port: Option<u16>) -> DesiredState {
+    let mut world = World::new();
+    let mut services = vec![("web", "10.96.0.10")];
+    if with_api {
+        services.push(("api", "10.96.0.11"));
+    }
+    for (name, ip) in services {
+        let mut port = json!({"name": "http", "port": 80, "targetPort": 8080});
+        let mut spec = json!({"clusterIP": ip});
+        if let (Some(node_port), "web") = (node_port, name) {
+            port["nodePort"] = json!(node_port);
+            spec["type"] = json!("NodePort");
+        }
+        spec["ports"] = json!([port]);
+        world
+            .service(name, spec)
+            .slice(name, json!([{"name": "http", "port": 8080}]), vec![ep(endpoint)]);
+    }
+    world.state()
+}
+
+/// A sync writes the portal chains whose rules changed and no others: none when only
+/// endpoints changed (the balancers carry them), every chain when the sync is full (first,
+/// forced, after a failure).
+#[test]
+fn portals_are_written_when_they_change_and_on_full_syncs() {
+    let ns = Netns::new("usportal").unwrap();
+    ns.ip(&["link", "set", "lo", "up"]).unwrap();
+    ns.run(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let iptables = CountingChecks::default();
+        let options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
+        let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone());
+        let mut sync_to = |state: DesiredState, force_full: bool| {
+            let pending = PendingSync {
+                state,
+                changed: Default::default(),
+                service_changes: Vec::new(),
+                endpoint_changes: Vec::new(),
+            };
+            let report = backend.sync(&pending.request(force_full));
+            (
+                report.map(|r| r.full).map_err(|e| e.to_string()),
+                iptables.restored_chains(),
+            )
+        };
+        let all = [
+            "KUBE-NODEPORT-NON-LOCAL",
+            "KUBE-PORTALS-CONTAINER",
+            "KUBE-PORTALS-HOST",
+            "KUBE-NODEPORT-CONTAINER",
+            "KUBE-NODEPORT-HOST",
+        ];
+        let (full, restores) = sync_to(portal_world("10.244.1.5", false, None), false);
+        assert_eq!(full, Ok(true));
+        assert_eq!(restores, [all], "the first sync writes every chain");
+        let (full, restores) = sync_to(portal_world("10.244.1.6", false, None), false);
+        assert_eq!(
+            (full, restores.len()),
+            (Ok(false), 0),
+            "an endpoint change writes nothing"
+        );
+        let (full, restores) = sync_to(portal_world("10.244.1.6", true, None), false);
+        assert_eq!(full, Ok(false));
+        assert_eq!(
+            restores,
+            [["KUBE-PORTALS-CONTAINER", "KUBE-PORTALS-HOST"]],
+            "a new Service"
+        );
+        let (_, restores) = sync_to(portal_world("10.244.1.6", true, Some(30080)), false);
+        assert_eq!(
+            restores,
+            [[
+                "KUBE-NODEPORT-NON-LOCAL",
+                "KUBE-NODEPORT-CONTAINER",
+                "KUBE-NODEPORT-HOST"
+            ]],
+            "a NodePort added"
+        );
+        let (full, restores) = sync_to(portal_world("10.244.1.6", true, Some(30080)), true);
+        assert_eq!(full, Ok(true), "a forced sync writes every chain");
+        assert_eq!(restores, [all], "a forced sync writes every chain");
+        iptables.fail.store(true, Ordering::Relaxed);
+        let (full, _) = sync_to(portal_world("10.244.1.6", false, Some(30080)), false);
+        assert!(full.is_err(), "the restore fails");
+        iptables.fail.store(false, Ordering::Relaxed);
+        let (full, restores) = sync_to(portal_world("10.244.1.6", false, Some(30080)), false);
+        assert_eq!(full, Ok(true), "the sync after a failure writes every chain");
+        assert_eq!(restores, [all], "the sync after a failure writes every chain");
+        let (full, restores) = sync_to(portal_world("10.244.1.6", false, Some(30080)), false);
+        assert_eq!((full, restores.len()), (Ok(false), 0), "and then nothing again");
+    });
 }

@@ -56,24 +56,37 @@ pub fn options(settings: &Settings, family: IpFamily, node: &NodeFacts) -> Resul
         limits: Limits {
             max_connections: limit(settings.userspace_max_connections, defaults.max_connections),
             max_udp_sessions: limit(settings.userspace_max_udp_sessions, defaults.max_udp_sessions),
+            max_listener_descriptors: defaults.max_listener_descriptors,
         },
         copy: kpr_userspace::CopyMethod::default(),
         tcp_threads: kpr_userspace::workers::default_count(),
     })
 }
 
-/// Raises the soft limit on open descriptors to the hard one (upstream's userspace mode set
-/// 64000; a proxy carrying connections needs them), and returns the limit now in force.
+/// Upstream's userspace mode set its open-file limit to this.
+const UPSTREAM_OPEN_FILES: u64 = 64_000;
+
+/// Raises the open-file limit (a proxy carrying connections, with a listener or more per
+/// service port, needs them): to upstream's 64,000 when the hard limit is lower and the
+/// process may raise it (`CAP_SYS_RESOURCE`), else the soft limit to the hard one. Returns
+/// the limit now in force.
 fn raise_descriptor_limit() -> usize {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return 1024;
     };
-    if soft < hard {
-        match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => return usize::try_from(hard).unwrap_or(usize::MAX),
-            Err(error) => tracing::warn!(%error, soft, hard, "cannot raise the open-file limit"),
+    let mut last_error = None;
+    for wanted in [hard.max(UPSTREAM_OPEN_FILES), hard] {
+        if soft >= wanted {
+            break;
         }
+        match setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted) {
+            Ok(()) => return usize::try_from(wanted).unwrap_or(usize::MAX),
+            Err(error) => last_error = Some(error),
+        }
+    }
+    if let Some(error) = last_error {
+        tracing::warn!(%error, soft, hard, "cannot raise the open-file limit");
     }
     usize::try_from(soft).unwrap_or(usize::MAX)
 }

@@ -20,7 +20,9 @@ pub const DEFAULT_MAX_UDP_SESSIONS: usize = 16_000;
 /// Descriptors a carried connection may hold: its two sockets and, once it splices, a pipe
 /// (two descriptors) per direction.
 pub const DESCRIPTORS_PER_CONNECTION: usize = 6;
-/// Descriptors kept for everything else (listeners, API watches, HTTP servers, UDP).
+/// Descriptors kept for everything else (API watches, HTTP servers, the pipes of each
+/// `iptables-restore`): a sync must still be able to write the portals when everything
+/// else is at its limit.
 pub const DESCRIPTORS_RESERVED: usize = 1024;
 
 /// The configured bounds.
@@ -28,30 +30,36 @@ pub const DESCRIPTORS_RESERVED: usize = 1024;
 pub struct Limits {
     pub max_connections: usize,
     pub max_udp_sessions: usize,
+    /// Descriptors the service ports' listening sockets may hold together (a port needs
+    /// one to four: see [`crate::tcp::Listener::descriptors`]); a port past it is left out
+    /// of the sync with an error, instead of taking the descriptors the sync itself needs.
+    pub max_listener_descriptors: usize,
 }
 
 impl Limits {
-    /// The defaults, lowered so that connections and UDP sessions (one descriptor each)
-    /// fit in `descriptors` (the process's limit) with [`DESCRIPTORS_RESERVED`] to spare.
+    /// The defaults, lowered to fit `descriptors` (the process's limit) with
+    /// [`DESCRIPTORS_RESERVED`] to spare: half of the rest for the listeners (10,000
+    /// Services take 20,000 to 40,000), the other half for connections and UDP sessions.
     pub fn within_descriptors(descriptors: usize) -> Self {
-        let usable = descriptors.saturating_sub(DESCRIPTORS_RESERVED).max(2);
-        let sessions = DEFAULT_MAX_UDP_SESSIONS.min(usable / 4).max(1);
+        let usable = descriptors.saturating_sub(DESCRIPTORS_RESERVED).max(4);
+        let listeners = usable / 2;
+        let rest = usable - listeners;
+        let sessions = DEFAULT_MAX_UDP_SESSIONS.min(rest / 4).max(1);
         let connections = DEFAULT_MAX_CONNECTIONS
-            .min((usable - sessions.min(usable)) / DESCRIPTORS_PER_CONNECTION)
+            .min((rest - sessions.min(rest)) / DESCRIPTORS_PER_CONNECTION)
             .max(1);
         Self {
             max_connections: connections,
             max_udp_sessions: sessions,
+            max_listener_descriptors: listeners,
         }
     }
 }
 
 impl Default for Limits {
+    /// What a process allowed 2^20 descriptors gets (containerd's usual limit).
     fn default() -> Self {
-        Self {
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            max_udp_sessions: DEFAULT_MAX_UDP_SESSIONS,
-        }
+        Self::within_descriptors(1 << 20)
     }
 }
 
@@ -142,12 +150,21 @@ mod tests {
 
     #[test]
     fn defaults_fit_the_descriptor_limit() {
-        assert_eq!(Limits::within_descriptors(1 << 20), Limits::default());
+        let default = Limits::default();
+        assert_eq!(default.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(default.max_udp_sessions, DEFAULT_MAX_UDP_SESSIONS);
+        assert_eq!(
+            default.max_listener_descriptors,
+            ((1 << 20) - DESCRIPTORS_RESERVED) / 2
+        );
         let small = Limits::within_descriptors(20_000);
-        let used = small.max_connections * DESCRIPTORS_PER_CONNECTION + small.max_udp_sessions;
+        let used = small.max_connections * DESCRIPTORS_PER_CONNECTION
+            + small.max_udp_sessions
+            + small.max_listener_descriptors;
         assert!(used <= 20_000 - DESCRIPTORS_RESERVED, "{small:?}");
-        assert_eq!(small.max_udp_sessions, 4744);
-        assert_eq!(small.max_connections, 2372);
+        assert_eq!(small.max_listener_descriptors, 9488);
+        assert_eq!(small.max_udp_sessions, 2372);
+        assert_eq!(small.max_connections, 1186);
         let tiny = Limits::within_descriptors(100);
         assert!(
             tiny.max_connections >= 1 && tiny.max_udp_sessions >= 1,

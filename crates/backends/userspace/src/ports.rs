@@ -22,6 +22,11 @@ pub struct PortAllocator {
 pub enum AllocError {
     #[error("no free port left in --proxy-port-range {low}-{high}")]
     Exhausted { low: u16, high: u16 },
+    #[error(
+        "no file descriptor left for another listener: the listeners hold {used} of the {limit} \
+         set aside for them (half of the open-file limit; raise it, e.g. LimitNOFILE or ulimit -n)"
+    )]
+    Descriptors { used: usize, limit: usize },
     #[error("cannot listen on port {port}: {source}")]
     Bind {
         port: u16,

@@ -102,6 +102,13 @@ impl Socket {
             Socket::Udp(listener) => listener.port(),
         }
     }
+
+    fn descriptors(&self) -> usize {
+        match self {
+            Socket::Tcp(listener) => listener.descriptors(),
+            Socket::Udp(_) => 1,
+        }
+    }
 }
 
 /// One open service port.
@@ -139,6 +146,8 @@ pub struct UserspaceBackend {
     full_synced: Option<Instant>,
     /// The portal chains as the last restore left them (empty: unknown, all are written).
     written: ChainHashes,
+    /// Descriptors the open ports' sockets hold (see [`Limits::max_listener_descriptors`]).
+    listener_descriptors: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -174,6 +183,7 @@ impl UserspaceBackend {
             flow_cleanups: Vec::new(),
             full_synced: None,
             written: ChainHashes::new(),
+            listener_descriptors: 0,
         }
     }
 
@@ -213,6 +223,7 @@ impl UserspaceBackend {
             .with("sticky_clients", sticky)
             .with("reported_refusals", self.reported_refusals.len())
             .with("reported_sctp", self.reported_sctp.len())
+            .with("listener_descriptors", self.listener_descriptors)
     }
 
     /// TCP connections carried now, over all ports.
@@ -264,6 +275,7 @@ impl UserspaceBackend {
         for name in &gone {
             self.close(name);
         }
+        self.listener_descriptors = self.open.values().map(|open| open.socket.descriptors()).sum();
         // A port that cannot get a listener (its range is full, say) does not hold back the
         // others: they are served, and the sync still fails so that it is retried.
         let mut failed = None;
@@ -421,26 +433,63 @@ impl UserspaceBackend {
             b.set_endpoints(endpoints, start);
         });
         if let Socket::Tcp(listener) = open.socket {
+            // Held until a descriptor can be spared: refused, as without endpoints.
+            let accept = has_endpoints && (listener.is_accepting() || self.spare_descriptors(1));
+            let before = listener.descriptors();
             let listening_port = listener.port();
             let bind_ip = self.options.bind_ip();
-            match tcp::retarget(
-                listener,
-                has_endpoints,
-                bind_ip,
-                &open.state,
-                &self.connections,
-                self.workers.as_ref().map_or(&[], Workers::handles),
-            ) {
-                Ok(listener) => open.socket = Socket::Tcp(listener),
+            let threads = self.accepting_threads(listening_port);
+            match tcp::retarget(listener, accept, bind_ip, &open.state, &self.connections, threads) {
+                Ok(listener) => {
+                    self.listener_descriptors = self.listener_descriptors - before + listener.descriptors();
+                    open.socket = Socket::Tcp(listener);
+                }
                 Err(error) => {
                     tracing::error!(service = %open.state.name, %error, "cannot change the listener; the port is opened anew at the next sync");
+                    self.listener_descriptors -= before;
                     self.release(&open.state, listening_port, &open.labels);
                     return Ok(());
                 }
             }
+            let held_for_want_of_descriptors = has_endpoints && !accept;
+            self.open.insert(port.name.clone(), open);
+            if held_for_want_of_descriptors {
+                return Err(self.out_of_descriptors(port));
+            }
+            return Ok(());
         }
         self.open.insert(port.name.clone(), open);
         Ok(())
+    }
+
+    /// Whether the listeners may take `more` descriptors.
+    fn spare_descriptors(&self, more: usize) -> bool {
+        self.listener_descriptors + more <= self.options.limits.max_listener_descriptors
+    }
+
+    fn out_of_descriptors(&self, port: &ServicePort) -> SyncError {
+        SyncError::Listen {
+            port: port.name.to_string(),
+            source: crate::ports::AllocError::Descriptors {
+                used: self.listener_descriptors,
+                limit: self.options.limits.max_listener_descriptors,
+            },
+        }
+    }
+
+    /// The TCP threads a listener that starts accepting accepts on: every thread while the
+    /// listeners hold at most half the descriptors set aside for them (each thread then
+    /// takes its share of every port's connections), else one, chosen by the port number,
+    /// so that a node with many Services needs two descriptors per port, not two per port
+    /// and thread, and the ports still spread over the threads.
+    fn accepting_threads(&self, port: u16) -> &[Handle] {
+        let all = self.workers.as_ref().map_or(&[][..], Workers::handles);
+        let half = self.options.limits.max_listener_descriptors / 2;
+        if all.len() <= 1 || self.listener_descriptors + 2 * all.len() <= half {
+            return all;
+        }
+        let one = usize::from(port) % all.len();
+        &all[one..=one]
     }
 
     /// Starts the TCP threads unless they run.
@@ -454,6 +503,9 @@ impl UserspaceBackend {
     }
 
     fn open_port(&mut self, port: &ServicePort, affinity: Option<Duration>) -> Result<(), SyncError> {
+        if !self.spare_descriptors(1) {
+            return Err(self.out_of_descriptors(port));
+        }
         let name = port.name.to_string();
         let labels = PortLabels {
             ip_family: self.options.family.label(),
@@ -507,6 +559,7 @@ impl UserspaceBackend {
             }
         };
         tracing::info!(service = %name, port = socket.port(), "opened the service port's listener");
+        self.listener_descriptors += socket.descriptors();
         self.open.insert(
             port.name.clone(),
             OpenPort {

@@ -71,6 +71,15 @@ impl Listener {
     pub fn is_accepting(&self) -> bool {
         matches!(self, Listener::Accepting { .. })
     }
+
+    /// Descriptors it holds: one while held; while accepting, two per thread it accepts on
+    /// (the socket, kept to stop it synchronously, and its accept loop's duplicate).
+    pub fn descriptors(&self) -> usize {
+        match self {
+            Listener::Held { .. } => 1,
+            Listener::Accepting { accepting, .. } => 2 * accepting.sockets.len(),
+        }
+    }
 }
 
 /// A task that ends with its owner; accepted connections run in their own tasks and

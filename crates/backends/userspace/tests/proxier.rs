@@ -286,3 +286,81 @@ fn portals_are_written_when_they_change_and_on_full_syncs() {
         assert_eq!((full, restores.len()), (Ok(false), 0), "and then nothing again");
     });
 }
+
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// The listeners take no more descriptors than set aside for them: every TCP thread
+/// accepts on a port while they hold under half of them, one thread after that, and a port
+/// past the limit is left out with an error while the others are served (and the sync
+/// still writes their portals). The count is the real one: closing every port gives back
+/// exactly as many descriptors.
+#[test]
+fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
+    let ns = Netns::new("usfds").unwrap();
+    ns.ip(&["link", "set", "lo", "up"]).unwrap();
+    ns.run(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let iptables = CountingChecks::default();
+        let mut options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
+        options.tcp_threads = std::num::NonZeroUsize::new(2).unwrap();
+        options.limits.max_listener_descriptors = 12;
+        let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone());
+        let mut world = World::new();
+        for i in 0..6 {
+            let name = format!("svc{i}");
+            world
+                .service(
+                    &name,
+                    json!({"clusterIP": format!("10.96.0.{}", 10 + i),
+                           "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+                )
+                .slice(
+                    &name,
+                    json!([{"name": "http", "port": 8080}]),
+                    vec![ep("10.244.1.5")],
+                );
+        }
+        let pending = |state| PendingSync {
+            state,
+            changed: Default::default(),
+            service_changes: Vec::new(),
+            endpoint_changes: Vec::new(),
+        };
+        // The TCP threads start with the first port: count from after a sync that started them.
+        let mut first = World::new();
+        first
+            .service(
+                "warm",
+                json!({"clusterIP": "10.96.1.1", "ports": [{"name": "http", "port": 80}]}),
+            )
+            .slice("warm", json!([{"name": "http", "port": 80}]), vec![]);
+        backend.sync(&pending(first.state()).request(false)).unwrap();
+        backend.sync(&pending(World::new().state()).request(false)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        iptables.restored_chains();
+        let before = open_descriptors();
+        let error = backend.sync(&pending(world.state()).request(false)).unwrap_err().to_string();
+        assert!(
+            error.contains("no file descriptor left for another listener"),
+            "{error}"
+        );
+        assert_eq!(backend.listeners().len(), 5, "every port but one is served");
+        // 4 for the first port (two threads), 2 for each next one.
+        assert_eq!(backend.footprint().get("listener_descriptors"), Some(12));
+        assert_eq!(open_descriptors() - before, 12);
+        let restores = iptables.restored_chains();
+        assert_eq!(restores.len(), 1, "the served ports' portals are written");
+        for port in backend.listeners().values() {
+            std::net::TcpStream::connect(("127.0.0.1", *port)).expect("every served port accepts");
+        }
+        backend.sync(&pending(World::new().state()).request(false)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_eq!(open_descriptors(), before, "closing gives every descriptor back");
+    });
+}

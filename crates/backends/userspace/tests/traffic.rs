@@ -413,6 +413,7 @@ fn connections_past_the_limit_are_refused_and_counted() {
     let limits = Limits {
         max_connections: 2,
         max_udp_sessions: 2,
+        ..Limits::default()
     };
     in_lab(limits, |lab| {
         lab.tcp_servers(&ENDPOINTS[..1]);

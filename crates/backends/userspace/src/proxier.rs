@@ -478,14 +478,14 @@ impl UserspaceBackend {
     }
 
     /// The TCP threads a listener that starts accepting accepts on: every thread while the
-    /// listeners hold at most half the descriptors set aside for them (each thread then
-    /// takes its share of every port's connections), else one, chosen by the port number,
-    /// so that a node with many Services needs two descriptors per port, not two per port
-    /// and thread, and the ports still spread over the threads.
+    /// listeners hold at most an eighth of the descriptors set aside for them (each thread
+    /// then takes its share of every port's connections), else one, chosen by the port
+    /// number, so that a node with many Services needs two descriptors per port, not two
+    /// per port and thread, and the ports still spread over the threads.
     fn accepting_threads(&self, port: u16) -> &[Handle] {
         let all = self.workers.as_ref().map_or(&[][..], Workers::handles);
-        let half = self.options.limits.max_listener_descriptors / 2;
-        if all.len() <= 1 || self.listener_descriptors + 2 * all.len() <= half {
+        let eighth = self.options.limits.max_listener_descriptors / 8;
+        if all.len() <= 1 || self.listener_descriptors + 2 * all.len() <= eighth {
             return all;
         }
         let one = usize::from(port) % all.len();

@@ -292,7 +292,7 @@ fn open_descriptors() -> usize {
 }
 
 /// The listeners take no more descriptors than set aside for them: every TCP thread
-/// accepts on a port while they hold under half of them, one thread after that, and a port
+/// accepts on a port while they hold under an eighth of them, one thread after that, and a port
 /// past the limit is left out with an error while the others are served (and the sync
 /// still writes their portals). The count is the real one: closing every port gives back
 /// exactly as many descriptors.
@@ -309,10 +309,10 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
         let iptables = CountingChecks::default();
         let mut options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
         options.tcp_threads = std::num::NonZeroUsize::new(2).unwrap();
-        options.limits.max_listener_descriptors = 12;
+        options.limits.max_listener_descriptors = 40;
         let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone());
         let mut world = World::new();
-        for i in 0..6 {
+        for i in 0..20 {
             let name = format!("svc{i}");
             world
                 .service(
@@ -341,25 +341,32 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
             )
             .slice("warm", json!([{"name": "http", "port": 80}]), vec![]);
         backend.sync(&pending(first.state()).request(false)).unwrap();
-        backend.sync(&pending(World::new().state()).request(false)).unwrap();
+        backend
+            .sync(&pending(World::new().state()).request(false))
+            .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(300));
         iptables.restored_chains();
         let before = open_descriptors();
-        let error = backend.sync(&pending(world.state()).request(false)).unwrap_err().to_string();
+        let error = backend
+            .sync(&pending(world.state()).request(false))
+            .unwrap_err()
+            .to_string();
         assert!(
             error.contains("no file descriptor left for another listener"),
             "{error}"
         );
-        assert_eq!(backend.listeners().len(), 5, "every port but one is served");
+        assert_eq!(backend.listeners().len(), 19, "every port but one is served");
         // 4 for the first port (two threads), 2 for each next one.
-        assert_eq!(backend.footprint().get("listener_descriptors"), Some(12));
-        assert_eq!(open_descriptors() - before, 12);
+        assert_eq!(backend.footprint().get("listener_descriptors"), Some(40));
+        assert_eq!(open_descriptors() - before, 40);
         let restores = iptables.restored_chains();
         assert_eq!(restores.len(), 1, "the served ports' portals are written");
         for port in backend.listeners().values() {
             std::net::TcpStream::connect(("127.0.0.1", *port)).expect("every served port accepts");
         }
-        backend.sync(&pending(World::new().state()).request(false)).unwrap();
+        backend
+            .sync(&pending(World::new().state()).request(false))
+            .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(300));
         assert_eq!(open_descriptors(), before, "closing gives every descriptor back");
     });

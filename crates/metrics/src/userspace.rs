@@ -104,7 +104,7 @@ impl UserspaceMetrics {
         );
         r.register(
             "userspace_limit_reached",
-            "Connections or UDP sessions refused because the configured limit was reached",
+            "Connections, UDP sessions or service port listeners refused because a limit was reached (limit: connections, udp_sessions, listener_descriptors)",
             m.limit_reached_total.clone(),
         );
         r.register(

@@ -44,6 +44,10 @@ use crate::tcp::{self, Listener};
 use crate::udp::{self, UdpListener};
 use crate::workers::{self, Workers};
 
+/// Service ports a sync logs one by one when it leaves them out; the rest are counted in
+/// one line (past a descriptor limit, thousands fail at every retry).
+const LOGGED_LEFT_OUT: usize = 10;
+
 /// How a family's userspace backend listens and where its portals point.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UserspaceOptions {
@@ -279,11 +283,22 @@ impl UserspaceBackend {
         // A port that cannot get a listener (its range is full, say) does not hold back the
         // others: they are served, and the sync still fails so that it is retried.
         let mut failed = None;
+        let mut left_out = 0usize;
         for port in &wanted {
             if let Err(error) = self.reconcile(port, state) {
-                tracing::error!(%error, "service port left out of this sync");
+                left_out += 1;
+                if left_out <= LOGGED_LEFT_OUT {
+                    tracing::error!(%error, "service port left out of this sync");
+                }
                 failed.get_or_insert(error);
             }
+        }
+        if left_out > LOGGED_LEFT_OUT {
+            tracing::error!(
+                left_out,
+                not_logged = left_out - LOGGED_LEFT_OUT,
+                "more service ports left out of this sync than logged one by one"
+            );
         }
         let portals: Vec<Portal<'_>> = wanted
             .iter()
@@ -467,7 +482,16 @@ impl UserspaceBackend {
         self.listener_descriptors + more <= self.options.limits.max_listener_descriptors
     }
 
+    /// The error for a port past the listeners' descriptor budget, counted as the limit
+    /// `listener_descriptors` in `kubeproxy_userspace_limit_reached_total`.
     fn out_of_descriptors(&self, port: &ServicePort) -> SyncError {
+        if let Some(metrics) = &self.metrics {
+            let labels = kpr_metrics::LimitLabels {
+                ip_family: self.options.family.label(),
+                limit: "listener_descriptors",
+            };
+            metrics.limit_reached_total.get_or_create(&labels).inc();
+        }
         SyncError::Listen {
             port: port.name.to_string(),
             source: crate::ports::AllocError::Descriptors {

@@ -8,10 +8,9 @@
 
 mod common;
 
-use common::Accepting;
+use common::{Accepting, in_netns, open_descriptors};
 use kpr_metrics::UserspaceMetrics;
 use kpr_model::IpFamily;
-use kpr_netns::Netns;
 use kpr_state::Backend;
 use kpr_userspace::{UserspaceBackend, UserspaceOptions};
 use kpr_world::World;
@@ -37,20 +36,9 @@ fn series(registry: &Registry) -> usize {
     text.lines().filter(|line| line.contains("service_port=")).count()
 }
 
-fn descriptors() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
 #[test]
 fn sizes_series_and_descriptors_come_back_after_churn_in_both_families() {
-    let ns = Netns::new("uschurn").unwrap();
-    ns.ip(&["link", "set", "lo", "up"]).unwrap();
-    ns.run(|| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+    in_netns("uschurn", 2, |rt| {
         for family in [IpFamily::V4, IpFamily::V6] {
             let mut registry = Registry::default();
             let metrics = UserspaceMetrics::register(&mut registry);
@@ -69,10 +57,10 @@ fn sizes_series_and_descriptors_come_back_after_churn_in_both_families() {
             let most = run(&mut world, &mut backend, &churn(0, 1));
             // Closed listeners end on the runtime a moment after the sync.
             std::thread::sleep(std::time::Duration::from_millis(200));
-            let before = (backend.footprint(), series(&registry), descriptors());
+            let before = (backend.footprint(), series(&registry), open_descriptors());
             run(&mut world, &mut backend, &churn(1, 20));
             std::thread::sleep(std::time::Duration::from_millis(200));
-            let after = (backend.footprint(), series(&registry), descriptors());
+            let after = (backend.footprint(), series(&registry), open_descriptors());
             assert_eq!(
                 before.0.differences(&after.0),
                 [],

@@ -8,23 +8,26 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::Accepting;
+use common::{Accepting, in_netns, open_descriptors};
 use kpr_iptables::{ExecError, Iptables, IptablesVersion, Table};
 use kpr_model::{IpFamily, NamespacedName, ServicePort, ServicePortName};
-use kpr_netns::Netns;
 use kpr_state::{Backend, DesiredState, PendingSync};
 use kpr_userspace::{UserspaceBackend, UserspaceOptions};
 use kpr_world::{World, ep};
 use serde_json::json;
 
-fn sync(backend: &mut UserspaceBackend, state: DesiredState) -> kpr_state::SyncReport {
-    let pending = PendingSync {
+/// A sync of `state` with no change recorded (the backend works from the whole state).
+fn pending(state: DesiredState) -> PendingSync {
+    PendingSync {
         state,
         changed: Default::default(),
         service_changes: Vec::new(),
         endpoint_changes: Vec::new(),
-    };
-    backend.sync(&pending.request(true)).unwrap()
+    }
+}
+
+fn sync(backend: &mut UserspaceBackend, state: DesiredState) -> kpr_state::SyncReport {
+    backend.sync(&pending(state).request(true)).unwrap()
 }
 
 /// `web` and `evil` on cluster IPs; `evil` then renamed to a name no rule may carry (the
@@ -67,14 +70,7 @@ fn with_evil_name() -> DesiredState {
 
 #[test]
 fn a_port_whose_name_cannot_be_a_rule_gets_no_listener_and_is_reported_once() {
-    let ns = Netns::new("usrefuse").unwrap();
-    ns.ip(&["link", "set", "lo", "up"]).unwrap();
-    ns.run(|| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+    in_netns("usrefuse", 1, |rt| {
         let options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
         let mut backend = UserspaceBackend::new(options, Box::new(Accepting), rt.handle().clone());
         let first = sync(&mut backend, with_evil_name());
@@ -164,12 +160,7 @@ fn jumps_are_checked_on_full_syncs_only() {
     let iptables = CountingChecks::default();
     let options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
     let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone());
-    let pending = PendingSync {
-        state: World::new().state(),
-        changed: Default::default(),
-        service_changes: Vec::new(),
-        endpoint_changes: Vec::new(),
-    };
+    let pending = pending(World::new().state());
     let mut checks_of = |force_full: bool| {
         let before = iptables.checks.load(Ordering::Relaxed);
         let result = backend.sync(&pending.request(force_full));
@@ -215,25 +206,12 @@ fn portal_world(endpoint: &str, with_api: bool, node_port: Option<u16>) -> Desir
 /// forced, after a failure).
 #[test]
 fn portals_are_written_when_they_change_and_on_full_syncs() {
-    let ns = Netns::new("usportal").unwrap();
-    ns.ip(&["link", "set", "lo", "up"]).unwrap();
-    ns.run(|| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+    in_netns("usportal", 1, |rt| {
         let iptables = CountingChecks::default();
         let options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
         let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone());
         let mut sync_to = |state: DesiredState, force_full: bool| {
-            let pending = PendingSync {
-                state,
-                changed: Default::default(),
-                service_changes: Vec::new(),
-                endpoint_changes: Vec::new(),
-            };
-            let report = backend.sync(&pending.request(force_full));
+            let report = backend.sync(&pending(state).request(force_full));
             (
                 report.map(|r| r.full).map_err(|e| e.to_string()),
                 iptables.restored_chains(),
@@ -287,10 +265,6 @@ fn portals_are_written_when_they_change_and_on_full_syncs() {
     });
 }
 
-fn open_descriptors() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
 /// The listeners take no more descriptors than set aside for them: every TCP thread
 /// accepts on a port while they hold under an eighth of them, one thread after that, and a port
 /// past the limit is left out with an error while the others are served (and the sync
@@ -298,19 +272,14 @@ fn open_descriptors() -> usize {
 /// exactly as many descriptors.
 #[test]
 fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
-    let ns = Netns::new("usfds").unwrap();
-    ns.ip(&["link", "set", "lo", "up"]).unwrap();
-    ns.run(|| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+    in_netns("usfds", 1, |rt| {
         let iptables = CountingChecks::default();
         let mut options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
         options.tcp_threads = std::num::NonZeroUsize::new(2).unwrap();
         options.limits.max_listener_descriptors = 40;
-        let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone());
+        let metrics = kpr_metrics::UserspaceMetrics::default();
+        let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone())
+            .with_metrics(metrics.clone());
         let mut world = World::new();
         for i in 0..20 {
             let name = format!("svc{i}");
@@ -326,12 +295,6 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
                     vec![ep("10.244.1.5")],
                 );
         }
-        let pending = |state| PendingSync {
-            state,
-            changed: Default::default(),
-            service_changes: Vec::new(),
-            endpoint_changes: Vec::new(),
-        };
         // The TCP threads start with the first port: count from after a sync that started them.
         let mut first = World::new();
         first
@@ -356,6 +319,15 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
             "{error}"
         );
         assert_eq!(backend.listeners().len(), 19, "every port but one is served");
+        let refused = kpr_metrics::LimitLabels {
+            ip_family: "IPv4",
+            limit: "listener_descriptors",
+        };
+        assert_eq!(
+            metrics.limit_reached_total.get_or_create(&refused).get(),
+            1,
+            "counted"
+        );
         // 4 for the first port (two threads), 2 for each next one.
         assert_eq!(backend.footprint().get("listener_descriptors"), Some(40));
         assert_eq!(open_descriptors() - before, 40);

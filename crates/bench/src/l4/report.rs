@@ -430,13 +430,16 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn run(userspace: Outcome<Figures>) -> L4Run {
-        let row = |path, figures| L4Row {
+    fn row(path: Path, figures: Outcome<Figures>) -> L4Row {
+        L4Row {
             path,
             figures,
             load_before: "1.00".into(),
             load_after: "2.00".into(),
-        };
+        }
+    }
+
+    pub(crate) fn run(userspace: Outcome<Figures>) -> L4Run {
         L4Run {
             backends: 4,
             streams: 8,
@@ -524,17 +527,13 @@ pub(crate) mod tests {
     #[test]
     fn the_section_compares_each_proxy_reached_the_same_way() {
         let mut run = run(Outcome::Done(figures(4.0, 9_000, 2)));
-        let row = |path, figures| L4Row {
-            path,
-            figures: Outcome::Done(figures),
-            load_before: "1.00".into(),
-            load_after: "2.00".into(),
-        };
-        run.rows
-            .push(row(Path::UserspaceListener, figures(6.0, 7_500, 1)));
-        run.rows.push(row(Path::HaproxyPortal, figures(2.0, 6_000, 3)));
-        run.rows
-            .push(row(Path::HaproxyBesidePortal, figures(2.5, 8_000, 2)));
+        for (path, f) in [
+            (Path::UserspaceListener, figures(6.0, 7_500, 1)),
+            (Path::HaproxyPortal, figures(2.0, 6_000, 3)),
+            (Path::HaproxyBesidePortal, figures(2.5, 8_000, 2)),
+        ] {
+            run.rows.push(row(path, Outcome::Done(f)));
+        }
         let listener: Vec<_> = versus(&run, Path::UserspaceListener, &[Path::HaproxyBesidePortal])
             .into_iter()
             .map(|l| (l.ours, l.haproxy, l.met))

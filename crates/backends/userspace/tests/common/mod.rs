@@ -1,5 +1,6 @@
 //! Test support: an iptables that accepts every command, for tests whose subject is not
-//! the portals' text (the golden tests check that).
+//! the portals' text (the golden tests check that); a namespace with a runtime to run a
+//! backend in; the process's open descriptors.
 
 use kpr_iptables::{ExecError, Iptables, IptablesVersion, Table};
 
@@ -35,4 +36,24 @@ impl Iptables for Accepting {
     fn create_chain(&self, _: Table, _: &str) -> Result<(), ExecError> {
         Ok(())
     }
+}
+
+/// Runs `test` in a namespace of its own (loopback up), with a runtime of `workers` threads
+/// for the backend's UDP listeners.
+pub fn in_netns(name: &str, workers: usize, test: impl FnOnce(&tokio::runtime::Runtime) + Send) {
+    let ns = kpr_netns::Netns::new(name).unwrap();
+    ns.ip(&["link", "set", "lo", "up"]).unwrap();
+    ns.run(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+            .unwrap();
+        test(&rt);
+    });
+}
+
+/// Descriptors the process holds now.
+pub fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
 }

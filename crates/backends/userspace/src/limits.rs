@@ -31,7 +31,7 @@ pub struct Limits {
     pub max_connections: usize,
     pub max_udp_sessions: usize,
     /// Descriptors the service ports' listening sockets may hold together (a port needs
-    /// one to four: see [`crate::tcp::Listener::descriptors`]); a port past it is left out
+    /// one, or one per TCP thread: see [`crate::tcp::Listener::descriptors`]); a port past it is left out
     /// of the sync with an error, instead of taking the descriptors the sync itself needs.
     pub max_listener_descriptors: usize,
 }
@@ -39,7 +39,7 @@ pub struct Limits {
 impl Limits {
     /// The defaults, lowered to fit `descriptors` (the process's limit) with
     /// [`DESCRIPTORS_RESERVED`] to spare: half of the rest for the listeners (10,000
-    /// Services take 20,000 to 40,000), the other half for connections and UDP sessions.
+    /// Services take 10,000 and more), the other half for connections and UDP sessions.
     pub fn within_descriptors(descriptors: usize) -> Self {
         let usable = descriptors.saturating_sub(DESCRIPTORS_RESERVED).max(4);
         let listeners = usable / 2;

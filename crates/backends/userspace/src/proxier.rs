@@ -448,12 +448,14 @@ impl UserspaceBackend {
             b.set_endpoints(endpoints, start);
         });
         if let Socket::Tcp(listener) = open.socket {
-            // Held until a descriptor can be spared: refused, as without endpoints.
-            let accept = has_endpoints && (listener.is_accepting() || self.spare_descriptors(1));
             let before = listener.descriptors();
             let listening_port = listener.port();
             let bind_ip = self.options.bind_ip();
             let threads = self.accepting_threads(listening_port);
+            // Held until the descriptors can be spared: refused, as without endpoints. (The
+            // held socket becomes the first thread's listener.)
+            let accept = has_endpoints
+                && (listener.is_accepting() || self.spare_descriptors(threads.len().saturating_sub(1)));
             match tcp::retarget(listener, accept, bind_ip, &open.state, &self.connections, threads) {
                 Ok(listener) => {
                     self.listener_descriptors = self.listener_descriptors - before + listener.descriptors();
@@ -504,12 +506,12 @@ impl UserspaceBackend {
     /// The TCP threads a listener that starts accepting accepts on: every thread while the
     /// listeners hold at most an eighth of the descriptors set aside for them (each thread
     /// then takes its share of every port's connections), else one, chosen by the port
-    /// number, so that a node with many Services needs two descriptors per port, not two
+    /// number, so that a node with many Services needs one descriptor per port, not one
     /// per port and thread, and the ports still spread over the threads.
     fn accepting_threads(&self, port: u16) -> &[Handle] {
         let all = self.workers.as_ref().map_or(&[][..], Workers::handles);
         let eighth = self.options.limits.max_listener_descriptors / 8;
-        if all.len() <= 1 || self.listener_descriptors + 2 * all.len() <= eighth {
+        if all.len() <= 1 || self.listener_descriptors + all.len() <= eighth {
             return all;
         }
         let one = usize::from(port) % all.len();
@@ -650,10 +652,15 @@ impl Backend for UserspaceBackend {
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         self.try_sync(request.state, request.force_full).map_err(|error| {
-            // Whatever failed, the next sync is full: every portal chain written, the
-            // jumps checked.
-            self.full_synced = None;
-            self.written.clear();
+            // After a failed restore or check the rules in the kernel are unknown: the next
+            // sync is full (every portal chain written, the jumps checked). A port that got
+            // no listener is not such a failure: the portals were written without it, and
+            // a port refused for good (its range full, no descriptor left) would otherwise
+            // make every retry a full sync.
+            if let SyncError::Exec(_) = error {
+                self.full_synced = None;
+                self.written.clear();
+            }
             let step = match error {
                 SyncError::Exec(ExecError::Restore { .. }) => FailedStep::Restore,
                 _ => FailedStep::Other,

@@ -24,14 +24,13 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::socket::{
-    AddressFamily, Backlog, Shutdown, SockFlag, SockType, SockaddrStorage, listen, setsockopt, shutdown,
-    sockopt,
+    AddressFamily, Shutdown, SockFlag, SockType, SockaddrStorage, setsockopt, shutdown, sockopt,
 };
 use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -52,7 +51,7 @@ pub const DIAL_TIMEOUTS: [Duration; 4] = [
 ];
 
 /// Pending connections the kernel queues per listener.
-const BACKLOG: i32 = 4096;
+const BACKLOG: u32 = 4096;
 
 /// A service port's TCP socket: accepting, or only holding its port.
 #[derive(Debug)]
@@ -72,12 +71,11 @@ impl Listener {
         matches!(self, Listener::Accepting { .. })
     }
 
-    /// Descriptors it holds: one while held; while accepting, two per thread it accepts on
-    /// (the socket, kept to stop it synchronously, and its accept loop's duplicate).
+    /// Descriptors it holds: one while held, one per thread it accepts on while accepting.
     pub fn descriptors(&self) -> usize {
         match self {
             Listener::Held { .. } => 1,
-            Listener::Accepting { accepting, .. } => 2 * accepting.sockets.len(),
+            Listener::Accepting { accepting, .. } => accepting.listeners.len(),
         }
     }
 }
@@ -94,21 +92,21 @@ impl Drop for AbortOnDrop {
 }
 
 /// The listening sockets of one port and their accept loops, a socket and a loop per TCP
-/// thread (each loop on its own duplicate of its socket's descriptor). Dropping it stops
-/// the listening at once (`shutdown(SHUT_RD)` takes a listener out of LISTEN
-/// synchronously, so the very next connection is refused and the port can be bound
-/// again), while the tasks, and with them the duplicates, end on their threads a moment
-/// later.
+/// thread. Each socket is shared with its loop, so that dropping this stops the listening
+/// at once (`shutdown(SHUT_RD)` takes a listener out of LISTEN synchronously, so the very
+/// next connection is refused and the port can be bound again) while the descriptor is
+/// still certainly the socket's, not a number the kernel has since given to another file;
+/// the loops end on their threads a moment later and close the sockets.
 #[derive(Debug)]
 pub struct Accepting {
-    sockets: Vec<TcpSocket>,
+    listeners: Vec<Arc<TcpListener>>,
     _tasks: Vec<AbortOnDrop>,
 }
 
 impl Drop for Accepting {
     fn drop(&mut self) {
-        for socket in &self.sockets {
-            let _ = shutdown(socket.as_raw_fd(), Shutdown::Read);
+        for listener in &self.listeners {
+            let _ = shutdown(listener.as_raw_fd(), Shutdown::Read);
         }
     }
 }
@@ -161,29 +159,21 @@ pub fn accept(
         socket.bind(address)?;
         sockets.push(socket);
     }
-    for socket in &sockets {
-        listen(socket, Backlog::new(BACKLOG)?)?;
+    // Built up in place: if a later socket fails, those already listening are shut down.
+    let mut accepting = Accepting {
+        listeners: Vec::with_capacity(threads.len()),
+        _tasks: Vec::with_capacity(threads.len()),
+    };
+    for (thread, socket) in threads.iter().zip(sockets) {
+        let listener = {
+            let _entered = thread.enter();
+            Arc::new(socket.listen(BACKLOG)?)
+        };
+        let task = thread.spawn(accept_loop(listener.clone(), state.clone(), slots.clone()));
+        accepting.listeners.push(listener);
+        accepting._tasks.push(AbortOnDrop(task));
     }
-    let tasks = threads
-        .iter()
-        .zip(&sockets)
-        .map(|(thread, socket)| {
-            let duplicate = std::net::TcpListener::from(socket.as_fd().try_clone_to_owned()?);
-            let listener = {
-                let _entered = thread.enter();
-                TcpListener::from_std(duplicate)?
-            };
-            let task = thread.spawn(accept_loop(listener, state.clone(), slots.clone()));
-            Ok(AbortOnDrop(task))
-        })
-        .collect::<io::Result<Vec<_>>>()?;
-    Ok(Listener::Accepting {
-        port,
-        accepting: Accepting {
-            sockets,
-            _tasks: tasks,
-        },
-    })
+    Ok(Listener::Accepting { port, accepting })
 }
 
 /// A listener that accepts when `has_endpoints`, else only holds its port; connections it
@@ -213,7 +203,7 @@ fn hold(listener: Listener, ip: IpAddr) -> io::Result<Listener> {
     Ok(Listener::Held { port, socket })
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<PortState>, slots: Arc<Slots>) {
+async fn accept_loop(listener: Arc<TcpListener>, state: Arc<PortState>, slots: Arc<Slots>) {
     let closed = state.closed();
     tokio::select! {
         () = wait_closed(closed.clone()) => {}

@@ -7,9 +7,9 @@
 //! wake an idle worker to look for work (a futex or eventfd write, a context switch, and
 //! the task's memory on another core): measured at about 2.5 futex calls per connection
 //! with two workers, which cost more than the copying itself. Here a connection lives and
-//! dies on the thread that accepted it; nothing crosses threads. The threads share each
-//! listener (a duplicate of its descriptor in every thread's epoll): whichever thread is
-//! free takes the next connection, which spreads the load without a hand-off.
+//! dies on the thread that accepted it; nothing crosses threads. A listener has a socket
+//! on each thread, all on its port (`SO_REUSEPORT`, see [`crate::tcp`]): the kernel hands
+//! each new connection to one of them, which spreads the load without a hand-off.
 //!
 //! The threads are started in the calling thread's network namespace (new threads inherit
 //! it), so the connections to endpoints leave from where the listeners are. Dropping

@@ -268,20 +268,21 @@ fn portals_are_written_when_they_change_and_on_full_syncs() {
 /// The listeners take no more descriptors than set aside for them: every TCP thread
 /// accepts on a port while they hold under an eighth of them, one thread after that, and a port
 /// past the limit is left out with an error while the others are served (and the sync
-/// still writes their portals). The count is the real one: closing every port gives back
-/// exactly as many descriptors.
+/// still writes their portals, and does not write them again while the port stays
+/// refused). The count is the real one: one descriptor per listening socket, and closing
+/// every port gives back exactly as many.
 #[test]
 fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
     in_netns("usfds", 1, |rt| {
         let iptables = CountingChecks::default();
         let mut options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
         options.tcp_threads = std::num::NonZeroUsize::new(2).unwrap();
-        options.limits.max_listener_descriptors = 40;
+        options.limits.max_listener_descriptors = 24;
         let metrics = kpr_metrics::UserspaceMetrics::default();
         let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone())
             .with_metrics(metrics.clone());
         let mut world = World::new();
-        for i in 0..20 {
+        for i in 0..24 {
             let name = format!("svc{i}");
             world
                 .service(
@@ -318,7 +319,7 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
             error.contains("no file descriptor left for another listener"),
             "{error}"
         );
-        assert_eq!(backend.listeners().len(), 19, "every port but one is served");
+        assert_eq!(backend.listeners().len(), 23, "every port but one is served");
         let refused = kpr_metrics::LimitLabels {
             ip_family: "IPv4",
             limit: "listener_descriptors",
@@ -328,11 +329,18 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
             1,
             "counted"
         );
-        // 4 for the first port (two threads), 2 for each next one.
-        assert_eq!(backend.footprint().get("listener_descriptors"), Some(40));
-        assert_eq!(open_descriptors() - before, 40);
+        // 2 for the first port (two threads), 1 for each next one.
+        assert_eq!(backend.footprint().get("listener_descriptors"), Some(24));
+        assert_eq!(open_descriptors() - before, 24);
         let restores = iptables.restored_chains();
         assert_eq!(restores.len(), 1, "the served ports' portals are written");
+        let again = backend.sync(&pending(world.state()).request(false));
+        assert!(again.is_err(), "the port is still refused");
+        assert_eq!(
+            iptables.restored_chains().len(),
+            0,
+            "a refused port is no reason to write the portals again"
+        );
         for port in backend.listeners().values() {
             std::net::TcpStream::connect(("127.0.0.1", *port)).expect("every served port accepts");
         }

@@ -183,6 +183,15 @@ struct Args {
     /// stretch of time only can be lucky).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=20))]
     l4_rounds: u16,
+    /// Turns of the L4 benchmark's interleaved comparison, after its rows: the userspace
+    /// mode and HAProxy run at once and are measured in turns, each turn comparing figures
+    /// taken seconds apart (0: none).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=200))]
+    l4_turns: u16,
+    /// Seconds of each slice of an interleaved turn (one for many connections at once, one
+    /// for one at a time, per contestant).
+    #[arg(long, value_name = "SECONDS", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=60))]
+    l4_turn_seconds: u64,
     /// The paths the L4 benchmark measures (default: all; fewer for a quick comparison).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = l4::cluster::Path::ALL)]
     l4_paths: Vec<l4::cluster::Path>,
@@ -456,6 +465,8 @@ fn l4(args: &Args) -> Result<l4::L4Run, String> {
         rounds: args.l4_rounds.into(),
         timeout: Duration::from_secs(args.e2e_timeout),
         paths: &args.l4_paths,
+        turns: args.l4_turns.into(),
+        turn_window: Duration::from_secs(args.l4_turn_seconds),
     };
     eprintln!(
         "[l4] {} pods; {} round(s) of {} runs of {} s per phase; 1 and {} streams, {} connections at once",

@@ -20,6 +20,7 @@ pub mod client;
 pub mod cluster;
 pub mod figures;
 pub mod haproxy;
+pub mod interleaved;
 pub mod portal;
 pub mod report;
 pub mod servers;
@@ -28,15 +29,16 @@ use std::path::Path as FilePath;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kpr_netns::Lab;
+use kpr_netns::{Lab, ProcessGuard};
 
 use crate::churn::{SEED, SplitMix64};
 use crate::load::Outcome;
 use crate::proxy::{Launch, RunningProxy, Source};
 use crate::scratch::ScratchFile;
 use client::{Bulk, Client, Rounds};
-use cluster::{BULK, Listeners, Path, RR};
+use cluster::{BULK, CLUSTER_IP, Listeners, Path, RR};
 use figures::{Cpu, Figures, Phase, accepted_between, gbit_per_second, median_by, p50_ms, rounds_per_second};
+use interleaved::{Contestant, Interleaved, SECOND_CLUSTER_IP, Slice};
 use servers::{BLOCK, Servers};
 
 /// Seeded request bytes the rounds cycle through.
@@ -66,6 +68,10 @@ pub struct L4Plan<'a> {
     pub timeout: Duration,
     /// The paths measured (all of them unless a run asks for fewer).
     pub paths: &'a [Path],
+    /// Turns of the interleaved comparison ([`interleaved`]; 0: none).
+    pub turns: usize,
+    /// Each slice of a turn.
+    pub turn_window: Duration,
 }
 
 /// The whole L4 run: how it was set up, and a row per path.
@@ -82,6 +88,8 @@ pub struct L4Run {
     pub threads: usize,
     pub haproxy_version: String,
     pub rows: Vec<L4Row>,
+    /// The proxies at once, in turns (when asked for).
+    pub interleaved: Option<Outcome<Interleaved>>,
 }
 
 #[derive(Clone, Debug)]
@@ -154,6 +162,10 @@ pub fn measure(plan: &L4Plan<'_>) -> Result<L4Run, String> {
     }
     let mut rows: Vec<L4Row> = passes.into_iter().filter_map(pooled_row).collect();
     rows.sort_by_key(|r| Path::ALL.iter().position(|p| *p == r.path));
+    let interleaved = match plan.turns {
+        0 => None,
+        _ => Some(bench.interleaved(manifest.path())?),
+    };
     servers.stop();
     Ok(L4Run {
         backends: plan.backends,
@@ -166,6 +178,7 @@ pub fn measure(plan: &L4Plan<'_>) -> Result<L4Run, String> {
         threads,
         haproxy_version: haproxy::version(plan.haproxy),
         rows,
+        interleaved,
     })
 }
 
@@ -224,7 +237,7 @@ impl Bench<'_> {
             Path::Direct => Ok(self.measured(path, None, &|| None)),
             Path::Haproxy | Path::HaproxySplice => Ok(self.haproxy_row(path)),
             Path::HaproxyPortal | Path::HaproxyBesidePortal => {
-                let portal = match portal::Portal::add(self.lab.node(), &[BULK, RR]) {
+                let portal = match portal::Portal::add(self.lab.node(), CLUSTER_IP, &[BULK, RR]) {
                     Ok(portal) => portal,
                     Err(why) => return Ok(Outcome::Failed(why)),
                 };
@@ -241,27 +254,9 @@ impl Bench<'_> {
     }
 
     fn haproxy_row(&self, path: Path) -> Outcome<Figures> {
-        let config = haproxy::Config {
-            threads: self.threads,
-            splice: path == Path::HaproxySplice,
-            listeners: [BULK, RR]
-                .into_iter()
-                .map(|port| haproxy::Listener {
-                    port,
-                    // Behind the portal too: the portal leads to this address.
-                    bind: Path::Haproxy.target(port, self.plan.backends, 0, None),
-                    servers: cluster::backends(port, self.plan.backends),
-                })
-                .collect(),
-        };
-        let file = match ScratchFile::create("haproxy.cfg", haproxy::config_text(&config).as_bytes()) {
-            Ok(file) => file,
+        let (_config, mut guard) = match self.start_haproxy(path == Path::HaproxySplice) {
+            Ok(started) => started,
             Err(why) => return Outcome::Failed(why),
-        };
-        let command = haproxy::command(self.plan.haproxy, file.path());
-        let mut guard = match self.lab.spawn(self.lab.node(), command) {
-            Ok(guard) => guard,
-            Err(e) => return Outcome::Failed(format!("starting haproxy: {e}")),
         };
         let pid = guard.pid();
         let outcome = self.measured(path, None, &|| crate::cpu::process(pid));
@@ -275,30 +270,37 @@ impl Bench<'_> {
         outcome
     }
 
+    /// HAProxy on the node's address, for every port of the Service; its configuration file
+    /// lives as long as the returned file.
+    fn start_haproxy(&self, splice: bool) -> Result<(ScratchFile, ProcessGuard), String> {
+        let config = haproxy::Config {
+            threads: self.threads,
+            splice,
+            listeners: [BULK, RR]
+                .into_iter()
+                .map(|port| haproxy::Listener {
+                    port,
+                    // Behind a portal too: the portal leads to this address.
+                    bind: Path::Haproxy.target(port, self.plan.backends, 0, None),
+                    servers: cluster::backends(port, self.plan.backends),
+                })
+                .collect(),
+        };
+        let file = ScratchFile::create("haproxy.cfg", haproxy::config_text(&config).as_bytes())?;
+        let command = haproxy::command(self.plan.haproxy, file.path());
+        let guard = self
+            .lab
+            .spawn(self.lab.node(), command)
+            .map_err(|e| format!("starting haproxy: {e}"))?;
+        Ok((file, guard))
+    }
+
     fn proxy_row(&self, path: Path, manifest: &FilePath) -> Outcome<Figures> {
         let mode = path.proxy_mode().unwrap_or("iptables");
-        let launch = Launch {
-            binary: self.plan.proxy,
-            mode,
-            source: Source::Manifest(manifest),
-            min_sync_period: None,
-        };
-        let mut proxy = match RunningProxy::spawn(self.lab.node(), &launch) {
+        let proxy = match self.start_proxy(mode, manifest) {
             Ok(proxy) => proxy,
             Err(why) => return Outcome::Failed(why),
         };
-        match proxy.wait_first_sync(self.plan.timeout) {
-            Outcome::Done(_) => {}
-            Outcome::TimedOut(after) => {
-                return Outcome::Failed(format!(
-                    "kube-proxy-rs: proxy mode {mode} not available: no first sync within {} s",
-                    after.as_secs()
-                ));
-            }
-            Outcome::Failed(why) | Outcome::NotAvailable(why) => {
-                return Outcome::Failed(format!("kube-proxy-rs: proxy mode {mode} not available: {why}"));
-            }
-        }
         let listeners = match path {
             Path::UserspaceListener => match self.listeners() {
                 Ok(listeners) => Some(listeners),
@@ -307,6 +309,92 @@ impl Bench<'_> {
             _ => None,
         };
         self.measured(path, listeners, &|| proxy.cpu_time())
+    }
+
+    /// kube-proxy-rs in `mode` on the manifest, once it made its first sync.
+    fn start_proxy(&self, mode: &'static str, manifest: &FilePath) -> Result<RunningProxy<'_>, String> {
+        let launch = Launch {
+            binary: self.plan.proxy,
+            mode,
+            source: Source::Manifest(manifest),
+            min_sync_period: None,
+        };
+        let mut proxy = RunningProxy::spawn(self.lab.node(), &launch)?;
+        match proxy.wait_first_sync(self.plan.timeout) {
+            Outcome::Done(_) => Ok(proxy),
+            Outcome::TimedOut(after) => Err(format!(
+                "kube-proxy-rs: proxy mode {mode} not available: no first sync within {} s",
+                after.as_secs()
+            )),
+            Outcome::Failed(why) | Outcome::NotAvailable(why) => {
+                Err(format!("kube-proxy-rs: proxy mode {mode} not available: {why}"))
+            }
+        }
+    }
+
+    /// The userspace mode and HAProxy at once, in turns ([`interleaved`]). `Err` only when
+    /// the lab is in doubt (rules that could not be removed).
+    fn interleaved(&self, manifest: &FilePath) -> Result<Outcome<Interleaved>, String> {
+        let portal = match portal::Portal::add(self.lab.node(), SECOND_CLUSTER_IP, &[RR]) {
+            Ok(portal) => portal,
+            Err(why) => return Ok(Outcome::Failed(why)),
+        };
+        let outcome = match self.turns(manifest) {
+            Ok(run) => Outcome::Done(run),
+            Err(why) => Outcome::Failed(why),
+        };
+        portal.remove()?;
+        crate::proxy::cleanup(self.lab.node(), self.plan.proxy)?;
+        Ok(outcome)
+    }
+
+    fn turns(&self, manifest: &FilePath) -> Result<Interleaved, String> {
+        let (_config, mut haproxy) = self.start_haproxy(false)?;
+        let proxy = self.start_proxy("userspace", manifest)?;
+        let listener = self.listeners()?.port(RR);
+        for who in Contestant::ALL {
+            self.client
+                .probe(interleaved::target(who, listener), READY)
+                .map_err(|why| format!("{}: {why}", who.label()))?;
+        }
+        let haproxy_pid = haproxy.pid();
+        let cpu_of = |who: Contestant| match who {
+            Contestant::UserspacePortal | Contestant::UserspaceListener => proxy.cpu_time(),
+            Contestant::Haproxy | Contestant::HaproxyPortal => crate::cpu::process(haproxy_pid),
+        };
+        let window = self.plan.turn_window;
+        let rounds = |target: std::net::SocketAddr, concurrency: usize| {
+            let result = self
+                .client
+                .rounds(move |_| target, Arc::clone(&self.requests), concurrency, window);
+            std::thread::sleep(SETTLE);
+            result
+        };
+        let mut run = Interleaved {
+            concurrency: self.plan.concurrency,
+            window,
+            turns: Vec::with_capacity(self.plan.turns),
+        };
+        for turn in 0..self.plan.turns {
+            let mut slices = [Slice::default(); 4];
+            for who in interleaved::order(turn) {
+                let target = interleaved::target(who, listener);
+                let before = cpu_of(who);
+                let many = rounds(target, self.plan.concurrency)?;
+                let cpu = before.zip(cpu_of(who)).map(|(b, a)| a.saturating_sub(b));
+                let one = rounds(target, 1)?;
+                slices[who.index()] = Slice::measured(&many, &one, cpu);
+            }
+            eprintln!(
+                "[l4] turn {}/{}: {}",
+                turn + 1,
+                self.plan.turns,
+                interleaved::turn_summary(&slices)
+            );
+            run.turns.push(slices);
+        }
+        let _ = haproxy.stop();
+        Ok(run)
     }
 
     /// The userspace mode's listener ports, from the portals it wrote in the node. The whole

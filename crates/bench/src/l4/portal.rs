@@ -9,19 +9,22 @@
 
 use std::process::Command;
 
+use std::net::Ipv4Addr;
+
 use kpr_netns::Netns;
 
-use super::cluster::{CLUSTER_IP, Port};
+use super::cluster::Port;
 
-/// The arguments after `iptables -t nat -A|-D` of each port's rule.
-pub fn rules(ports: &[Port]) -> Vec<Vec<String>> {
+/// The arguments after `iptables -t nat -A|-D` of each port's rule: `vip`'s Service ports
+/// lead to HAProxy's.
+pub fn rules(vip: Ipv4Addr, ports: &[Port]) -> Vec<Vec<String>> {
     ports
         .iter()
         .map(|port| {
             [
                 "PREROUTING".to_string(),
                 "-d".to_string(),
-                format!("{CLUSTER_IP}/32"),
+                format!("{vip}/32"),
                 "-p".to_string(),
                 "tcp".to_string(),
                 "--dport".to_string(),
@@ -43,12 +46,12 @@ pub struct Portal<'a> {
 }
 
 impl<'a> Portal<'a> {
-    pub fn add(netns: &'a Netns, ports: &[Port]) -> Result<Self, String> {
+    pub fn add(netns: &'a Netns, vip: Ipv4Addr, ports: &[Port]) -> Result<Self, String> {
         let mut portal = Self {
             netns,
             added: Vec::new(),
         };
-        for rule in rules(ports) {
+        for rule in rules(vip, ports) {
             iptables(netns, "-A", &rule)?;
             portal.added.push(rule);
         }
@@ -100,12 +103,15 @@ fn iptables(netns: &Netns, action: &str, rule: &[String]) -> Result<(), String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::l4::cluster::{BULK, RR};
+    use crate::l4::cluster::{BULK, CLUSTER_IP, RR};
 
     /// The cluster IP's ports lead to HAProxy's, as a portal leads to a listener.
     #[test]
     fn each_service_port_is_redirected_to_haproxys() {
-        let text: Vec<String> = rules(&[BULK, RR]).iter().map(|r| r.join(" ")).collect();
+        let text: Vec<String> = rules(CLUSTER_IP, &[BULK, RR])
+            .iter()
+            .map(|r| r.join(" "))
+            .collect();
         assert_eq!(
             text,
             [

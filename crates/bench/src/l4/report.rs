@@ -250,6 +250,9 @@ pub fn section(out: &mut String, run: &L4Run) {
     for (title, ours, theirs) in COMPARISONS {
         versus_table(out, run, title, ours, theirs);
     }
+    if let Some(interleaved) = &run.interleaved {
+        super::interleaved::section(out, interleaved);
+    }
 }
 
 fn versus_table(out: &mut String, run: &L4Run, title: &str, ours: Path, theirs: &[Path]) {
@@ -457,6 +460,7 @@ pub(crate) mod tests {
                 row(Path::Iptables, Outcome::Done(figures(9.0, 12_000, 1))),
                 row(Path::Direct, Outcome::Done(figures(10.0, 13_000, 1))),
             ],
+            interleaved: None,
         }
     }
 

@@ -340,10 +340,11 @@ mod tests {
     fn every_contestant_goes_first_once_in_four_turns() {
         let firsts: Vec<Contestant> = (0..4).map(|turn| order(turn)[0]).collect();
         assert_eq!(firsts, Contestant::ALL);
-        for turn in 0..4 {
-            let mut seen = order(turn).to_vec();
-            seen.dedup();
-            assert_eq!(seen.len(), 4, "each contestant once per turn");
+        for turn in 0..8 {
+            let order = order(turn);
+            for who in Contestant::ALL {
+                assert!(order.contains(&who), "{who:?} missing in turn {turn}: {order:?}");
+            }
         }
     }
 
@@ -435,6 +436,52 @@ mod tests {
             )
             .is_none()
         );
+    }
+
+    /// The section shows every contestant and every comparison, with the verdict from the
+    /// median of the turns; a run that could not be made says why instead.
+    #[test]
+    fn the_section_has_a_line_per_contestant_and_per_comparison() {
+        let run = Interleaved {
+            concurrency: 32,
+            window: Duration::from_secs(2),
+            turns: vec![
+                [
+                    slice(5500.0, 400),
+                    slice(5600.0, 400),
+                    slice(5000.0, 500),
+                    slice(6000.0, 300),
+                ],
+                [
+                    slice(4500.0, 400),
+                    slice(4600.0, 400),
+                    slice(4000.0, 500),
+                    slice(5000.0, 300),
+                ],
+            ],
+        };
+        let mut out = String::new();
+        section(&mut out, &Outcome::Done(run));
+        for who in Contestant::ALL {
+            assert!(out.contains(&format!("| {} |", who.label())), "{out}");
+        }
+        let line = |what: &str, figure: Figure| {
+            out.lines()
+                .find(|l| l.starts_with(&format!("| {what} | {} |", figure.label())))
+                .unwrap_or_else(|| panic!("no line for {what} / {}: {out}", figure.label()))
+                .to_string()
+        };
+        let (_, _, user) = PAIRS[0];
+        assert!(line(user, Figure::Rate).ends_with("| 2 of 2 | yes |"), "{out}");
+        let (_, _, portals) = PAIRS[1];
+        assert!(
+            line(portals, Figure::P50).ends_with("| 0 of 2 | **no** |"),
+            "{out}"
+        );
+        assert!(out.contains("| kube-proxy-rs userspace, through its portal | 4,500/s (4,500/s-5,500/s) |"));
+        let mut failed = String::new();
+        section(&mut failed, &Outcome::Failed("haproxy: no such file".into()));
+        assert!(failed.contains("Not measured: haproxy: no such file"), "{failed}");
     }
 
     #[test]

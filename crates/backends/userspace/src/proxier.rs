@@ -280,8 +280,13 @@ impl UserspaceBackend {
             self.close(name);
         }
         self.listener_descriptors = self.open.values().map(|open| open.socket.descriptors()).sum();
-        // A port that cannot get a listener (its range is full, say) does not hold back the
-        // others: they are served, and the sync still fails so that it is retried.
+        // A port that cannot get a listener (no free port in the range, no descriptor left)
+        // does not hold back the others, nor fail the sync: as upstream's userspace proxy,
+        // which logged such a port and went on, it is logged, counted, and tried again at
+        // every later sync (the periodic one at the latest), while the other ports are served
+        // and the node reports healthy. A failed sync would hold `/healthz` at 503 for a
+        // condition no restart mends (and retry it at once, over and over). What fails a
+        // sync is what leaves every port unserved: the TCP threads, the rules.
         let mut failed = None;
         let mut left_out = 0usize;
         for port in &wanted {
@@ -290,7 +295,9 @@ impl UserspaceBackend {
                 if left_out <= LOGGED_LEFT_OUT {
                     tracing::error!(%error, "service port left out of this sync");
                 }
-                failed.get_or_insert(error);
+                if !matches!(error, SyncError::Listen { .. }) {
+                    failed.get_or_insert(error);
+                }
             }
         }
         if left_out > LOGGED_LEFT_OUT {
@@ -487,13 +494,7 @@ impl UserspaceBackend {
     /// The error for a port past the listeners' descriptor budget, counted as the limit
     /// `listener_descriptors` in `kubeproxy_userspace_limit_reached_total`.
     fn out_of_descriptors(&self, port: &ServicePort) -> SyncError {
-        if let Some(metrics) = &self.metrics {
-            let labels = kpr_metrics::LimitLabels {
-                ip_family: self.options.family.label(),
-                limit: "listener_descriptors",
-            };
-            metrics.limit_reached_total.get_or_create(&labels).inc();
-        }
+        count_limit(self.metrics.as_ref(), self.options.family, "listener_descriptors");
         SyncError::Listen {
             port: port.name.to_string(),
             source: crate::ports::AllocError::Descriptors {
@@ -550,9 +551,15 @@ impl UserspaceBackend {
         );
         let ip = self.options.bind_ip();
         let start = self.random_start();
-        let listen_error = |source| SyncError::Listen {
-            port: name.clone(),
-            source,
+        let (metrics, family) = (self.metrics.clone(), self.options.family);
+        let listen_error = |source| {
+            if let crate::ports::AllocError::Exhausted { .. } = source {
+                count_limit(metrics.as_ref(), family, "proxy_port_range");
+            }
+            SyncError::Listen {
+                port: name.clone(),
+                source,
+            }
         };
         let mut flows = Vec::new();
         let socket = match port.name.protocol {
@@ -633,6 +640,17 @@ impl UserspaceBackend {
         }
         self.reported_refusals = current;
         reported
+    }
+}
+
+/// Counts a refusal for `limit` in `kubeproxy_userspace_limit_reached_total`.
+fn count_limit(metrics: Option<&UserspaceMetrics>, family: IpFamily, limit: &'static str) {
+    if let Some(metrics) = metrics {
+        let labels = kpr_metrics::LimitLabels {
+            ip_family: family.label(),
+            limit,
+        };
+        metrics.limit_reached_total.get_or_create(&labels).inc();
     }
 }
 

@@ -267,10 +267,11 @@ fn portals_are_written_when_they_change_and_on_full_syncs() {
 
 /// The listeners take no more descriptors than set aside for them: every TCP thread
 /// accepts on a port while they hold under an eighth of them, one thread after that, and a port
-/// past the limit is left out with an error while the others are served (and the sync
-/// still writes their portals, and does not write them again while the port stays
-/// refused). The count is the real one: one descriptor per listening socket, and closing
-/// every port gives back exactly as many.
+/// past the limit is left out (logged, counted) while the others are served: the sync does
+/// not fail (as upstream's, so `/healthz` stays up), writes their portals, and does not
+/// write them again while the port stays refused; the refused port is served at the first
+/// sync after descriptors were freed. The count is the real one: one descriptor per
+/// listening socket, and closing every port gives back exactly as many.
 #[test]
 fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
     in_netns("usfds", 1, |rt| {
@@ -281,21 +282,25 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
         let metrics = kpr_metrics::UserspaceMetrics::default();
         let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone())
             .with_metrics(metrics.clone());
-        let mut world = World::new();
-        for i in 0..24 {
-            let name = format!("svc{i}");
+        let services = |numbers: std::ops::Range<usize>| {
+            let mut world = World::new();
+            for i in numbers {
+                let name = format!("svc{i}");
+                world
+                    .service(
+                        &name,
+                        json!({"clusterIP": format!("10.96.0.{}", 10 + i),
+                               "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+                    )
+                    .slice(
+                        &name,
+                        json!([{"name": "http", "port": 8080}]),
+                        vec![ep("10.244.1.5")],
+                    );
+            }
             world
-                .service(
-                    &name,
-                    json!({"clusterIP": format!("10.96.0.{}", 10 + i),
-                           "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
-                )
-                .slice(
-                    &name,
-                    json!([{"name": "http", "port": 8080}]),
-                    vec![ep("10.244.1.5")],
-                );
-        }
+        };
+        let mut world = services(0..24);
         // The TCP threads start with the first port: count from after a sync that started them.
         let mut first = World::new();
         first
@@ -311,31 +316,26 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
         std::thread::sleep(std::time::Duration::from_millis(300));
         iptables.restored_chains();
         let before = open_descriptors();
-        let error = backend
-            .sync(&pending(world.state()).request(false))
-            .unwrap_err()
-            .to_string();
+        let report = backend.sync(&pending(world.state()).request(false));
         assert!(
-            error.contains("no file descriptor left for another listener"),
-            "{error}"
+            report.is_ok(),
+            "a port refused a listener fails no sync: {report:?}"
         );
         assert_eq!(backend.listeners().len(), 23, "every port but one is served");
         let refused = kpr_metrics::LimitLabels {
             ip_family: "IPv4",
             limit: "listener_descriptors",
         };
-        assert_eq!(
-            metrics.limit_reached_total.get_or_create(&refused).get(),
-            1,
-            "counted"
-        );
+        let refusals = || metrics.limit_reached_total.get_or_create(&refused).get();
+        assert_eq!(refusals(), 1, "counted");
         // 2 for the first port (two threads), 1 for each next one.
         assert_eq!(backend.footprint().get("listener_descriptors"), Some(24));
         assert_eq!(open_descriptors() - before, 24);
         let restores = iptables.restored_chains();
         assert_eq!(restores.len(), 1, "the served ports' portals are written");
         let again = backend.sync(&pending(world.state()).request(false));
-        assert!(again.is_err(), "the port is still refused");
+        assert!(again.is_ok(), "{again:?}");
+        assert_eq!(refusals(), 2, "refused again, counted again");
         assert_eq!(
             iptables.restored_chains().len(),
             0,
@@ -344,10 +344,46 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
         for port in backend.listeners().values() {
             std::net::TcpStream::connect(("127.0.0.1", *port)).expect("every served port accepts");
         }
+        // svc0 took a descriptor per thread: once it is gone, the port left out is served.
+        let served: Vec<String> = backend.listeners().keys().map(|n| n.to_string()).collect();
+        backend
+            .sync(&pending(services(1..24).state()).request(false))
+            .unwrap();
+        let now: Vec<String> = backend.listeners().keys().map(|n| n.to_string()).collect();
+        assert_eq!(now.len(), 23, "{now:?}");
+        assert!(
+            now.iter().any(|name| !served.contains(name)),
+            "the port refused before is served: {served:?} -> {now:?}"
+        );
+        assert_eq!(refusals(), 2, "nothing refused");
         backend
             .sync(&pending(World::new().state()).request(false))
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(300));
         assert_eq!(open_descriptors(), before, "closing gives every descriptor back");
+    });
+}
+
+/// A full `--proxy-port-range` leaves the ports past it out as the descriptor budget does:
+/// the sync goes on with the others, the refusal is counted as the limit
+/// `proxy_port_range`.
+#[test]
+fn a_full_port_range_leaves_a_port_out_and_counts_it() {
+    in_netns("usrange", 1, |rt| {
+        let iptables = CountingChecks::default();
+        let mut options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
+        options.port_range = Some(40000..=40000);
+        let metrics = kpr_metrics::UserspaceMetrics::default();
+        let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone())
+            .with_metrics(metrics.clone());
+        let report = backend.sync(&pending(portal_world("10.244.1.5", true, None)).request(false));
+        assert!(report.is_ok(), "{report:?}");
+        let ports: Vec<u16> = backend.listeners().values().copied().collect();
+        assert_eq!(ports, [40000], "one port in the range, one Service served");
+        let full = kpr_metrics::LimitLabels {
+            ip_family: "IPv4",
+            limit: "proxy_port_range",
+        };
+        assert_eq!(metrics.limit_reached_total.get_or_create(&full).get(), 1);
     });
 }

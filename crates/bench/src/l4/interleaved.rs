@@ -326,6 +326,11 @@ fn spread_text(run: &Interleaved, who: Contestant, figure: Figure) -> String {
 mod tests {
     use super::*;
 
+    /// The userspace mode through its portal against HAProxy on the node's address.
+    fn portal_over_haproxy(run: &Interleaved, figure: Figure) -> Paired {
+        paired(run, Contestant::UserspacePortal, Contestant::Haproxy, figure).unwrap()
+    }
+
     fn slice(rate: f64, p50_us: u64) -> Slice {
         Slice {
             rate,
@@ -376,23 +381,11 @@ mod tests {
                 ],
             ],
         };
-        let rate = paired(
-            &run,
-            Contestant::UserspacePortal,
-            Contestant::Haproxy,
-            Figure::Rate,
-        )
-        .unwrap();
+        let rate = portal_over_haproxy(&run, Figure::Rate);
         assert_eq!((rate.ours_at_least, rate.turns), (3, 3));
         assert!((rate.median - 1.2).abs() < 1e-9, "{rate:?}");
         assert!((rate.lowest - 1.1).abs() < 1e-9 && (rate.highest - 1.2).abs() < 1e-9);
-        let p50 = paired(
-            &run,
-            Contestant::UserspacePortal,
-            Contestant::Haproxy,
-            Figure::P50,
-        )
-        .unwrap();
+        let p50 = portal_over_haproxy(&run, Figure::P50);
         assert!(
             (p50.median - 1.25).abs() < 1e-9,
             "lower latency is the advantage: {p50:?}"
@@ -419,13 +412,7 @@ mod tests {
                 ],
             ],
         };
-        let rate = paired(
-            &run,
-            Contestant::UserspacePortal,
-            Contestant::Haproxy,
-            Figure::Rate,
-        )
-        .unwrap();
+        let rate = portal_over_haproxy(&run, Figure::Rate);
         assert_eq!((rate.ours_at_least, rate.turns), (0, 1));
         assert!(
             paired(

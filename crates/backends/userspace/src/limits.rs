@@ -31,8 +31,9 @@ pub struct Limits {
     pub max_connections: usize,
     pub max_udp_sessions: usize,
     /// Descriptors the service ports' listening sockets may hold together (a port needs
-    /// one, or one per TCP thread: see [`crate::tcp::Listener::descriptors`]); a port past it is left out
-    /// of the sync with an error, instead of taking the descriptors the sync itself needs.
+    /// one, or one per TCP thread: see [`crate::tcp::Listener::descriptors`]); a port past
+    /// it is left out with an error, instead of taking the descriptors the sync itself
+    /// needs.
     pub max_listener_descriptors: usize,
 }
 

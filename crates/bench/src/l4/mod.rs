@@ -15,6 +15,9 @@
 //! `kube-proxy-rs --cleanup`. A path that cannot run (the userspace mode before it exists,
 //! HAProxy refusing its configuration) is a failed row that says why; the other rows still
 //! run. Nothing is pinned: on a shared machine the load average is reported beside the row.
+//! Rows a minute apart cannot tell 10 % apart where the machine's speed drifts, so with
+//! `--l4-turns` the userspace mode and HAProxy then also run at once and are measured in
+//! turns, seconds apart ([`interleaved`]).
 
 pub mod client;
 pub mod cluster;

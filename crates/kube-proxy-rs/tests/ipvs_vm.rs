@@ -21,7 +21,6 @@ const IPVS: &str = "--proxy-mode=ipvs";
 fn in_guest(test: &str, body: impl FnOnce()) {
     Guest::new()
         .binary(env!("CARGO_BIN_EXE_kube-proxy-rs"))
-        .timeout(Duration::from_secs(300))
         .in_guest(test, body);
 }
 

@@ -7,7 +7,6 @@
 //! throw-away guest booting Debian's kernel (kpr-vm), the same test binary running there.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use kpr_netns::Netns;
 
@@ -77,6 +76,5 @@ pub fn play(mode: Mode, module: &str, name: &str, scenario: fn(Mode)) {
     let (_crate, path) = module.split_once("::").expect("a test module inside the crate");
     kpr_vm::Guest::new()
         .binary(crate::support::proxy_binary())
-        .timeout(Duration::from_secs(400))
         .in_guest(&format!("{path}::{name}"), || scenario(mode));
 }

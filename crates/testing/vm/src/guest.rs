@@ -44,6 +44,13 @@ const DEFAULT_TOOLS: &[&str] = &[
     "ip6tables-nft-restore",
 ];
 
+/// How long a guest may run before it is killed and its console reported. A test that passes
+/// here takes under a minute (boot included) on a 2-core machine; four times that leaves room
+/// for a loaded one. It stays below the repository's nextest ceiling for guest-booting tests
+/// (`.config/nextest.toml`, 360 s): a hung guest must fail with its console, which says
+/// where it hung, and not be killed by the test runner with nothing to show.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(240);
+
 /// What one guest boot carries and how big the machine is.
 #[derive(Clone, Debug)]
 pub struct Guest {
@@ -76,7 +83,7 @@ impl Default for Guest {
             script: "true".to_owned(),
             memory_mib: 1024,
             cpus: 2,
-            timeout: Duration::from_secs(180),
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 }
@@ -115,6 +122,9 @@ impl Guest {
         self
     }
 
+    /// How long the guest may run; at two thirds of it, the guest writes every thread of the
+    /// payload still running, with its kernel stack, to its console (which a timeout error
+    /// carries).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -143,6 +153,7 @@ impl Guest {
             memory_mib: self.memory_mib,
             cpus: self.cpus,
             timeout: self.timeout,
+            watchdog: self.timeout * 2 / 3,
             dir: scratch.path(),
         };
         let boot = machine.boot()?;

@@ -22,6 +22,9 @@ pub(crate) struct Machine<'a> {
     pub memory_mib: u32,
     pub cpus: u32,
     pub timeout: Duration,
+    /// The guest's uptime at which its `/init` reports every thread of a payload still
+    /// running (see `init.sh`).
+    pub watchdog: Duration,
     /// Where the two serial ports' files go.
     pub dir: &'a Path,
 }
@@ -104,12 +107,21 @@ impl Machine<'_> {
             .arg(self.kernel)
             .arg("-initrd")
             .arg(self.initrd)
-            .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=4 rdinit=/init"])
+            .args(["-append", &kernel_command_line(self.watchdog)])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(self.dir.join("qemu.err")).map_or_else(|_| Stdio::null(), Stdio::from));
         command
     }
+}
+
+/// The dotted `kpr_vm.watchdog` is a parameter of no module, so the kernel keeps it out of
+/// `/init`'s arguments and environment; `/init` reads it from `/proc/cmdline`.
+fn kernel_command_line(watchdog: Duration) -> String {
+    format!(
+        "console=ttyS0 panic=-1 quiet loglevel=4 rdinit=/init kpr_vm.watchdog={}",
+        watchdog.as_secs().max(1)
+    )
 }
 
 fn file_backend(path: &Path) -> String {
@@ -121,4 +133,17 @@ fn read_lossy(path: &Path) -> String {
         |_| String::new(),
         |bytes| String::from_utf8_lossy(&bytes).into_owned(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watchdog_goes_to_the_kernel_command_line_in_whole_seconds() {
+        let line = kernel_command_line(Duration::from_millis(160_900));
+        assert!(line.ends_with(" kpr_vm.watchdog=160"), "{line}");
+        let line = kernel_command_line(Duration::from_millis(200));
+        assert!(line.ends_with(" kpr_vm.watchdog=1"), "{line}");
+    }
 }

@@ -82,11 +82,26 @@ fn a_body_that_fails_in_the_guest_fails_on_the_host() {
 }
 
 #[test]
-fn a_guest_that_never_powers_off_is_a_timeout() {
+fn a_guest_that_never_powers_off_is_a_timeout_that_says_what_still_ran() {
     let error = Guest::new()
         .script("sleep 600")
-        .timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(30))
         .run()
         .expect_err("the guest cannot finish");
-    assert!(matches!(error, Error::Timeout { .. }), "{error}");
+    let Error::Timeout { console, .. } = &error else {
+        panic!("not a timeout: {error}");
+    };
+    let report = console
+        .split_once("KPR-VM: the payload still runs at 20 s of uptime")
+        .map(|(_, report)| report)
+        .unwrap_or_else(|| panic!("no watchdog report in the console:\n{console}"));
+    let sleeping = report
+        .lines()
+        .find(|line| line.ends_with(": sleep 600 "))
+        .unwrap_or_else(|| panic!("the sleeping payload is not in the report:\n{report}"));
+    assert!(sleeping.contains("[S (sleeping)]"), "{sleeping}");
+    assert!(
+        report.contains("KPR-VM: end of the watchdog's report"),
+        "{report}"
+    );
 }

@@ -199,10 +199,10 @@ pub struct Flags {
     /// NodePorts a manifest may use, as the API server's flag: "MIN-MAX" or one port (manifest source only). [default: 30000-32767]
     #[arg(long, value_name = "MIN-MAX", value_parser = parse_port_range)]
     pub service_node_port_range: Option<RangeInclusive<u16>>,
-    /// Userspace mode: TCP connections carried at once; more are refused (logged once, counted). [default: 32000, lowered to fit the open-file limit]
+    /// Userspace mode: TCP connections carried at once (both IP families together); more are refused (logged once, counted). [default: 32000, lowered to fit the open-file limit]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub userspace_max_connections: Option<u32>,
-    /// Userspace mode: UDP client sessions held at once; datagrams that would open more are dropped. [default: 16000, lowered to fit the open-file limit]
+    /// Userspace mode: UDP client sessions held at once (both IP families together); datagrams that would open more are dropped. [default: 16000, lowered to fit the open-file limit]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub userspace_max_udp_sessions: Option<u32>,
     /// Largest manifest file read; a larger one is rejected and what it defined before is kept. [default: 134217728 (128 MiB)]

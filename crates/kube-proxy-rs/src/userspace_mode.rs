@@ -14,7 +14,7 @@ use kpr_metrics::UserspaceMetrics;
 use kpr_model::IpFamily;
 use kpr_state::DesiredState;
 use kpr_userspace::portals::{Portal, PortalTargets, render};
-use kpr_userspace::{Limits, UserspaceBackend, UserspaceOptions};
+use kpr_userspace::{Budget, Limits, UserspaceBackend, UserspaceOptions};
 use prometheus_client::registry::Registry;
 
 use crate::fatal::Fatal;
@@ -23,6 +23,10 @@ use crate::node::NodeFacts;
 
 /// The one set of `kubeproxy_userspace_*` metrics, shared by both families' backends.
 static METRICS: OnceLock<UserspaceMetrics> = OnceLock::new();
+
+/// The limits' one budget, shared by both families' backends: they draw on the process's
+/// one descriptor limit, which the limits were fitted to.
+static BUDGET: OnceLock<Budget> = OnceLock::new();
 
 /// Registers `kubeproxy_userspace_*` in `registry` (once per process).
 pub fn register_metrics(registry: &mut Registry) {
@@ -101,7 +105,10 @@ pub fn backend(options: UserspaceOptions) -> Result<UserspaceBackend, Fatal> {
         "userspace mode does not support SCTP: SCTP Service ports are not proxied \
          (each is logged, and counted in kubeproxy_userspace_unsupported_service_ports)"
     );
+    // Both families' options carry the same limits (from the same settings).
+    let budget = BUDGET.get_or_init(|| Budget::new(options.limits));
     let backend = UserspaceBackend::new(options, Box::new(cli), runtime)
+        .sharing(budget)
         .with_conntrack(Box::new(kpr_conntrack::NetlinkTable::new()));
     Ok(match METRICS.get() {
         Some(metrics) => backend.with_metrics(metrics.clone()),

@@ -21,7 +21,8 @@
 //! - **Fast data path** ([`copy`]): splice(2) through a pipe, so bytes do not pass through
 //!   this process; measured against a buffer copy and HAProxy in BENCHMARKS.md.
 //! - **Bounded** ([`limits`]): at most so many connections and UDP sessions; past the
-//!   limit clients are refused, counted and logged once.
+//!   limit clients are refused, counted and logged once. The limits bound the process: a
+//!   dual-stack proxy's two backends share one [`Budget`].
 //! - **Metrics** are kpr-metrics' `kubeproxy_userspace_*`, per service port, removed with
 //!   the port.
 //! - **UDP flows to a closed listener are deleted** from conntrack ([`conntrack`]): the
@@ -46,6 +47,6 @@ pub mod udp;
 pub mod workers;
 
 pub use copy::CopyMethod;
-pub use limits::Limits;
+pub use limits::{Budget, Limits};
 pub use portals::{Portal, PortalTargets};
 pub use proxier::{SyncError, UserspaceBackend, UserspaceOptions};

@@ -7,9 +7,13 @@
 //! (a UDP packet that would open a session is dropped), the metric counts it, and one log
 //! line says the limit was reached, once per episode: the next line comes only after the
 //! load fell below the limit again.
+//!
+//! The limits bound the process, not a backend: a dual-stack proxy runs a backend per IP
+//! family, both drawing on the one descriptor limit the defaults were fitted to, so they
+//! share one [`Budget`] (each with its own log line and metric labels).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use kpr_metrics::{LimitLabels, UserspaceMetrics};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -64,6 +68,107 @@ impl Default for Limits {
     }
 }
 
+/// The limits' counters, for every backend of a process: connections and UDP sessions
+/// carried, and the descriptors the service ports' listeners hold.
+#[derive(Clone, Debug)]
+pub struct Budget {
+    limits: Limits,
+    connections: Arc<Semaphore>,
+    udp_sessions: Arc<Semaphore>,
+    listener_descriptors: Arc<AtomicUsize>,
+}
+
+impl Budget {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            connections: Arc::new(Semaphore::new(limits.max_connections)),
+            udp_sessions: Arc::new(Semaphore::new(limits.max_udp_sessions)),
+            listener_descriptors: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// One backend's slots of `kind`, drawn from this budget, logged and counted as
+    /// `ip_family`'s.
+    pub fn slots(&self, kind: Kind, ip_family: &'static str, metrics: Option<UserspaceMetrics>) -> Slots {
+        let (semaphore, max) = match kind {
+            Kind::Connections => (&self.connections, self.limits.max_connections),
+            Kind::UdpSessions => (&self.udp_sessions, self.limits.max_udp_sessions),
+        };
+        Slots {
+            kind,
+            max,
+            semaphore: Arc::clone(semaphore),
+            at_limit: AtomicBool::new(false),
+            ip_family,
+            metrics,
+        }
+    }
+
+    /// One backend's count of listener descriptors, added into this budget's total.
+    pub fn listener_descriptors(&self) -> ListenerDescriptors {
+        ListenerDescriptors {
+            own: 0,
+            total: Arc::clone(&self.listener_descriptors),
+            limit: self.limits.max_listener_descriptors,
+        }
+    }
+}
+
+/// The descriptors one backend's listeners hold, kept in the budget's total as well; a
+/// backend dropped gives its share back.
+///
+/// Backends check for room and then open sockets without a lock between them: two
+/// families syncing at the same moment can pass the limit by a listener's descriptors,
+/// which [`DESCRIPTORS_RESERVED`] absorbs.
+#[derive(Debug)]
+pub struct ListenerDescriptors {
+    own: usize,
+    total: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+impl ListenerDescriptors {
+    /// This backend's.
+    pub fn own(&self) -> usize {
+        self.own
+    }
+
+    /// Every backend's of the budget.
+    pub fn total(&self) -> usize {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Whether the listeners of all backends together may take `more`.
+    pub fn spare(&self, more: usize) -> bool {
+        self.total() + more <= self.limit
+    }
+
+    /// This backend's listeners hold `own` now.
+    pub fn set(&mut self, own: usize) {
+        if own >= self.own {
+            self.total.fetch_add(own - self.own, Ordering::Relaxed);
+        } else {
+            self.total.fetch_sub(self.own - own, Ordering::Relaxed);
+        }
+        self.own = own;
+    }
+}
+
+impl Drop for ListenerDescriptors {
+    fn drop(&mut self) {
+        self.set(0);
+    }
+}
+
 /// What kind of slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -80,8 +185,8 @@ impl Kind {
     }
 }
 
-/// Slots of one kind, shared by every listener of a backend; a permit is one slot, freed
-/// when dropped (the connection or session ended).
+/// Slots of one kind, shared by every listener of a backend and drawn from the process's
+/// [`Budget`]; a permit is one slot, freed when dropped (the connection or session ended).
 #[derive(Debug)]
 pub struct Slots {
     kind: Kind,
@@ -94,17 +199,6 @@ pub struct Slots {
 }
 
 impl Slots {
-    pub fn new(kind: Kind, max: usize, ip_family: &'static str, metrics: Option<UserspaceMetrics>) -> Self {
-        Self {
-            kind,
-            max,
-            semaphore: Arc::new(Semaphore::new(max)),
-            at_limit: AtomicBool::new(false),
-            ip_family,
-            metrics,
-        }
-    }
-
     /// A slot, or `None` at the limit (counted, and logged once per episode).
     pub fn try_take(&self) -> Option<OwnedSemaphorePermit> {
         match self.semaphore.clone().try_acquire_owned() {
@@ -139,7 +233,7 @@ impl Slots {
         }
     }
 
-    /// Slots in use now.
+    /// Slots in use now, by every backend of the budget.
     pub fn in_use(&self) -> usize {
         self.max - self.semaphore.available_permits()
     }
@@ -176,7 +270,11 @@ mod tests {
     #[test]
     fn slots_run_out_at_the_limit_count_it_and_come_back() {
         let metrics = UserspaceMetrics::default();
-        let slots = Slots::new(Kind::Connections, 2, "IPv4", Some(metrics.clone()));
+        let budget = Budget::new(Limits {
+            max_connections: 2,
+            ..Limits::default()
+        });
+        let slots = budget.slots(Kind::Connections, "IPv4", Some(metrics.clone()));
         let a = slots.try_take().unwrap();
         let _b = slots.try_take().unwrap();
         assert!(slots.try_take().is_none());
@@ -190,5 +288,45 @@ mod tests {
         drop(a);
         assert_eq!(slots.in_use(), 1);
         assert!(slots.try_take().is_some());
+    }
+
+    #[test]
+    fn both_families_draw_on_one_budget() {
+        let metrics = UserspaceMetrics::default();
+        let budget = Budget::new(Limits {
+            max_connections: 2,
+            max_udp_sessions: 1,
+            max_listener_descriptors: 5,
+        });
+        let v4 = budget.slots(Kind::Connections, "IPv4", Some(metrics.clone()));
+        let v6 = budget.slots(Kind::Connections, "IPv6", Some(metrics.clone()));
+        let _a = v4.try_take().unwrap();
+        let b = v6.try_take().unwrap();
+        assert!(v4.try_take().is_none(), "the other family holds the second slot");
+        let refused = |ip_family| {
+            let labels = LimitLabels {
+                ip_family,
+                limit: "connections",
+            };
+            metrics.limit_reached_total.get_or_create(&labels).get()
+        };
+        assert_eq!((refused("IPv4"), refused("IPv6")), (1, 0));
+        drop(b);
+        assert!(v4.try_take().is_some());
+        let sessions = budget.slots(Kind::UdpSessions, "IPv6", None);
+        assert!(
+            sessions.try_take().is_some(),
+            "sessions are a budget of their own"
+        );
+
+        let mut v4 = budget.listener_descriptors();
+        let mut v6 = budget.listener_descriptors();
+        v4.set(3);
+        assert!(v6.spare(2) && !v6.spare(3));
+        v6.set(2);
+        v4.set(1);
+        assert_eq!((v4.own(), v6.own(), v6.total()), (1, 2, 3));
+        drop(v6);
+        assert_eq!(v4.total(), 1, "a backend dropped gives its descriptors back");
     }
 }

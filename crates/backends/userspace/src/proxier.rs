@@ -36,7 +36,7 @@ use tokio::runtime::Handle;
 use crate::balancer::PortBalancer;
 use crate::conntrack::remove_stale;
 use crate::copy::CopyMethod;
-use crate::limits::{Kind, Limits, Slots};
+use crate::limits::{Budget, Kind, Limits, ListenerDescriptors, Slots};
 use crate::port::{PortState, PortStats};
 use crate::portals::{Portal, PortalTargets, checked_name, jump_rules, render, superseded_jump_rules};
 use crate::ports::PortAllocator;
@@ -150,8 +150,11 @@ pub struct UserspaceBackend {
     full_synced: Option<Instant>,
     /// The portal chains as the last restore left them (empty: unknown, all are written).
     written: ChainHashes,
+    /// The limits' counters, shared with the other family's backend when
+    /// [`UserspaceBackend::sharing`] says so.
+    budget: Budget,
     /// Descriptors the open ports' sockets hold (see [`Limits::max_listener_descriptors`]).
-    listener_descriptors: usize,
+    listener_descriptors: ListenerDescriptors,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -170,10 +173,13 @@ pub enum SyncError {
 
 impl UserspaceBackend {
     pub fn new(options: UserspaceOptions, iptables: Box<dyn Iptables>, runtime: Handle) -> Self {
+        let budget = Budget::new(options.limits);
         Self {
             ports: PortAllocator::new(options.port_range.clone()),
-            connections: slots(Kind::Connections, &options, None),
-            udp_sessions: slots(Kind::UdpSessions, &options, None),
+            connections: slots(&budget, Kind::Connections, &options, None),
+            udp_sessions: slots(&budget, Kind::UdpSessions, &options, None),
+            listener_descriptors: budget.listener_descriptors(),
+            budget,
             options,
             runtime,
             workers: None,
@@ -187,8 +193,17 @@ impl UserspaceBackend {
             flow_cleanups: Vec::new(),
             full_synced: None,
             written: ChainHashes::new(),
-            listener_descriptors: 0,
         }
+    }
+
+    /// Draws on `budget` (and its limits) instead of a budget of its own: the other IP
+    /// family's backend in the same process does too. Before the first sync.
+    pub fn sharing(mut self, budget: &Budget) -> Self {
+        self.options.limits = budget.limits();
+        self.budget = budget.clone();
+        self.listener_descriptors = budget.listener_descriptors();
+        self.rebuild_slots();
+        self
     }
 
     /// Deletes UDP flows that lead to a closed or replaced listener (see
@@ -200,10 +215,15 @@ impl UserspaceBackend {
 
     /// Reports to `metrics` (`kubeproxy_userspace_*`).
     pub fn with_metrics(mut self, metrics: UserspaceMetrics) -> Self {
-        self.connections = slots(Kind::Connections, &self.options, Some(&metrics));
-        self.udp_sessions = slots(Kind::UdpSessions, &self.options, Some(&metrics));
         self.metrics = Some(metrics);
+        self.rebuild_slots();
         self
+    }
+
+    fn rebuild_slots(&mut self) {
+        let metrics = self.metrics.as_ref();
+        self.connections = slots(&self.budget, Kind::Connections, &self.options, metrics);
+        self.udp_sessions = slots(&self.budget, Kind::UdpSessions, &self.options, metrics);
     }
 
     /// The port each open service port listens on (tests, `explain`).
@@ -227,7 +247,7 @@ impl UserspaceBackend {
             .with("sticky_clients", sticky)
             .with("reported_refusals", self.reported_refusals.len())
             .with("reported_sctp", self.reported_sctp.len())
-            .with("listener_descriptors", self.listener_descriptors)
+            .with("listener_descriptors", self.listener_descriptors.own())
     }
 
     /// TCP connections carried now, over all ports.
@@ -279,7 +299,8 @@ impl UserspaceBackend {
         for name in &gone {
             self.close(name);
         }
-        self.listener_descriptors = self.open.values().map(|open| open.socket.descriptors()).sum();
+        let held = self.open.values().map(|open| open.socket.descriptors()).sum();
+        self.listener_descriptors.set(held);
         // A port that cannot get a listener (no free port in the range, no descriptor left)
         // does not hold back the others, nor fail the sync: as upstream's userspace proxy,
         // which logged such a port and went on, it is logged, counted, and tried again at
@@ -465,12 +486,14 @@ impl UserspaceBackend {
                 && (listener.is_accepting() || self.spare_descriptors(threads.len().saturating_sub(1)));
             match tcp::retarget(listener, accept, bind_ip, &open.state, &self.connections, threads) {
                 Ok(listener) => {
-                    self.listener_descriptors = self.listener_descriptors - before + listener.descriptors();
+                    let held = self.listener_descriptors.own() - before + listener.descriptors();
+                    self.listener_descriptors.set(held);
                     open.socket = Socket::Tcp(listener);
                 }
                 Err(error) => {
                     tracing::error!(service = %open.state.name, %error, "cannot change the listener; the port is opened anew at the next sync");
-                    self.listener_descriptors -= before;
+                    let held = self.listener_descriptors.own() - before;
+                    self.listener_descriptors.set(held);
                     self.release(&open.state, listening_port, &open.labels);
                     return Ok(());
                 }
@@ -486,9 +509,9 @@ impl UserspaceBackend {
         Ok(())
     }
 
-    /// Whether the listeners may take `more` descriptors.
+    /// Whether the listeners (of every backend of the budget) may take `more` descriptors.
     fn spare_descriptors(&self, more: usize) -> bool {
-        self.listener_descriptors + more <= self.options.limits.max_listener_descriptors
+        self.listener_descriptors.spare(more)
     }
 
     /// The error for a port past the listeners' descriptor budget, counted as the limit
@@ -498,8 +521,8 @@ impl UserspaceBackend {
         SyncError::Listen {
             port: port.name.to_string(),
             source: crate::ports::AllocError::Descriptors {
-                used: self.listener_descriptors,
-                limit: self.options.limits.max_listener_descriptors,
+                used: self.listener_descriptors.total(),
+                limit: self.listener_descriptors.limit(),
             },
         }
     }
@@ -511,8 +534,8 @@ impl UserspaceBackend {
     /// per port and thread, and the ports still spread over the threads.
     fn accepting_threads(&self, port: u16) -> &[Handle] {
         let all = self.workers.as_ref().map_or(&[][..], Workers::handles);
-        let eighth = self.options.limits.max_listener_descriptors / 8;
-        if all.len() <= 1 || self.listener_descriptors + all.len() <= eighth {
+        let eighth = self.listener_descriptors.limit() / 8;
+        if all.len() <= 1 || self.listener_descriptors.total() + all.len() <= eighth {
             return all;
         }
         let one = usize::from(port) % all.len();
@@ -592,7 +615,8 @@ impl UserspaceBackend {
             }
         };
         tracing::info!(service = %name, port = socket.port(), "opened the service port's listener");
-        self.listener_descriptors += socket.descriptors();
+        let held = self.listener_descriptors.own() + socket.descriptors();
+        self.listener_descriptors.set(held);
         self.open.insert(
             port.name.clone(),
             OpenPort {
@@ -654,13 +678,14 @@ fn count_limit(metrics: Option<&UserspaceMetrics>, family: IpFamily, limit: &'st
     }
 }
 
-/// A backend's shared slots of one kind, at the configured limit.
-fn slots(kind: Kind, options: &UserspaceOptions, metrics: Option<&UserspaceMetrics>) -> Arc<Slots> {
-    let max = match kind {
-        Kind::Connections => options.limits.max_connections,
-        Kind::UdpSessions => options.limits.max_udp_sessions,
-    };
-    Arc::new(Slots::new(kind, max, options.family.label(), metrics.cloned()))
+/// A backend's slots of one kind, shared by its listeners, drawn from `budget`.
+fn slots(
+    budget: &Budget,
+    kind: Kind,
+    options: &UserspaceOptions,
+    metrics: Option<&UserspaceMetrics>,
+) -> Arc<Slots> {
+    Arc::new(budget.slots(kind, options.family.label(), metrics.cloned()))
 }
 
 impl Backend for UserspaceBackend {

@@ -282,24 +282,7 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
         let metrics = kpr_metrics::UserspaceMetrics::default();
         let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone())
             .with_metrics(metrics.clone());
-        let services = |numbers: std::ops::Range<usize>| {
-            let mut world = World::new();
-            for i in numbers {
-                let name = format!("svc{i}");
-                world
-                    .service(
-                        &name,
-                        json!({"clusterIP": format!("10.96.0.{}", 10 + i),
-                               "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
-                    )
-                    .slice(
-                        &name,
-                        json!([{"name": "http", "port": 8080}]),
-                        vec![ep("10.244.1.5")],
-                    );
-            }
-            world
-        };
+        let services = |numbers| numbered_services(IpFamily::V4, numbers);
         let mut world = services(0..24);
         // The TCP threads start with the first port: count from after a sync that started them.
         let mut first = World::new();
@@ -361,6 +344,71 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(300));
         assert_eq!(open_descriptors(), before, "closing gives every descriptor back");
+    });
+}
+
+/// Services `svc<i>` of `family` for each `i` in `numbers`, a TCP port each, one endpoint.
+fn numbered_services(family: IpFamily, numbers: std::ops::Range<usize>) -> World {
+    let mut world = World::with_family(family);
+    for i in numbers {
+        let name = format!("svc{i}");
+        let (cluster_ip, endpoint) = match family {
+            IpFamily::V4 => (format!("10.96.0.{}", 10 + i), "10.244.1.5"),
+            IpFamily::V6 => (format!("fd00:96::{:x}", 10 + i), "fd00:244::5"),
+        };
+        world
+            .service(
+                &name,
+                json!({"clusterIP": cluster_ip, "ipFamilies": [family.label()],
+                       "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+            )
+            .slice(&name, json!([{"name": "http", "port": 8080}]), vec![ep(endpoint)]);
+    }
+    world
+}
+
+/// A dual-stack proxy's two backends share the process's descriptors: with 6 for the
+/// listeners, IPv4's 4 ports leave IPv6 room for 2 of its 4 (the rest counted as IPv6's
+/// refusals), and once IPv4's backend is gone, IPv6 serves all 4.
+#[test]
+fn both_families_listeners_share_one_descriptor_budget() {
+    in_netns("usbudget", 1, |rt| {
+        let backend =
+            |family, host: &str, budget: &kpr_userspace::Budget, metrics: &kpr_metrics::UserspaceMetrics| {
+                let mut options = UserspaceOptions::new(family, host.parse().unwrap());
+                options.tcp_threads = std::num::NonZeroUsize::MIN;
+                UserspaceBackend::new(options, Box::new(CountingChecks::default()), rt.handle().clone())
+                    .sharing(budget)
+                    .with_metrics(metrics.clone())
+            };
+        let budget = kpr_userspace::Budget::new(kpr_userspace::Limits {
+            max_listener_descriptors: 6,
+            ..kpr_userspace::Limits::default()
+        });
+        let metrics = kpr_metrics::UserspaceMetrics::default();
+        let mut v4 = backend(IpFamily::V4, "127.0.0.1", &budget, &metrics);
+        let mut v6 = backend(IpFamily::V6, "::1", &budget, &metrics);
+        sync(&mut v4, numbered_services(IpFamily::V4, 0..4).state());
+        sync(&mut v6, numbered_services(IpFamily::V6, 0..4).state());
+        assert_eq!((v4.listeners().len(), v6.listeners().len()), (4, 2));
+        let refused = |ip_family| {
+            let labels = kpr_metrics::LimitLabels {
+                ip_family,
+                limit: "listener_descriptors",
+            };
+            metrics.limit_reached_total.get_or_create(&labels).get()
+        };
+        assert_eq!((refused("IPv4"), refused("IPv6")), (0, 2));
+        for port in v6.listeners().values() {
+            std::net::TcpStream::connect(("::1", *port)).expect("a served IPv6 port accepts");
+        }
+        drop(v4);
+        sync(&mut v6, numbered_services(IpFamily::V6, 0..4).state());
+        assert_eq!(
+            v6.listeners().len(),
+            4,
+            "IPv4's descriptors came back to the budget"
+        );
     });
 }
 

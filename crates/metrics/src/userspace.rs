@@ -104,7 +104,7 @@ impl UserspaceMetrics {
         );
         r.register(
             "userspace_limit_reached",
-            "Connections, UDP sessions or service port listeners refused because a limit was reached (limit: connections, udp_sessions, listener_descriptors, proxy_port_range)",
+            "Connections, UDP sessions or service port listeners refused because a limit was reached (limit: connections, udp_sessions, listener_descriptors, proxy_port_range, ephemeral_ports)",
             m.limit_reached_total.clone(),
         );
         r.register(

@@ -39,7 +39,7 @@ use crate::copy::CopyMethod;
 use crate::limits::{Budget, Kind, Limits, ListenerDescriptors, Slots};
 use crate::port::{PortState, PortStats};
 use crate::portals::{Portal, PortalTargets, checked_name, jump_rules, render, superseded_jump_rules};
-use crate::ports::PortAllocator;
+use crate::ports::{PortAllocator, PortSource};
 use crate::tcp::{self, Listener};
 use crate::udp::{self, UdpListener};
 use crate::workers::{self, Workers};
@@ -175,7 +175,7 @@ impl UserspaceBackend {
     pub fn new(options: UserspaceOptions, iptables: Box<dyn Iptables>, runtime: Handle) -> Self {
         let budget = Budget::new(options.limits);
         Self {
-            ports: PortAllocator::new(options.port_range.clone()),
+            ports: PortAllocator::new(PortSource::of(options.port_range.clone())),
             connections: slots(&budget, Kind::Connections, &options, None),
             udp_sessions: slots(&budget, Kind::UdpSessions, &options, None),
             listener_descriptors: budget.listener_descriptors(),
@@ -575,9 +575,9 @@ impl UserspaceBackend {
         let ip = self.options.bind_ip();
         let start = self.random_start();
         let (metrics, family) = (self.metrics.clone(), self.options.family);
-        let listen_error = |source| {
-            if let crate::ports::AllocError::Exhausted { .. } = source {
-                count_limit(metrics.as_ref(), family, "proxy_port_range");
+        let listen_error = |source: crate::ports::AllocError| {
+            if let Some(limit) = source.limit() {
+                count_limit(metrics.as_ref(), family, limit);
             }
             SyncError::Listen {
                 port: name.clone(),

@@ -8,7 +8,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::{Accepting, in_netns, open_descriptors};
+use common::{Accepting, in_netns, in_netns_with, open_descriptors};
 use kpr_iptables::{ExecError, Iptables, IptablesVersion, Table};
 use kpr_model::{IpFamily, NamespacedName, ServicePort, ServicePortName};
 use kpr_state::{Backend, DesiredState, PendingSync};
@@ -409,6 +409,38 @@ fn both_families_listeners_share_one_descriptor_budget() {
             4,
             "IPv4's descriptors came back to the budget"
         );
+    });
+}
+
+/// Without `--proxy-port-range` the listeners' ports come from the ephemeral range of the
+/// proxy's own namespace, less its reserved ports, odd ones first (as the kernel's search
+/// for `bind` takes them), then even ones; past the range, the kernel's own choice (port 0)
+/// finds nothing either and the port is left out, counted as `ephemeral_ports`.
+#[test]
+fn without_a_port_range_the_namespaces_ephemeral_range_is_used() {
+    let sysctls = [
+        ("net.ipv4.ip_local_port_range", "45000 45005"),
+        ("net.ipv4.ip_local_reserved_ports", "45003"),
+    ];
+    in_netns_with("usephem", 1, &sysctls, |rt| {
+        let options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
+        let metrics = kpr_metrics::UserspaceMetrics::default();
+        let mut backend =
+            UserspaceBackend::new(options, Box::new(CountingChecks::default()), rt.handle().clone())
+                .with_metrics(metrics.clone());
+        sync(&mut backend, numbered_services(IpFamily::V4, 0..2).state());
+        let mut ports: Vec<u16> = backend.listeners().values().copied().collect();
+        ports.sort_unstable();
+        assert_eq!(ports, [45001, 45005], "the odd ports but the reserved one");
+        sync(&mut backend, numbered_services(IpFamily::V4, 0..6).state());
+        let mut ports: Vec<u16> = backend.listeners().values().copied().collect();
+        ports.sort_unstable();
+        assert_eq!(ports, [45000, 45001, 45002, 45004, 45005]);
+        let exhausted = kpr_metrics::LimitLabels {
+            ip_family: "IPv4",
+            limit: "ephemeral_ports",
+        };
+        assert_eq!(metrics.limit_reached_total.get_or_create(&exhausted).get(), 1);
     });
 }
 

@@ -41,8 +41,21 @@ impl Iptables for Accepting {
 /// Runs `test` in a namespace of its own (loopback up), with a runtime of `workers` threads
 /// for the backend's UDP listeners.
 pub fn in_netns(name: &str, workers: usize, test: impl FnOnce(&tokio::runtime::Runtime) + Send) {
+    in_netns_with(name, workers, &[], test);
+}
+
+/// [`in_netns`] with the namespace's `sysctls` (key, value) set first.
+pub fn in_netns_with(
+    name: &str,
+    workers: usize,
+    sysctls: &[(&str, &str)],
+    test: impl FnOnce(&tokio::runtime::Runtime) + Send,
+) {
     let ns = kpr_netns::Netns::new(name).unwrap();
     ns.ip(&["link", "set", "lo", "up"]).unwrap();
+    for (key, value) in sysctls {
+        ns.set_sysctl(key, value).unwrap();
+    }
     ns.run(|| {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers)

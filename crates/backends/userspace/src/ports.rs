@@ -13,8 +13,12 @@
 //! 14,000 took 10.3 s), the same binds to ports chosen here 0.09 s. So the scan here covers
 //! the kernel's range (`net.ipv4.ip_local_port_range`, less `ip_local_reserved_ports`),
 //! odd ports first as the kernel's own search for `bind` does (it leaves the even ones to
-//! outgoing connections), knows which ports are its own without asking the kernel, and
-//! ends with port 0: whatever the kernel can still find.
+//! outgoing connections), and knows which ports are its own without asking the kernel.
+//! Port 0 is no last resort: once no port of the range binds, the kernel's search finds
+//! none free either, except by sharing a bound one where the sockets' options allow it (a
+//! UDP socket with `SO_REUSEADDR` given port 0 in a full range got a port another socket
+//! held), which would give two service ports one port. For the same reason a port the
+//! kernel picks (when the range cannot be read) that is already ours is refused.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -153,7 +157,7 @@ impl PortAllocator {
                     .flatten()
                     .chain(odd_first(0).into_iter().flatten())
                     .filter(move |port| !reserved.iter().any(|r| r.contains(port)));
-                (None, Some(scan), Some(0))
+                (None, Some(scan), None)
             }
             PortSource::Kernel => (None, None, Some(0)),
         };
@@ -175,6 +179,8 @@ impl PortAllocator {
         let mut bound = None;
         for port in self.candidates(start) {
             match bind(port) {
+                // Only the kernel's choice can be ours already (see the module docs).
+                Ok((_, actual)) if self.used.contains(&actual) => break,
                 Ok(got) => {
                     bound = Some(got);
                     break;
@@ -247,17 +253,21 @@ mod tests {
         assert_eq!(port, 41234);
         let error = ports.allocate(7, |_| Err::<((), u16), _>(in_use())).unwrap_err();
         assert_eq!(error.limit(), Some("ephemeral_ports"), "{error}");
+        let error = ports
+            .allocate(7, |_| Ok(((), 41234)))
+            .expect_err("a port already ours is not handed out twice");
+        assert_eq!(error.limit(), Some("ephemeral_ports"), "{error}");
     }
 
     #[test]
-    fn the_ephemeral_range_is_scanned_odd_ports_first_without_reserved_ones_then_port_0() {
+    fn the_ephemeral_range_is_scanned_odd_ports_first_without_reserved_ones() {
         let mut ports = PortAllocator::new(PortSource::Ephemeral {
             range: 40000..=40007,
             reserved: vec![40003..=40003, 40008..=40009],
         });
         assert_eq!(
             candidates(&ports, 1),
-            [40005, 40007, 40001, 40002, 40004, 40006, 40000, 0]
+            [40005, 40007, 40001, 40002, 40004, 40006, 40000]
         );
         let (_, first) = ports.allocate(1, |p| Ok(((), p))).unwrap();
         assert_eq!(first, 40005);
@@ -266,7 +276,7 @@ mod tests {
             .allocate(1, |p| if p == 40007 { Err(in_use()) } else { Ok(((), p)) })
             .unwrap();
         assert_eq!(second, 40001);
-        assert_eq!(candidates(&ports, 0), [40007, 40000, 40002, 40004, 40006, 0]);
+        assert_eq!(candidates(&ports, 0), [40007, 40000, 40002, 40004, 40006]);
         let error = ports.allocate(0, |_| Err::<((), u16), _>(in_use())).unwrap_err();
         assert_eq!(
             error.to_string(),

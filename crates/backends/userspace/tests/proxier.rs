@@ -414,8 +414,8 @@ fn both_families_listeners_share_one_descriptor_budget() {
 
 /// Without `--proxy-port-range` the listeners' ports come from the ephemeral range of the
 /// proxy's own namespace, less its reserved ports, odd ones first (as the kernel's search
-/// for `bind` takes them), then even ones; past the range, the kernel's own choice (port 0)
-/// finds nothing either and the port is left out, counted as `ephemeral_ports`.
+/// for `bind` takes them), then even ones; past the range a port is left out, counted as
+/// `ephemeral_ports`.
 #[test]
 fn without_a_port_range_the_namespaces_ephemeral_range_is_used() {
     let sysctls = [

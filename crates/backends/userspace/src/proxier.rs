@@ -514,17 +514,27 @@ impl UserspaceBackend {
         self.listener_descriptors.spare(more)
     }
 
-    /// The error for a port past the listeners' descriptor budget, counted as the limit
-    /// `listener_descriptors` in `kubeproxy_userspace_limit_reached_total`.
+    /// The error for a port past the listeners' descriptor budget (counted, see
+    /// [`UserspaceBackend::refused`]).
     fn out_of_descriptors(&self, port: &ServicePort) -> SyncError {
-        count_limit(self.metrics.as_ref(), self.options.family, "listener_descriptors");
-        SyncError::Listen {
-            port: port.name.to_string(),
-            source: crate::ports::AllocError::Descriptors {
-                used: self.listener_descriptors.total(),
-                limit: self.listener_descriptors.limit(),
-            },
+        let source = crate::ports::AllocError::Descriptors {
+            used: self.listener_descriptors.total(),
+            limit: self.listener_descriptors.limit(),
+        };
+        self.refused(port.name.to_string(), source)
+    }
+
+    /// The error for a port that gets no listener; one that hit a limit is counted in
+    /// `kubeproxy_userspace_limit_reached_total` under that limit's label.
+    fn refused(&self, port: String, source: crate::ports::AllocError) -> SyncError {
+        if let (Some(metrics), Some(limit)) = (&self.metrics, source.limit()) {
+            let labels = kpr_metrics::LimitLabels {
+                ip_family: self.options.family.label(),
+                limit,
+            };
+            metrics.limit_reached_total.get_or_create(&labels).inc();
         }
+        SyncError::Listen { port, source }
     }
 
     /// The TCP threads a listener that starts accepting accepts on: every thread while the
@@ -574,16 +584,6 @@ impl UserspaceBackend {
         );
         let ip = self.options.bind_ip();
         let start = self.random_start();
-        let (metrics, family) = (self.metrics.clone(), self.options.family);
-        let listen_error = |source: crate::ports::AllocError| {
-            if let Some(limit) = source.limit() {
-                count_limit(metrics.as_ref(), family, limit);
-            }
-            SyncError::Listen {
-                port: name.clone(),
-                source,
-            }
-        };
         let mut flows = Vec::new();
         let socket = match port.name.protocol {
             Protocol::Udp => {
@@ -591,7 +591,7 @@ impl UserspaceBackend {
                 let (socket, bound) = self
                     .ports
                     .allocate(start, |p| udp::bind(ip, p))
-                    .map_err(listen_error)?;
+                    .map_err(|source| self.refused(name.clone(), source))?;
                 let served = udp::serve(
                     socket,
                     bound,
@@ -610,7 +610,7 @@ impl UserspaceBackend {
                 let (socket, bound) = self
                     .ports
                     .allocate(start, |p| tcp::bind(ip, p))
-                    .map_err(listen_error)?;
+                    .map_err(|source| self.refused(name.clone(), source))?;
                 Socket::Tcp(Listener::Held { port: bound, socket })
             }
         };
@@ -664,17 +664,6 @@ impl UserspaceBackend {
         }
         self.reported_refusals = current;
         reported
-    }
-}
-
-/// Counts a refusal for `limit` in `kubeproxy_userspace_limit_reached_total`.
-fn count_limit(metrics: Option<&UserspaceMetrics>, family: IpFamily, limit: &'static str) {
-    if let Some(metrics) = metrics {
-        let labels = kpr_metrics::LimitLabels {
-            ip_family: family.label(),
-            limit,
-        };
-        metrics.limit_reached_total.get_or_create(&labels).inc();
     }
 }
 

@@ -17,11 +17,16 @@ const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// A port nobody listens on right now (the kernel's pick, released again).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports(1)[0]
+}
+
+/// `n` distinct ports nobody listens on right now: all are held until all are picked, as
+/// the kernel may hand a port released a moment ago to the next bind.
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
 fn service(name: &str) -> NamespacedName {
@@ -146,7 +151,9 @@ async fn a_local_endpoint_answers_200_with_upstreams_headers_and_body() {
 async fn no_local_endpoint_or_a_late_proxy_answers_503() {
     let localhost = HealthCheckAddresses::Ips(vec![LOCALHOST]);
     let mut h = Harness::with_health_timeout(IpFamily::V4, localhost, Duration::from_millis(1));
-    let (empty, late) = (free_port(), free_port());
+    let [empty, late] = free_ports(2)[..] else {
+        unreachable!()
+    };
     h.apply(&[("empty", check(empty, 0)), ("late", check(late, 1))])
         .await;
     let reply = probe(empty).await;
@@ -183,7 +190,9 @@ async fn counts_follow_each_sync_and_a_removed_service_closes_its_port() {
 #[tokio::test]
 async fn a_new_health_check_port_moves_the_server() {
     let mut h = Harness::new();
-    let (old, new) = (free_port(), free_port());
+    let [old, new] = free_ports(2)[..] else {
+        unreachable!()
+    };
     h.apply(&[("web", check(old, 1))]).await;
     h.apply(&[("web", check(new, 1))]).await;
     assert!(refused(old).await);
@@ -362,7 +371,7 @@ async fn sizes_and_metric_label_sets_come_back_after_churn() {
     /// Returns how many Services had servers midway.
     async fn round(h: &mut Harness, r: usize) -> usize {
         let names: Vec<String> = (0..3).map(|i| format!("churn-{r}-{i}")).collect();
-        let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
+        let ports = free_ports(names.len());
         let wanted: Vec<(&str, HealthCheck)> = names
             .iter()
             .zip(&ports)
@@ -370,11 +379,12 @@ async fn sizes_and_metric_label_sets_come_back_after_churn() {
             .collect();
         h.apply(&wanted).await;
         let midway = h.manager.footprint().get("open").unwrap();
+        // Somebody else holds the port: reported, retried by the next update. Bound before
+        // the move's port is picked, so the two differ.
+        let taken = std::net::TcpListener::bind((LOCALHOST, 0)).unwrap();
         let mut changed = wanted.clone();
         changed[0].1 = check(ports[0], 0);
         changed[1].1 = check(free_port(), 2);
-        // Somebody else holds the port: reported, retried by the next update.
-        let taken = std::net::TcpListener::bind((LOCALHOST, 0)).unwrap();
         changed[2].1 = check(taken.local_addr().unwrap().port(), 1);
         h.apply(&changed).await;
         drop(taken);

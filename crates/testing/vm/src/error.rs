@@ -29,9 +29,15 @@ pub enum Error {
     },
     #[error("{0}")]
     Setup(String),
-    #[error("the guest did not power off within {after:?}; its console:\n{console}")]
+    #[error(
+        "the guest did not power off within {after:?}\n{}its whole console:\n{console}",
+        crate::console::digest(.console)
+    )]
     Timeout { after: Duration, console: String },
-    #[error("the guest powered off without reporting a result; its console:\n{console}")]
+    #[error(
+        "the guest powered off without reporting a result\n{}its whole console:\n{console}",
+        crate::console::digest(.console)
+    )]
     NoResult { console: String },
 }
 

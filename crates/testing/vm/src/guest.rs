@@ -194,9 +194,11 @@ impl Guest {
         let passed = String::from_utf8_lossy(&run.channel).contains(&format!("{PASSED_MARK}{test}\n"));
         assert!(
             run.status == 0 && passed,
-            "{test} failed in the guest (status {}, body {}); the guest's console:\n{}",
+            "{test} failed in the guest (status {}, body {}, after {:.0?})\n{}the guest's whole console:\n{}",
             run.status,
             if passed { "finished" } else { "did not finish" },
+            run.elapsed,
+            crate::console::digest(&run.console),
             run.console
         );
     }

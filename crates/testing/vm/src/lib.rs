@@ -26,6 +26,7 @@
 //! ([`CACHE_ENV`], default `/var/cache/kpr-vm`), shared by concurrent test processes
 //! under a file lock; each run builds its own small initramfs in a temporary directory.
 
+mod console;
 mod debian;
 mod error;
 mod guest;

@@ -267,18 +267,27 @@ impl IptablesCli {
             command: self.command_line(program, args),
             source,
         };
+        let started = std::time::Instant::now();
         let mut child = cmd.spawn().map_err(spawn_error)?;
         let input = child.stdin.take();
         // Feed stdin from another thread: a child blocked writing stderr while we block
         // writing its stdin would deadlock on large payloads.
-        std::thread::scope(|s| {
+        let output = std::thread::scope(|s| {
             if let (Some(mut pipe), Some(data)) = (input, stdin) {
                 // A write error means the child exited early; its status tells why.
                 s.spawn(move || pipe.write_all(data));
             }
             child.wait_with_output()
         })
-        .map_err(spawn_error)
+        .map_err(spawn_error)?;
+        // Where a slow sync spends its time (a lock waited on, a slow kernel) shows here.
+        tracing::debug!(
+            command = %self.command_line(program, args),
+            status = %output.status,
+            elapsed = ?started.elapsed(),
+            "ran"
+        );
+        Ok(output)
     }
 
     fn failed(&self, program: &str, args: &[String], out: &Output) -> ExecError {

@@ -30,7 +30,7 @@ pub use backend::{Backend, split_peer_reply};
 pub use client::{SPREAD_TIMEOUT, spread, spread_from, spread_udp};
 pub use client_addresses::{FIRST_EXTRA_CLIENT_HOST, MAX_EXTRA_CLIENT_ADDRESSES, extra_client_ip};
 pub use error::{Error, Result};
-pub use eventually::eventually;
+pub use eventually::{TIMEOUT_SCALE_ENV, eventually};
 pub use lab::Lab;
 pub use naming::NAME_PREFIX;
 pub use netns::{Netns, enter as enter_thread};

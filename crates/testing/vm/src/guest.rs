@@ -45,11 +45,18 @@ const DEFAULT_TOOLS: &[&str] = &[
 ];
 
 /// How long a guest may run before it is killed and its console reported. A test that passes
-/// here takes 30-75 s (boot included) on a loaded 2-core machine; this leaves room for more.
-/// It stays below the repository's nextest ceiling (`.config/nextest.toml`, 300 s): a hung
-/// guest must fail with its console, which says where it hung, and not be killed by the
-/// test runner with nothing to show.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(180);
+/// here takes 30-75 s (boot included) on a quiet 2-core machine and up to 110 s with two
+/// guests and two busy processes on it; this leaves room for more. It stays below the
+/// repository's nextest ceiling (`.config/nextest.toml`, 300 s): a hung guest must fail
+/// with its console, which says where it hung, and not be killed by the test runner with
+/// nothing to show.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// What a test's waits ([`kpr_netns::eventually`]) are multiplied by in a guest: under
+/// software emulation every process spawn costs about a hundred times the host's (an
+/// `iptables` command 300-600 ms with two guests on a loaded 2-core host), so a first sync
+/// that takes a second on the host took over 30 s there.
+pub const GUEST_TIMEOUT_SCALE: u32 = 3;
 
 /// What one guest boot carries and how big the machine is.
 #[derive(Clone, Debug)]
@@ -185,7 +192,10 @@ impl Guest {
         );
         let exe = std::env::current_exe().expect("the test binary's own path");
         let name = file_name(&exe).expect("the test binary has a file name");
-        let script = format!("exec ./bin/{name} --exact {test} --nocapture --test-threads 1");
+        let script = format!(
+            "{}={GUEST_TIMEOUT_SCALE} exec ./bin/{name} --exact {test} --nocapture --test-threads 1",
+            kpr_netns::TIMEOUT_SCALE_ENV
+        );
         let run = self
             .binary(exe)
             .script(script)

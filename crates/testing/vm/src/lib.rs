@@ -35,7 +35,7 @@ mod qemu;
 
 pub use debian::{CACHE_ENV, KernelTree};
 pub use error::{Error, Result};
-pub use guest::{DEFAULT_TIMEOUT, GUEST_ENV, Guest, GuestRun, in_guest};
+pub use guest::{DEFAULT_TIMEOUT, GUEST_ENV, GUEST_TIMEOUT_SCALE, Guest, GuestRun, in_guest};
 
 /// `ipvsadm -Ln` output (Debian's ipvsadm is in every guest) with each run of blanks as one
 /// space, so tests compare lines without the column widths.

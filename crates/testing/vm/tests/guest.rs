@@ -33,6 +33,9 @@ fn the_guest_runs_debians_kernel_with_ipvs_and_the_host_tools() {
     in_guest(
         "the_guest_runs_debians_kernel_with_ipvs_and_the_host_tools",
         || {
+            // The tests' waits are stretched for the emulated guest.
+            let scale = std::env::var(kpr_netns::TIMEOUT_SCALE_ENV);
+            assert_eq!(scale, Ok(kpr_vm::GUEST_TIMEOUT_SCALE.to_string()));
             let release = run("uname", &["-r"]);
             assert!(release.trim().ends_with("-amd64"), "guest kernel {release}");
             // Loaded on demand through busybox's modprobe, as the kernel would for a netlink user.

@@ -8,43 +8,36 @@
 //! BENCHMARKS.md's L4 section): splice wins on bulk streams, the buffer on short
 //! request/answer connections (no pipe to create), and Auto keeps the better of both.
 //!
-//! Each direction ends at its end of stream, which is passed on as a half-close
-//! (`shutdown(SHUT_WR)`), so protocols that close one side first keep working; the
-//! connection is done when both directions are, or at the first error. The direction that
-//! ends last does not shut down: both sockets are closed right after, and the close sends
-//! the same end of stream (a system call fewer per connection). Bytes are counted as they
-//! move, so the metrics show long connections while they last.
+//! A [`Direction`] is one way of one connection, driven by the TCP thread's event loop
+//! ([`crate::reactor`]): [`Direction::pump`] moves what the two sockets' [`Readiness`]
+//! allows and returns; the loop calls it again at the sockets' next readiness events.
+//! Each direction ends at its end of stream; the connection passes it on as a half-close,
+//! so protocols that close one side first keep working. Bytes are counted as they are
+//! written, so the metrics show long connections while they last.
 //!
-//! Buffers are allocated, not zeroed (the kernel writes them before anything reads them):
-//! per connection, clearing two 16 KiB buffers cost more than the bytes a short exchange
-//! moves. The small ones are kept for the thread's next connections (`Buffer`): a
-//! 16 KiB block is too big for the allocator's per-thread cache, so each took and gave
-//! back a trip through its bins (`_int_malloc`, `_int_free`, `unlink_chunk`: 2 % of a
-//! short connection's CPU in the L4 profile), as HAProxy keeps its buffers in pools.
+//! A direction holds a buffer only while it holds bytes: the buffer goes back to the
+//! thread's spares as soon as its bytes are written, so an idle connection holds none and
+//! a busy thread cycles through a few. They are zeroed once, when first made (safe reads
+//! need initialised memory), not per connection.
 //!
 //! A read that returns less than the buffer holds has emptied the socket, so the next read
-//! would only say "nothing yet" (`EAGAIN`): that is one wasted system call per message and
+//! would only say "nothing yet" (`EAGAIN`): one wasted system call per message and
 //! direction, a tenth of what a short request/answer connection costs. After such a read
-//! the socket's readable state is cleared without asking the kernel (`drained`), and the
-//! next read waits for the kernel's next readiness event. This is only sound where no other
-//! thread turns the reactor between the read and the clearing (else an event for bytes that
-//! came in between could be cleared unseen): on a single-threaded runtime, which is where
-//! userspace mode carries its connections ([`crate::workers`]). Elsewhere the extra read is
-//! kept.
+//! the socket counts as not readable until its next readiness event. That is sound with
+//! epoll's edge-triggered events, which the loop uses: bytes that arrive after the read
+//! raise a new event, and bytes that were there went into the read. An end of stream or
+//! error the kernel already announced is the exception ([`Readiness::hung_up`]): it raises
+//! no new event, so the socket stays readable until a read says so. Splice reads are never
+//! taken as emptying the socket: a short one may only have filled the pipe.
 
 use std::cell::RefCell;
-use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 
+use mio::event::Event;
+use mio::net::TcpStream;
 use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags, fcntl, splice};
-use nix::sys::socket::{Shutdown, shutdown};
 use prometheus_client::metrics::counter::Counter;
-use tokio::io::Interest;
-use tokio::net::TcpStream;
-use tokio::runtime::RuntimeFlavor;
-
-use crate::port::PortStats;
 
 /// How a connection's bytes are moved.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,12 +65,12 @@ const CHUNK: usize = 256 * 1024;
 const SPARE_MAX: usize = 32;
 
 thread_local! {
-    static SPARES: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    static SPARES: RefCell<Vec<Box<[u8]>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A read buffer of `size` bytes; a [`SMALL`] one comes from this thread's spares (or is
 /// new) and goes back to the spares of the thread that drops it.
-struct Buffer(Vec<u8>);
+struct Buffer(Box<[u8]>);
 
 impl Buffer {
     fn take(size: usize) -> Self {
@@ -86,17 +79,16 @@ impl Buffer {
         } else {
             None
         };
-        Self(reused.unwrap_or_else(|| Vec::with_capacity(size)))
+        Self(reused.unwrap_or_else(|| vec![0; size].into_boxed_slice()))
     }
 }
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        if self.0.capacity() != SMALL {
+        if self.0.len() != SMALL {
             return;
         }
-        let mut buffer = std::mem::take(&mut self.0);
-        buffer.clear();
+        let buffer = std::mem::take(&mut self.0);
         // A thread-local that is being torn down just lets the buffer go.
         let _ = SPARES.try_with(|spares| {
             let mut spares = spares.borrow_mut();
@@ -105,90 +97,6 @@ impl Drop for Buffer {
             }
         });
     }
-}
-
-/// Carries `client` <-> `endpoint` until both directions ended.
-pub async fn copy_both_ways(
-    method: CopyMethod,
-    client: &TcpStream,
-    endpoint: &TcpStream,
-    stats: &PortStats,
-) -> io::Result<()> {
-    let one_ended = AtomicBool::new(false);
-    let reads = Reads::here();
-    let up = one_way(
-        method,
-        reads,
-        client,
-        endpoint,
-        &stats.to_endpoint_bytes,
-        &one_ended,
-    );
-    let down = one_way(
-        method,
-        reads,
-        endpoint,
-        client,
-        &stats.from_endpoint_bytes,
-        &one_ended,
-    );
-    tokio::try_join!(up, down)?;
-    Ok(())
-}
-
-/// Whether a short read may clear the socket's readable state (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Reads {
-    /// On a single-threaded runtime: a short read emptied the socket.
-    ShortEmpties,
-    /// Read again until the kernel says there is nothing left.
-    UntilWouldBlock,
-}
-
-impl Reads {
-    /// What the runtime this runs on allows.
-    fn here() -> Self {
-        match tokio::runtime::Handle::current().runtime_flavor() {
-            RuntimeFlavor::CurrentThread => Reads::ShortEmpties,
-            _ => Reads::UntilWouldBlock,
-        }
-    }
-}
-
-/// Marks `socket` as not readable until the kernel's next readiness event, without a
-/// system call. Only sound as [`Reads::ShortEmpties`] says.
-fn drained(socket: &TcpStream) {
-    let _ = socket.try_io(Interest::READABLE, || {
-        Err::<(), _>(io::ErrorKind::WouldBlock.into())
-    });
-}
-
-/// One direction; `one_ended` is shared with the other one (see the module docs).
-async fn one_way(
-    method: CopyMethod,
-    reads: Reads,
-    from: &TcpStream,
-    to: &TcpStream,
-    bytes: &Counter,
-    one_ended: &AtomicBool,
-) -> io::Result<()> {
-    match method {
-        CopyMethod::Auto => {
-            if buffer_one_way(reads, from, to, bytes, SMALL, true).await? == Ended::Bulk {
-                splice_one_way(from, to, bytes).await?;
-            }
-        }
-        CopyMethod::Splice => splice_one_way(from, to, bytes).await?,
-        CopyMethod::Buffer => {
-            buffer_one_way(reads, from, to, bytes, CHUNK, false).await?;
-        }
-    }
-    // End of stream: pass the half-close on, unless the other direction is over too (the
-    // caller closes both sockets now). The peer may be gone already.
-    if !one_ended.swap(true, Ordering::Relaxed) {
-        let _ = shutdown(to.as_raw_fd(), Shutdown::Write);
-    }
-    Ok(())
 }
 
 /// A pipe, its two ends.
@@ -209,223 +117,309 @@ impl Pipe {
 
 const SPLICE_FLAGS: SpliceFFlags = SpliceFFlags::SPLICE_F_MOVE.union(SpliceFFlags::SPLICE_F_NONBLOCK);
 
-async fn splice_one_way(from: &TcpStream, to: &TcpStream, bytes: &Counter) -> io::Result<()> {
-    let pipe = Pipe::new()?;
-    loop {
-        let filled = from
-            .async_io(Interest::READABLE, || {
-                Ok(splice(
-                    from.as_fd(),
-                    None,
-                    &pipe.write,
-                    None,
-                    CHUNK,
-                    SPLICE_FLAGS,
-                )?)
-            })
-            .await?;
-        if filled == 0 {
-            return Ok(());
+/// What the kernel said of a socket since the loop last found it would block, from its
+/// edge-triggered events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Readiness {
+    pub readable: bool,
+    pub writable: bool,
+    /// End of stream or an error was announced: no further event will come for it.
+    pub hung_up: bool,
+}
+
+impl Readiness {
+    /// Adds what `event` says. A closed or failed socket is readable and writable: the
+    /// next read or write returns what happened.
+    pub fn note(&mut self, event: &Event) {
+        let broken = event.is_error() || event.is_read_closed() || event.is_write_closed();
+        self.hung_up |= broken;
+        self.readable |= event.is_readable() || broken;
+        self.writable |= event.is_writable() || broken;
+    }
+
+    /// A read came back short: the socket is empty until its next event (see the module
+    /// docs).
+    fn emptied(&mut self) {
+        if !self.hung_up {
+            self.readable = false;
         }
-        let mut left = filled;
-        while left > 0 {
-            left -= to
-                .async_io(Interest::WRITABLE, || {
-                    Ok(splice(&pipe.read, None, to.as_fd(), None, left, SPLICE_FLAGS)?)
-                })
-                .await?;
-        }
-        bytes.inc_by(filled as u64);
     }
 }
 
-/// Why [`buffer_one_way`] returned.
-#[derive(Debug, PartialEq, Eq)]
-enum Ended {
-    /// End of stream.
-    Eof,
-    /// A read filled the buffer and the caller asked to hear of it.
-    Bulk,
+/// A socket of a connection and what is known of its readiness.
+#[derive(Debug)]
+pub struct Side {
+    pub socket: TcpStream,
+    pub ready: Readiness,
 }
 
-async fn buffer_one_way(
-    reads: Reads,
-    from: &TcpStream,
-    to: &TcpStream,
-    bytes: &Counter,
-    size: usize,
-    stop_at_bulk: bool,
-) -> io::Result<Ended> {
-    let mut taken = Buffer::take(size);
-    let buffer = &mut taken.0;
-    loop {
-        buffer.clear();
-        let read = from
-            .async_io(Interest::READABLE, || from.try_read_buf(buffer))
-            .await?;
-        if read == 0 {
-            return Ok(Ended::Eof);
+impl Side {
+    pub fn new(socket: TcpStream) -> Self {
+        Self {
+            socket,
+            ready: Readiness::default(),
         }
-        if read < buffer.capacity() && reads == Reads::ShortEmpties {
-            drained(from);
+    }
+}
+
+/// One way of a connection: what was read from one side and is not written to the other
+/// yet, and whether its end of stream was read.
+pub struct Direction {
+    /// [`CopyMethod::Auto`] turns into `Splice` at its first full read.
+    method: CopyMethod,
+    /// Bytes read and not written yet: `buffer[start..end]`.
+    buffer: Option<Buffer>,
+    start: usize,
+    end: usize,
+    /// Created at the first splice; `in_pipe` bytes wait in it.
+    pipe: Option<Pipe>,
+    in_pipe: usize,
+    eof: bool,
+}
+
+impl std::fmt::Debug for Direction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Direction")
+            .field("method", &self.method)
+            .field("held", &self.held())
+            .field("eof", &self.eof)
+            .finish()
+    }
+}
+
+impl Direction {
+    pub fn new(method: CopyMethod) -> Self {
+        Self {
+            method,
+            buffer: None,
+            start: 0,
+            end: 0,
+            pipe: None,
+            in_pipe: 0,
+            eof: false,
         }
-        let mut written = 0;
-        while written < read {
-            written += to
-                .async_io(Interest::WRITABLE, || to.try_write(&buffer[written..read]))
-                .await?;
+    }
+
+    /// End of stream was read and every byte before it written.
+    pub fn ended(&self) -> bool {
+        self.eof && self.held() == 0
+    }
+
+    fn held(&self) -> usize {
+        self.end - self.start + self.in_pipe
+    }
+
+    /// Moves bytes `from` -> `to` until one side would block or the stream ended; counts
+    /// them into `bytes` as they are written.
+    pub fn pump(&mut self, from: &mut Side, to: &mut Side, bytes: &Counter) -> io::Result<()> {
+        loop {
+            if self.held() > 0 {
+                if !to.ready.writable {
+                    return Ok(());
+                }
+                match self.write_out(&to.socket) {
+                    // Nothing taken of a non-empty write: the kernel will not take more later.
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(written) => {
+                        bytes.inc_by(written as u64);
+                    }
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                        to.ready.writable = false;
+                        return Ok(());
+                    }
+                    Err(error) => return Err(error),
+                }
+                continue;
+            }
+            if self.eof || !from.ready.readable {
+                return Ok(());
+            }
+            match self.read_in(from) {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    from.ready.readable = false;
+                    return Ok(());
+                }
+                Err(error) => return Err(error),
+            }
         }
-        bytes.inc_by(read as u64);
-        if stop_at_bulk && read == buffer.capacity() {
-            return Ok(Ended::Bulk);
+    }
+
+    /// One read or splice from `from`, when nothing is held.
+    fn read_in(&mut self, from: &mut Side) -> io::Result<()> {
+        if self.method == CopyMethod::Splice {
+            let pipe = match &mut self.pipe {
+                Some(pipe) => pipe,
+                None => self.pipe.insert(Pipe::new()?),
+            };
+            let filled = splice(from.socket.as_fd(), None, &pipe.write, None, CHUNK, SPLICE_FLAGS)?;
+            self.eof = filled == 0;
+            self.in_pipe = filled;
+            return Ok(());
         }
+        let size = if self.method == CopyMethod::Auto {
+            SMALL
+        } else {
+            CHUNK
+        };
+        let mut buffer = self.buffer.take().unwrap_or_else(|| Buffer::take(size));
+        let read = (&from.socket).read(&mut buffer.0)?;
+        self.eof = read == 0;
+        if read < buffer.0.len() {
+            from.ready.emptied();
+        } else if self.method == CopyMethod::Auto {
+            // Bulk data: the rest of this direction goes through a pipe, once this is out.
+            self.method = CopyMethod::Splice;
+        }
+        if read > 0 {
+            (self.start, self.end) = (0, read);
+            self.buffer = Some(buffer);
+        }
+        Ok(())
+    }
+
+    /// One write or splice of held bytes to `to`; returns how many went out.
+    fn write_out(&mut self, to: &TcpStream) -> io::Result<usize> {
+        if let Some(buffer) = &self.buffer {
+            let written = (&*to).write(&buffer.0[self.start..self.end])?;
+            self.start += written;
+            if self.start == self.end {
+                // Back to the thread's spares while nothing is held.
+                self.buffer = None;
+                (self.start, self.end) = (0, 0);
+            }
+            return Ok(written);
+        }
+        let Some(pipe) = &self.pipe else {
+            return Ok(0);
+        };
+        let written = splice(&pipe.read, None, to.as_fd(), None, self.in_pipe, SPLICE_FLAGS)?;
+        self.in_pipe -= written;
+        Ok(written)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
 
     /// A small buffer given back is the next one taken on that thread; a thread keeps at
-    /// most [`SPARE_MAX`], emptied; big ones are never kept.
+    /// most [`SPARE_MAX`]; big ones are never kept.
     #[test]
     fn small_buffers_are_reused_on_their_thread_and_only_so_many_kept() {
-        let spares = || {
-            SPARES.with(|spares| {
-                spares
-                    .borrow()
-                    .iter()
-                    .map(|b| (b.len(), b.capacity()))
-                    .collect::<Vec<_>>()
-            })
-        };
+        let spares = || SPARES.with(|spares| spares.borrow().iter().map(|b| b.len()).collect::<Vec<_>>());
         std::thread::spawn(move || {
-            let mut first = Buffer::take(SMALL);
-            first.0.extend_from_slice(b"left over");
+            let first = Buffer::take(SMALL);
             let address = first.0.as_ptr();
             drop(first);
-            assert_eq!(spares(), [(0, SMALL)]);
+            assert_eq!(spares(), [SMALL]);
             assert_eq!(Buffer::take(SMALL).0.as_ptr(), address);
             let many: Vec<Buffer> = (0..SPARE_MAX + 8).map(|_| Buffer::take(SMALL)).collect();
             drop(many);
             drop(Buffer::take(CHUNK));
-            assert_eq!(spares(), vec![(0, SMALL); SPARE_MAX]);
+            assert_eq!(spares(), vec![SMALL; SPARE_MAX]);
         })
         .join()
         .unwrap();
     }
 
-    /// A connected pair on loopback: (the side we keep, the side the copy gets).
-    async fn pair() -> (TcpStream, TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let ours = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (theirs, _) = listener.accept().await.unwrap();
-        (ours, theirs)
+    /// A connected pair on loopback: (the side the test keeps, the proxy's side).
+    fn pair() -> (std::net::TcpStream, Side) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (theirs, _) = listener.accept().unwrap();
+        theirs.set_nonblocking(true).unwrap();
+        (ours, Side::new(TcpStream::from_std(theirs)))
     }
 
-    /// Request and answer, each waiting for the other: the exchange where a cleared
-    /// readable state that missed bytes would stall for good. Messages of one byte to
-    /// more than the small buffer, in pieces with pauses, so reads come short and full.
-    async fn ping_pong(method: CopyMethod) {
-        let (mut client, proxy_client) = pair().await;
-        let (mut server, proxy_endpoint) = pair().await;
-        let stats = PortStats::default();
-        let copying = async {
-            copy_both_ways(method, &proxy_client, &proxy_endpoint, &stats)
-                .await
-                .unwrap();
-        };
-        let talking = async {
-            for round in 0..60usize {
-                let size = [1, 7, 1500, SMALL - 1, SMALL, SMALL + 1, 3 * SMALL][round % 7];
-                let message: Vec<u8> = (0..size).map(|i| (i + round) as u8).collect();
-                let (first, rest) = message.split_at(size / 2);
-                client.write_all(first).await.unwrap();
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                client.write_all(rest).await.unwrap();
-                let mut heard = vec![0; size];
-                server.read_exact(&mut heard).await.unwrap();
-                assert_eq!(heard, message, "round {round}, to the endpoint");
-                server.write_all(&message).await.unwrap();
-                client.read_exact(&mut heard).await.unwrap();
-                assert_eq!(heard, message, "round {round}, back to the client");
-            }
-            client.shutdown().await.unwrap();
-            let mut rest = Vec::new();
-            server.read_to_end(&mut rest).await.unwrap();
-            assert!(rest.is_empty(), "the client's half-close reaches the endpoint");
-            drop(server);
-        };
-        // A ceiling against a hang, not a speed check.
-        let both = async { tokio::join!(copying, talking) };
-        tokio::time::timeout(Duration::from_secs(60), both)
-            .await
-            .expect("the exchange stalled");
-        assert!(stats.to_endpoint_bytes.get() > 0);
-    }
-
-    /// A read that fills the buffer may have left bytes behind, which no new readiness event
-    /// will announce: they must be read at once, not waited for.
-    #[test]
-    fn a_full_read_is_followed_by_another_read() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let (mut client, proxy_client) = pair().await;
-            let (mut server, proxy_endpoint) = pair().await;
-            let bytes = Counter::default();
-            let copying = buffer_one_way(
-                Reads::ShortEmpties,
-                &proxy_client,
-                &proxy_endpoint,
-                &bytes,
-                64,
-                false,
+    /// Pumps until `done` says so, as if every event had come (the sockets are polled, not
+    /// waited on: a lost readiness would leave bytes behind, which `done` would not see).
+    fn pump_until(
+        direction: &mut Direction,
+        from: &mut Side,
+        to: &mut Side,
+        bytes: &Counter,
+        done: impl Fn(&Direction) -> bool,
+    ) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !done(direction) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the direction stalled: {direction:?}"
             );
-            let talking = async {
-                // One write, all there before the copy reads: one readiness event for 1000 bytes.
-                let message: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
-                client.write_all(&message).await.unwrap();
-                let mut heard = vec![0; message.len()];
-                server.read_exact(&mut heard).await.unwrap();
-                assert_eq!(heard, message);
-                client.shutdown().await.unwrap();
-            };
-            // A ceiling against a hang, not a speed check.
-            let (copied, ()) =
-                tokio::time::timeout(Duration::from_secs(20), async { tokio::join!(copying, talking) })
-                    .await
-                    .expect("bytes left behind by a full read were not read");
-            assert_eq!(copied.unwrap(), Ended::Eof);
-            assert_eq!(bytes.get(), 1000);
-        });
+            from.ready.readable = true;
+            from.ready.writable = true;
+            to.ready.writable = true;
+            direction.pump(from, to, bytes).unwrap();
+        }
     }
 
-    /// Every copy method through [`ping_pong`] on `runtime`, which allows `reads`.
-    fn conversations_on(runtime: tokio::runtime::Runtime, reads: Reads) {
-        runtime.block_on(async {
-            assert_eq!(Reads::here(), reads);
-            for method in [CopyMethod::Auto, CopyMethod::Buffer, CopyMethod::Splice] {
-                ping_pong(method).await;
+    /// Every method carries messages of one byte to several buffers' worth whole, turns
+    /// Auto into splice at the first full read, and ends at the end of stream.
+    #[test]
+    fn each_method_carries_messages_whole_and_ends_at_end_of_stream() {
+        for method in [CopyMethod::Auto, CopyMethod::Buffer, CopyMethod::Splice] {
+            let (mut client, mut from) = pair();
+            let (mut server, mut to) = pair();
+            let bytes = Counter::default();
+            let mut direction = Direction::new(method);
+            let mut sent = 0u64;
+            for size in [1, 7, 1500, SMALL - 1, SMALL, SMALL + 1, 3 * SMALL] {
+                let message: Vec<u8> = (0..size).map(|i| (i * 7 + size) as u8).collect();
+                client.write_all(&message).unwrap();
+                sent += size as u64;
+                let mut heard = vec![0; size];
+                let reader = std::thread::spawn(move || {
+                    server.read_exact(&mut heard).unwrap();
+                    (server, heard)
+                });
+                pump_until(&mut direction, &mut from, &mut to, &bytes, |_| {
+                    bytes.get() == sent
+                });
+                let (back, heard) = reader.join().unwrap();
+                server = back;
+                assert_eq!(heard, message, "{method:?}, {size} bytes");
             }
-        });
+            let expected = if method == CopyMethod::Buffer {
+                CopyMethod::Buffer
+            } else {
+                CopyMethod::Splice
+            };
+            assert_eq!(direction.method, expected);
+            drop(client);
+            pump_until(&mut direction, &mut from, &mut to, &bytes, Direction::ended);
+            assert!(direction.buffer.is_none(), "nothing held, no buffer kept");
+        }
     }
 
+    /// A short read empties the socket's readable state, unless an end of stream was
+    /// announced (no event would come for it again).
     #[test]
-    fn a_conversation_arrives_whole_on_a_single_threaded_runtime() {
-        let mut runtime = tokio::runtime::Builder::new_current_thread();
-        conversations_on(runtime.enable_all().build().unwrap(), Reads::ShortEmpties);
-    }
-
-    #[test]
-    fn a_conversation_arrives_whole_on_a_multi_threaded_runtime() {
-        let mut runtime = tokio::runtime::Builder::new_multi_thread();
-        let runtime = runtime.worker_threads(2).enable_all().build().unwrap();
-        conversations_on(runtime, Reads::UntilWouldBlock);
+    fn a_short_read_clears_readable_unless_the_socket_hung_up() {
+        let (mut client, mut from) = pair();
+        let (_server, mut to) = pair();
+        let bytes = Counter::default();
+        let mut direction = Direction::new(CopyMethod::Auto);
+        client.write_all(b"hello").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        from.ready.readable = true;
+        to.ready.writable = true;
+        direction.pump(&mut from, &mut to, &bytes).unwrap();
+        assert_eq!(bytes.get(), 5);
+        assert!(!from.ready.readable, "a short read emptied the socket");
+        client.write_all(b"world").unwrap();
+        drop(client);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        from.ready = Readiness {
+            readable: true,
+            writable: true,
+            hung_up: true,
+        };
+        direction.pump(&mut from, &mut to, &bytes).unwrap();
+        assert_eq!(bytes.get(), 10);
+        assert!(
+            direction.ended(),
+            "the end of stream behind the short read was read too"
+        );
     }
 }

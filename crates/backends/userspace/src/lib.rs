@@ -15,9 +15,9 @@
 //! - **Endpoint changes never touch carried connections**: they only swap what the
 //!   balancer picks from ([`port`]); removing a Service port is what closes its listener
 //!   and ends its connections and UDP sessions.
-//! - **TCP on its own threads** ([`workers`]): a single-threaded runtime per core, each
-//!   accepting on every listener and keeping what it accepted, so no connection is handed
-//!   between threads.
+//! - **TCP on its own threads** ([`workers`]): an event loop per core ([`reactor`], epoll
+//!   through mio, no runtime), each accepting on every listener and keeping what it
+//!   accepted, so no connection is handed between threads.
 //! - **Fast data path** ([`copy`]): splice(2) through a pipe, so bytes do not pass through
 //!   this process; measured against a buffer copy and HAProxy in BENCHMARKS.md.
 //! - **Bounded** ([`limits`]): at most so many connections and UDP sessions; past the
@@ -42,6 +42,7 @@ pub mod port;
 pub mod portals;
 pub mod ports;
 pub mod proxier;
+pub mod reactor;
 pub mod tcp;
 pub mod udp;
 pub mod workers;

@@ -1,9 +1,10 @@
 //! Bounded resources: at most so many TCP connections and UDP sessions at once, for all
 //! service ports of a backend together.
 //!
-//! Every carried connection holds two file descriptors and a task; without a bound, a
-//! flood of clients takes the process to its descriptor limit, and then upstream's proxy
-//! panicked ("too many open files"). Here a connection beyond the limit is closed at once
+//! Every carried connection holds two file descriptors (and a pipe per direction while it
+//! splices) and an entry of its thread's table; without a bound, a flood of clients takes
+//! the process to its descriptor limit, and then upstream's proxy panicked ("too many open
+//! files"). Here a connection beyond the limit is closed at once
 //! (a UDP packet that would open a session is dropped), the metric counts it, and one log
 //! line says the limit was reached, once per episode: the next line comes only after the
 //! load fell below the limit again.

@@ -15,7 +15,8 @@
 //! `sync` runs on a blocking thread of the sync loop; UDP listeners run on the proxy's
 //! tokio runtime, reached through a [`Handle`], TCP listeners and connections on the
 //! backend's own TCP threads ([`crate::workers`], started with the first TCP port, in the
-//! syncing thread's network namespace). Sockets are bound synchronously here, so a sync
+//! syncing thread's network namespace, each running an event loop of its own:
+//! [`crate::reactor`]). Sockets are bound synchronously here, so a sync
 //! that returns has every listener it wrote a portal for.
 
 use std::collections::{HashMap, HashSet};
@@ -42,7 +43,7 @@ use crate::portals::{Portal, PortalTargets, checked_name, jump_rules, render, su
 use crate::ports::{PortAllocator, PortSource};
 use crate::tcp::{self, Listener};
 use crate::udp::{self, UdpListener};
-use crate::workers::{self, Workers};
+use crate::workers::{self, Worker, Workers};
 
 /// Service ports a sync logs one by one when it leaves them out; the rest are counted in
 /// one line (past a descriptor limit, thousands fail at every retry).
@@ -255,15 +256,9 @@ impl UserspaceBackend {
         self.connections.in_use()
     }
 
-    /// Tasks alive on the TCP threads (accept loops and connections; tests).
-    pub fn tcp_tasks(&self) -> usize {
-        self.workers.as_ref().map_or(0, |workers| {
-            workers
-                .handles()
-                .iter()
-                .map(|handle| handle.metrics().num_alive_tasks())
-                .sum()
-        })
+    /// Listeners and connections the TCP threads hold (tests: nothing may leak).
+    pub fn tcp_held(&self) -> usize {
+        self.workers.as_ref().map_or(0, Workers::held)
     }
 
     /// UDP sessions held now, over all ports.
@@ -542,8 +537,8 @@ impl UserspaceBackend {
     /// then takes its share of every port's connections), else one, chosen by the port
     /// number, so that a node with many Services needs one descriptor per port, not one
     /// per port and thread, and the ports still spread over the threads.
-    fn accepting_threads(&self, port: u16) -> &[Handle] {
-        let all = self.workers.as_ref().map_or(&[][..], Workers::handles);
+    fn accepting_threads(&self, port: u16) -> &[Worker] {
+        let all = self.workers.as_ref().map_or(&[][..], Workers::threads);
         let eighth = self.listener_descriptors.limit() / 8;
         if all.len() <= 1 || self.listener_descriptors.total() + all.len() <= eighth {
             return all;
@@ -556,7 +551,7 @@ impl UserspaceBackend {
     fn start_tcp_threads(&mut self) -> Result<(), SyncError> {
         if self.workers.is_none() {
             let workers = Workers::start(self.options.tcp_threads).map_err(SyncError::Threads)?;
-            tracing::info!(threads = workers.handles().len(), "started the TCP threads");
+            tracing::info!(threads = workers.threads().len(), "started the TCP threads");
             self.workers = Some(workers);
         }
         Ok(())
@@ -641,8 +636,11 @@ impl UserspaceBackend {
     }
 
     /// What closing a port gives back; its socket is dropped by the caller.
-    fn release(&mut self, state: &PortState, port: u16, labels: &PortLabels) {
+    fn release(&mut self, state: &Arc<PortState>, port: u16, labels: &PortLabels) {
         state.close();
+        if let Some(workers) = &self.workers {
+            workers.close_port(state);
+        }
         self.ports.release(port);
         if let Some(metrics) = &self.metrics {
             metrics.forget(labels);

@@ -1,15 +1,13 @@
-//! TCP: a listener per service port, one task per carried connection (upstream's
-//! `tcpProxySocket.ProxyLoop`, `tryConnect` and `proxyTCP`). A listener is one socket per
-//! TCP thread ([`crate::workers`]), all bound to the service port's one port with
-//! `SO_REUSEPORT`: the kernel hands each new connection to one of them, so exactly one
-//! thread wakes up for it (a descriptor shared by every thread's epoll would wake them
-//! all), and the connection stays on that thread.
+//! TCP: a listener per service port, and how its sockets are made (upstream's
+//! `tcpProxySocket`). A listener is one socket per TCP thread ([`crate::workers`]), all
+//! bound to the service port's one port with `SO_REUSEPORT`: the kernel hands each new
+//! connection to one of them, so exactly one thread wakes up for it (a descriptor shared
+//! by every thread's epoll would wake them all), and the connection stays on that thread,
+//! whose event loop ([`crate::reactor`]) accepts it, dials an endpoint and carries it.
 //!
 //! A connection goes to the balancer's pick; a connect that fails or outlasts its dial
-//! timeout (250 ms, 500 ms, 1 s, 2 s: upstream's ladder, so at most four endpoints and
-//! 3.75 s) is retried on the next pick, with the client's affinity reset. When every try
-//! failed the client's connection is closed. Bytes then flow both ways until both sides
-//! closed (a half-close is passed on), through [`crate::copy`].
+//! timeout ([`DIAL_TIMEOUTS`]: upstream's ladder, so at most four endpoints and 3.75 s) is
+//! retried on the next pick, with the client's affinity reset.
 //!
 //! Small messages are never held back (Nagle's algorithm is off on both sockets, as in
 //! upstream's Go proxy): the listener's `TCP_NODELAY` is inherited by every connection it
@@ -19,28 +17,26 @@
 //! A port without endpoints has no listener, only a bound socket holding its port
 //! ([`Listener::Held`]): the kernel answers a connection to it with a reset, so clients are
 //! refused at once, as the other modes' REJECT rules do, instead of being accepted and
-//! closed. Closing or holding the listener never touches carried connections; only
-//! [`crate::port::PortState::close`] (the Service port is gone) ends them.
+//! closed. Closing or holding the listener never touches carried connections; only closing
+//! the Service port ([`crate::workers::Workers::close_port`]) ends them.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
+use mio::net::{TcpListener, TcpStream};
 use nix::errno::Errno;
 use nix::sys::socket::{
-    AddressFamily, Shutdown, SockFlag, SockType, SockaddrStorage, setsockopt, shutdown, sockopt,
+    AddressFamily, Backlog, Shutdown, SockFlag, SockType, SockaddrStorage, getsockname, setsockopt, shutdown,
+    sockopt,
 };
-use tokio::io::Interest;
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::runtime::Handle;
-use tokio::sync::OwnedSemaphorePermit;
-use tokio::task::JoinHandle;
 
-use crate::copy::copy_both_ways;
 use crate::limits::Slots;
-use crate::port::{PortState, wait_closed};
+use crate::port::PortState;
+use crate::reactor::Command;
+use crate::workers::Worker;
 
 /// Upstream's `endpointDialTimeouts`: one try per entry, each on another pick.
 pub const DIAL_TIMEOUTS: [Duration; 4] = [
@@ -51,13 +47,13 @@ pub const DIAL_TIMEOUTS: [Duration; 4] = [
 ];
 
 /// Pending connections the kernel queues per listener.
-const BACKLOG: u32 = 4096;
+const BACKLOG: i32 = 4096;
 
 /// A service port's TCP socket: accepting, or only holding its port.
 #[derive(Debug)]
 pub enum Listener {
     Accepting { port: u16, accepting: Accepting },
-    Held { port: u16, socket: TcpSocket },
+    Held { port: u16, socket: OwnedFd },
 }
 
 impl Listener {
@@ -80,98 +76,106 @@ impl Listener {
     }
 }
 
-/// A task that ends with its owner; accepted connections run in their own tasks and
-/// carry on.
-#[derive(Debug)]
-pub struct AbortOnDrop(pub JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// The listening sockets of one port and their accept loops, a socket and a loop per TCP
-/// thread. Each socket is shared with its loop, so that dropping this stops the listening
-/// at once (`shutdown(SHUT_RD)` takes a listener out of LISTEN synchronously, so the very
-/// next connection is refused and the port can be bound again) while the descriptor is
-/// still certainly the socket's, not a number the kernel has since given to another file;
-/// the loops end on their threads a moment later and close the sockets.
+/// The listening sockets of one port, a socket on each TCP thread it accepts on. Each
+/// socket is shared with its thread, so that dropping this stops the listening at once
+/// (`shutdown(SHUT_RD)` takes a listener out of LISTEN synchronously, so the very next
+/// connection is refused and the port can be bound again) while the descriptor is still
+/// certainly the socket's, not a number the kernel has since given to another file; the
+/// threads let go of theirs a moment later, which closes them.
 #[derive(Debug)]
 pub struct Accepting {
-    listeners: Vec<Arc<TcpListener>>,
-    _tasks: Vec<AbortOnDrop>,
+    listeners: Vec<(Arc<TcpListener>, Worker)>,
 }
 
 impl Drop for Accepting {
     fn drop(&mut self) {
-        for listener in &self.listeners {
+        for (listener, worker) in &self.listeners {
             let _ = shutdown(listener.as_raw_fd(), Shutdown::Read);
+            worker.send(Command::Unlisten(Arc::clone(listener)));
         }
     }
 }
 
 /// Binds `ip:port` (port 0: the kernel picks) without listening, so the port is ours but
 /// connections to it are refused. Returns the socket and its port.
-pub fn bind(ip: IpAddr, port: u16) -> io::Result<(TcpSocket, u16)> {
+pub fn bind(ip: IpAddr, port: u16) -> io::Result<(OwnedFd, u16)> {
     let socket = listener_socket(ip)?;
-    socket.bind(SocketAddr::new(ip, port))?;
-    let port = socket.local_addr()?.port();
+    nix::sys::socket::bind(
+        socket.as_raw_fd(),
+        &SockaddrStorage::from(SocketAddr::new(ip, port)),
+    )?;
+    let port = local_address(&socket)?.port();
     Ok((socket, port))
 }
 
-/// A socket for one of a port's listeners, not bound yet.
-fn listener_socket(ip: IpAddr) -> io::Result<TcpSocket> {
-    let socket = match ip {
-        IpAddr::V4(_) => TcpSocket::new_v4()?,
-        IpAddr::V6(_) => {
-            let socket = TcpSocket::new_v6()?;
-            // The IPv4 family has its own listeners, possibly on the same port numbers.
-            setsockopt(&socket, sockopt::Ipv6V6Only, &true)?;
-            socket
-        }
+fn local_address(socket: &OwnedFd) -> io::Result<SocketAddr> {
+    let address: SockaddrStorage = getsockname(socket.as_raw_fd())?;
+    if let Some(v4) = address.as_sockaddr_in() {
+        return Ok(SocketAddr::V4((*v4).into()));
+    }
+    if let Some(v6) = address.as_sockaddr_in6() {
+        return Ok(SocketAddr::V6((*v6).into()));
+    }
+    Err(io::ErrorKind::InvalidInput.into())
+}
+
+/// A non-blocking stream socket of `address`'s family.
+fn stream_socket(address: IpAddr) -> io::Result<OwnedFd> {
+    let family = match address {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
     };
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    Ok(nix::sys::socket::socket(family, SockType::Stream, flags, None)?)
+}
+
+/// A socket for one of a port's listeners, not bound yet.
+fn listener_socket(ip: IpAddr) -> io::Result<OwnedFd> {
+    let socket = stream_socket(ip)?;
+    if ip.is_ipv6() {
+        // The IPv4 family has its own listeners, possibly on the same port numbers.
+        setsockopt(&socket, sockopt::Ipv6V6Only, &true)?;
+    }
     // A port we held a moment ago (the listener was closed and is opened again) may still
     // have connections in TIME_WAIT.
-    socket.set_reuseaddr(true)?;
+    setsockopt(&socket, sockopt::ReuseAddr, &true)?;
     // The port's other listeners join it (see the module docs). The kernel still never
     // picks a port for port 0 that another socket holds, reuse-port or not, and the
     // allocator never hands out a port twice.
-    socket.set_reuseport(true)?;
+    setsockopt(&socket, sockopt::ReusePort, &true)?;
     // Inherited by every accepted connection (see the module docs).
-    socket.set_nodelay(true)?;
+    setsockopt(&socket, sockopt::TcpNoDelay, &true)?;
     Ok(socket)
 }
 
 /// Starts accepting on a held socket and as many more on its address as there are
-/// `threads`, a listener and its accept loop on each thread (from any thread).
+/// `threads`, a listener on each thread's event loop (from any thread).
 pub fn accept(
-    socket: TcpSocket,
+    socket: OwnedFd,
     port: u16,
     state: Arc<PortState>,
     slots: Arc<Slots>,
-    threads: &[Handle],
+    threads: &[Worker],
 ) -> io::Result<Listener> {
-    let address = socket.local_addr()?;
+    let ip = local_address(&socket)?.ip();
     let mut sockets = vec![socket];
     for _ in 1..threads.len() {
-        let socket = listener_socket(address.ip())?;
-        socket.bind(address)?;
-        sockets.push(socket);
+        sockets.push(bind(ip, port)?.0);
     }
     // Built up in place: if a later socket fails, those already listening are shut down.
     let mut accepting = Accepting {
         listeners: Vec::with_capacity(threads.len()),
-        _tasks: Vec::with_capacity(threads.len()),
     };
-    for (thread, socket) in threads.iter().zip(sockets) {
-        let listener = {
-            let _entered = thread.enter();
-            Arc::new(socket.listen(BACKLOG)?)
-        };
-        let task = thread.spawn(accept_loop(listener.clone(), state.clone(), slots.clone()));
-        accepting.listeners.push(listener);
-        accepting._tasks.push(AbortOnDrop(task));
+    let backlog = Backlog::new(BACKLOG).unwrap_or(Backlog::MAXCONN);
+    for (worker, socket) in threads.iter().zip(sockets) {
+        nix::sys::socket::listen(&socket, backlog)?;
+        let listener = Arc::new(TcpListener::from(socket));
+        worker.send(Command::Listen {
+            listener: Arc::clone(&listener),
+            state: Arc::clone(&state),
+            slots: Arc::clone(&slots),
+        });
+        accepting.listeners.push((listener, worker.clone()));
     }
     Ok(Listener::Accepting { port, accepting })
 }
@@ -184,7 +188,7 @@ pub fn retarget(
     ip: IpAddr,
     state: &Arc<PortState>,
     slots: &Arc<Slots>,
-    threads: &[Handle],
+    threads: &[Worker],
 ) -> io::Result<Listener> {
     match (has_endpoints, listener) {
         (true, Listener::Held { port, socket }) => {
@@ -203,153 +207,51 @@ fn hold(listener: Listener, ip: IpAddr) -> io::Result<Listener> {
     Ok(Listener::Held { port, socket })
 }
 
-async fn accept_loop(listener: Arc<TcpListener>, state: Arc<PortState>, slots: Arc<Slots>) {
-    let closed = state.closed();
-    tokio::select! {
-        () = wait_closed(closed.clone()) => {}
-        () = async {
-            loop {
-                match listener.accept().await {
-                    Ok((client, peer)) => {
-                        // At the limit the client is closed at once (Slots logs and counts).
-                        let Some(slot) = slots.try_take() else { continue };
-                        tokio::spawn(carry(client, peer, state.clone(), slot));
-                    }
-                    // The listener was shut down (see Accepting): the task ends.
-                    Err(error) if error.kind() == io::ErrorKind::InvalidInput => return,
-                    Err(error) => {
-                        // EMFILE and friends: wait a little rather than spin.
-                        tracing::warn!(service = %state.name, %error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            }
-        } => {}
-    }
-}
-
-/// One client connection, from connect to both sides closed; ends early if the Service
-/// port is removed.
-async fn carry(client: TcpStream, peer: SocketAddr, state: Arc<PortState>, _slot: OwnedSemaphorePermit) {
-    let stats = &state.stats;
-    stats.connections.inc();
-    stats.active_connections.inc();
-    tokio::select! {
-        () = wait_closed(state.closed()) => {}
-        () = async {
-            let Some(endpoint) = connect(&state, peer.ip()).await else { return };
-            match copy_both_ways(state.copy, &client, &endpoint, stats).await {
-                Ok(()) => {}
-                Err(error) => tracing::debug!(service = %state.name, %peer, %error, "connection ended"),
-            }
-        } => {}
-    }
-    stats.active_connections.dec();
-}
-
-/// Connects to an endpoint for `client`, down the dial-timeout ladder.
-async fn connect(state: &PortState, client: IpAddr) -> Option<TcpStream> {
-    let stats = &state.stats;
-    let mut reset_affinity = false;
-    for (attempt, timeout) in DIAL_TIMEOUTS.into_iter().enumerate() {
-        let Some(endpoint) = state.pick(client, reset_affinity) else {
-            tracing::debug!(service = %state.name, "no endpoint to connect to");
-            return None;
-        };
-        if attempt > 0 {
-            stats.endpoint_retries.inc();
-        }
-        match tokio::time::timeout(timeout, connect_to(endpoint)).await {
-            Ok(Ok(stream)) => return Some(stream),
-            Ok(Err(error)) => {
-                tracing::debug!(service = %state.name, %endpoint, %error, "connect failed");
-            }
-            Err(_) => {
-                tracing::debug!(service = %state.name, %endpoint, ?timeout, "connect timed out");
-            }
-        }
-        stats.connect_failures.inc();
-        reset_affinity = true;
-    }
-    tracing::warn!(service = %state.name, %client, "no endpoint accepted the connection after {} tries", DIAL_TIMEOUTS.len());
-    None
-}
-
-/// A connection to `endpoint` with Nagle's algorithm off from the start.
-///
-/// Whether the connect worked is read from the readiness event that ends the wait: a
-/// refused or unreachable connect closes the socket (`EPOLLHUP`), a working one only makes
-/// it writable. So the error is asked of the kernel (`SO_ERROR`) only when there is one,
-/// not on every connection as `TcpSocket::connect` does.
-async fn connect_to(endpoint: SocketAddr) -> io::Result<TcpStream> {
-    let family = match endpoint {
-        SocketAddr::V4(_) => AddressFamily::Inet,
-        SocketAddr::V6(_) => AddressFamily::Inet6,
-    };
-    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
-    let socket = nix::sys::socket::socket(family, SockType::Stream, flags, None)?;
+/// Starts connecting to `endpoint` with Nagle's algorithm off from the start. The connect
+/// is under way when this returns: the socket's first writable event says it is done, an
+/// error or hang-up event that it failed (so `SO_ERROR` is asked only of failed ones).
+pub fn start_connect(endpoint: SocketAddr) -> io::Result<TcpStream> {
+    let socket = stream_socket(endpoint.ip())?;
     setsockopt(&socket, sockopt::TcpNoDelay, &true)?;
     match nix::sys::socket::connect(socket.as_raw_fd(), &SockaddrStorage::from(endpoint)) {
-        Ok(()) | Err(Errno::EINPROGRESS) => {}
-        Err(error) => return Err(error.into()),
+        Ok(()) | Err(Errno::EINPROGRESS) => Ok(TcpStream::from(socket)),
+        Err(error) => Err(error.into()),
     }
-    let stream = TcpStream::from_std(std::net::TcpStream::from(socket))?;
-    let ready = stream.ready(Interest::WRITABLE).await?;
-    if ready.is_write_closed() {
-        let error = stream.take_error()?;
-        return Err(error.unwrap_or_else(|| io::ErrorKind::ConnectionRefused.into()));
-    }
-    Ok(stream)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv6Addr;
 
-    /// What saves a system call per connection: an accepted connection has the listener's
-    /// `TCP_NODELAY` (loopback of the test's own namespace).
-    #[test]
-    fn accepted_connections_inherit_no_delay_from_the_listener() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let (socket, port) = bind(IpAddr::from([127, 0, 0, 1]), 0).unwrap();
-            let listener = socket.listen(16).unwrap();
-            let client = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-            let (accepted, _) = listener.accept().await.unwrap();
-            assert!(accepted.nodelay().unwrap());
-            assert!(!client.nodelay().unwrap(), "the client's own socket is not ours");
-            let endpoint = connect_to(SocketAddr::from(([127, 0, 0, 1], port)))
-                .await
-                .unwrap();
-            assert!(endpoint.nodelay().unwrap());
-        });
+    fn nodelay(socket: &impl std::os::fd::AsFd) -> bool {
+        nix::sys::socket::getsockopt(socket, sockopt::TcpNoDelay).unwrap()
     }
 
-    /// Without the `SO_ERROR` question on every connect, a refused connect must still be
-    /// seen as refused (the dial ladder moves on), in both families.
+    /// What saves a system call per connection: an accepted connection has the listener's
+    /// `TCP_NODELAY`, the endpoint's socket its own (loopback of the test's own namespace).
     #[test]
-    fn a_refused_connect_is_an_error_and_a_working_one_is_not() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            for ip in [
-                IpAddr::from([127, 0, 0, 1]),
-                IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
-            ] {
-                // Bound, not listening: the kernel answers a connect with a reset.
-                let (held, port) = bind(ip, 0).unwrap();
-                let refused = connect_to(SocketAddr::new(ip, port)).await.unwrap_err();
-                assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused, "{ip}");
-                let listener = held.listen(16).unwrap();
-                let stream = connect_to(SocketAddr::new(ip, port)).await.unwrap();
-                let (accepted, _) = listener.accept().await.unwrap();
-                assert_eq!(stream.local_addr().unwrap(), accepted.peer_addr().unwrap());
-            }
-        });
+    fn accepted_and_dialled_connections_have_no_delay() {
+        let (socket, port) = bind(IpAddr::from([127, 0, 0, 1]), 0).unwrap();
+        nix::sys::socket::listen(&socket, Backlog::new(16).unwrap()).unwrap();
+        let listener = std::net::TcpListener::from(socket);
+        let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert!(nodelay(&accepted));
+        assert!(!nodelay(&client), "the client's own socket is not ours");
+        let endpoint = start_connect(SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
+        assert!(nodelay(&endpoint));
+    }
+
+    /// Bound and not listening: the port is held and a connect to it is refused, in both
+    /// families, and the IPv6 socket leaves the IPv4 port number free.
+    #[test]
+    fn a_held_port_refuses_connections() {
+        for ip in [IpAddr::from([127, 0, 0, 1]), IpAddr::from(Ipv6Addr::LOCALHOST)] {
+            let (_held, port) = bind(ip, 0).unwrap();
+            assert_ne!(port, 0);
+            let refused = std::net::TcpStream::connect(SocketAddr::new(ip, port)).unwrap_err();
+            assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused, "{ip}");
+        }
     }
 }

@@ -20,14 +20,23 @@ use std::time::{Duration, Instant};
 use tokio::net::UdpSocket;
 use tokio::runtime::Handle;
 use tokio::sync::OwnedSemaphorePermit;
-
-use crate::tcp::AbortOnDrop;
+use tokio::task::JoinHandle;
 
 use crate::limits::Slots;
 use crate::port::{PortState, wait_closed};
 
 /// Largest datagram relayed (UDP's maximum payload).
 const DATAGRAM: usize = 65_535;
+
+/// A task that ends with its owner.
+#[derive(Debug)]
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// A service port's UDP socket and its relay task.
 #[derive(Debug)]

@@ -1,54 +1,101 @@
-//! The threads that carry TCP: one single-threaded tokio runtime per thread, each running
-//! its own accept loop on every listener and the connections it accepted.
+//! The threads that carry TCP: one per core, each running its own event loop
+//! ([`crate::reactor`]) with a listener on every service port and the connections it
+//! accepted.
 //!
-//! Why not the proxy's multi-threaded runtime: a connection's work is a handful of short
+//! Why threads of their own, and no runtime: a connection's work is a handful of short
 //! steps (accept, connect, one read and write each way, two closes), each waiting on the
 //! network. On a work-stealing runtime every spawned connection and many wake-ups also
-//! wake an idle worker to look for work (a futex or eventfd write, a context switch, and
-//! the task's memory on another core): measured at about 2.5 futex calls per connection
-//! with two workers, which cost more than the copying itself. Here a connection lives and
-//! dies on the thread that accepted it; nothing crosses threads. A listener has a socket
-//! on each thread, all on its port (`SO_REUSEPORT`, see [`crate::tcp`]): the kernel hands
-//! each new connection to one of them, which spreads the load without a hand-off.
+//! woke an idle worker to look for work (measured at about 2.5 futex calls per
+//! connection); on a runtime per thread, each connection still paid for a task, its
+//! wakers, a registration it deletes before closing (`epoll_ctl` DEL) and a timer wheel
+//! entry, of the order of the few percent by which HAProxy carried more connections per
+//! second (BENCHMARKS.md's L4 turns). Here a connection lives and dies on the thread that
+//! accepted it and costs only its system calls: nothing crosses threads.
 //!
-//! The threads are started in the calling thread's network namespace (new threads inherit
-//! it), so the connections to endpoints leave from where the listeners are. Dropping
-//! [`Workers`] stops them: each runtime ends and drops the connections it still carried.
+//! The sync reaches a thread through its [`Worker`]: a command queue and a waker (an
+//! eventfd the loop polls). The threads are started in the calling thread's network
+//! namespace (new threads inherit it), so the connections to endpoints leave from where
+//! the listeners are. Dropping [`Workers`] stops them and waits for them: each loop ends
+//! and closes the connections it still carried.
 
 use std::io;
 use std::num::NonZeroUsize;
-use std::thread;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::thread::{self, JoinHandle};
 
-use tokio::runtime::{Builder, Handle};
-use tokio::sync::oneshot;
+use mio::{Poll, Waker};
+
+use crate::port::PortState;
+use crate::reactor::{Command, Reactor, WAKER};
+
+/// What reaches one TCP thread: its commands and what it holds.
+#[derive(Clone, Debug)]
+pub struct Worker {
+    commands: Sender<Command>,
+    waker: Arc<Waker>,
+    held: Arc<AtomicUsize>,
+}
+
+impl Worker {
+    /// Queues `command` and wakes the thread. A thread that stopped takes no more commands
+    /// (what they would change went with it).
+    pub fn send(&self, command: Command) {
+        if self.commands.send(command).is_ok() {
+            let _ = self.waker.wake();
+        }
+    }
+}
 
 /// The TCP threads of one backend.
 #[derive(Debug)]
 pub struct Workers {
-    handles: Vec<Handle>,
-    /// Dropping a sender ends its thread's runtime.
-    _stops: Vec<oneshot::Sender<()>>,
+    workers: Vec<Worker>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl Workers {
-    /// `count` threads, each with its own runtime (I/O and timers).
+    /// `count` threads, each with its own event loop.
     pub fn start(count: NonZeroUsize) -> io::Result<Self> {
-        let mut handles = Vec::with_capacity(count.get());
-        let mut stops = Vec::with_capacity(count.get());
+        let mut workers = Workers {
+            workers: Vec::with_capacity(count.get()),
+            threads: Vec::with_capacity(count.get()),
+        };
         for index in 0..count.get() {
-            let (handle, stop) = start_one(index)?;
-            handles.push(handle);
-            stops.push(stop);
+            let (worker, thread) = start_one(index)?;
+            workers.workers.push(worker);
+            workers.threads.push(thread);
         }
-        Ok(Self {
-            handles,
-            _stops: stops,
-        })
+        Ok(workers)
     }
 
-    /// Every thread's runtime: a listener runs an accept loop on each.
-    pub fn handles(&self) -> &[Handle] {
-        &self.handles
+    /// Every thread: a listener accepts on each (or on one, see the proxier).
+    pub fn threads(&self) -> &[Worker] {
+        &self.workers
+    }
+
+    /// Ends every connection of `state`'s port, on every thread (the Service port is gone).
+    pub fn close_port(&self, state: &Arc<PortState>) {
+        for worker in &self.workers {
+            worker.send(Command::ClosePort(Arc::clone(state)));
+        }
+    }
+
+    /// Listeners and connections the threads hold now (tests: nothing may leak).
+    pub fn held(&self) -> usize {
+        self.workers.iter().map(|w| w.held.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for worker in &self.workers {
+            worker.send(Command::Stop);
+        }
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -57,67 +104,40 @@ pub fn default_count() -> NonZeroUsize {
     thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
 }
 
-fn start_one(index: usize) -> io::Result<(Handle, oneshot::Sender<()>)> {
-    let runtime = Builder::new_current_thread().enable_all().build()?;
-    let handle = runtime.handle().clone();
-    let (stop, stopped) = oneshot::channel::<()>();
-    thread::Builder::new()
+fn start_one(index: usize) -> io::Result<(Worker, JoinHandle<()>)> {
+    // Made here, so that a thread that cannot have its loop is an error of the caller's.
+    let poll = Poll::new()?;
+    let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+    let (commands, queue) = mpsc::channel();
+    let held = Arc::new(AtomicUsize::new(0));
+    let reactor = Reactor::new(poll, queue, Arc::clone(&held));
+    let thread = thread::Builder::new()
         .name(format!("kpr-tcp-{index}"))
-        .spawn(move || {
-            // Returns when the sender is dropped; the runtime then drops what it carried.
-            runtime.block_on(async {
-                tokio::select! {
-                    _ = stopped => {}
-                    () = keep_a_timer_ahead_of_dial_timeouts() => {}
-                }
-            });
-        })?;
-    Ok((handle, stop))
+        .spawn(move || reactor.run())?;
+    Ok((
+        Worker {
+            commands,
+            waker,
+            held,
+        },
+        thread,
+    ))
 }
-
-/// A timer always due sooner than any dial timeout ([`crate::tcp::DIAL_TIMEOUTS`]), so
-/// arming one never makes it the thread's next wake-up. tokio wakes a runtime's driver
-/// (a write to its eventfd, and one more turn of its loop) whenever a timer is armed that
-/// is due before the driver's next wake-up, and on an idle thread's empty timer wheel every
-/// dial timer is: that was one system call and one wake-up per connection. This costs
-/// the thread a wake-up every [`TIMER_AHEAD`].
-async fn keep_a_timer_ahead_of_dial_timeouts() {
-    loop {
-        tokio::time::sleep(TIMER_AHEAD).await;
-    }
-}
-
-/// Shorter than the shortest dial timeout.
-const TIMER_AHEAD: std::time::Duration = std::time::Duration::from_millis(200);
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn each_worker_runs_tasks_on_its_own_thread_and_ends_when_dropped() {
+    fn threads_are_named_and_stop_when_dropped() {
         let workers = Workers::start(NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN)).unwrap();
-        let names: Vec<String> = workers
-            .handles()
-            .iter()
-            .map(|handle| {
-                let (tx, rx) = std::sync::mpsc::channel();
-                handle.spawn(async move {
-                    let _ = tx.send(thread::current().name().map(str::to_owned));
-                });
-                rx.recv().unwrap().unwrap_or_default()
-            })
-            .collect();
-        assert_eq!(names, ["kpr-tcp-0", "kpr-tcp-1"]);
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        workers.handles()[0].spawn(async move {
-            let _kept = tx;
-            std::future::pending::<()>().await;
-        });
+        let names: Vec<Option<&str>> = workers.threads.iter().map(|t| t.thread().name()).collect();
+        assert_eq!(names, [Some("kpr-tcp-0"), Some("kpr-tcp-1")]);
+        assert_eq!(workers.held(), 0);
+        let held: Vec<Arc<AtomicUsize>> = workers.workers.iter().map(|w| Arc::clone(&w.held)).collect();
         drop(workers);
-        // The pending task was dropped with its runtime: its sender is gone. (The wait is a
-        // ceiling against a hang, not a speed check.)
-        let ended = rx.recv_timeout(std::time::Duration::from_secs(20));
-        assert_eq!(ended, Err(std::sync::mpsc::RecvTimeoutError::Disconnected));
+        // Joined in the drop: each loop has ended and let go of its count.
+        let left: Vec<usize> = held.iter().map(Arc::strong_count).collect();
+        assert_eq!(left, [1, 1]);
     }
 }

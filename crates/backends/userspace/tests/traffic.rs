@@ -394,6 +394,32 @@ fn a_dead_endpoint_is_retried_on_the_next_one_and_counted() {
     });
 }
 
+/// An endpoint that never answers (the namespace drops its SYNs, so its connects would
+/// hang for minutes) is given up at the dial ladder's first timeout, and the next endpoint
+/// answers: every client is served, and each give-up is counted.
+#[test]
+fn a_silent_endpoint_times_out_and_the_next_one_answers() {
+    in_lab(Limits::default(), |lab| {
+        lab.tcp_servers(&ENDPOINTS[..1]);
+        let silent: Vec<String> = ["-d", ENDPOINTS[3], "-p", "tcp", "--syn", "-j", "DROP"]
+            .map(str::to_owned)
+            .into();
+        iptables(lab.ns)
+            .insert_rule(Table::Filter, "OUTPUT", &silent)
+            .unwrap();
+        lab.web(&[ENDPOINTS[0], ENDPOINTS[3]], None);
+        assert_eq!(lab.spread(4), each(&ENDPOINTS[..1], 4), "every client is served");
+        let metrics = &lab.metrics;
+        let failures = metrics.connect_failures_total.get_or_create(&web_labels()).get();
+        let retries = metrics.endpoint_retries_total.get_or_create(&web_labels()).get();
+        // Two endpoints in rotation: each connection but maybe the first tries the silent one.
+        assert!(
+            failures >= 3 && failures == retries,
+            "failures {failures}, retries {retries}"
+        );
+    });
+}
+
 #[test]
 fn client_ip_affinity_sticks_until_the_client_was_quiet_for_the_timeout() {
     in_lab(Limits::default(), |lab| {
@@ -487,10 +513,11 @@ fn tens_of_thousands_of_connections_leak_no_descriptor_or_task() {
         // Warm up (the runtime's and the listener's own descriptors and tasks exist now).
         lab.spread(10);
         std::thread::sleep(Duration::from_millis(200));
-        let tasks = |lab: &Lab<'_>| lab.rt.metrics().num_alive_tasks() + lab.backend.tcp_tasks();
+        // Tasks of the runtime (UDP, the test's own) and what the TCP threads hold.
+        let tasks = |lab: &Lab<'_>| lab.rt.metrics().num_alive_tasks() + lab.backend.tcp_held();
         let fds_before = open_descriptors();
         let tasks_before = tasks(lab);
-        assert!(lab.backend.tcp_tasks() > 0, "the accept loops are counted");
+        assert!(lab.backend.tcp_held() > 0, "the listeners are counted");
 
         let done = lab.rt.block_on(async {
             let mut handles = Vec::new();
@@ -598,9 +625,9 @@ fn ipv4_and_ipv6_listeners_share_port_numbers() {
         let (tcp4, port) = kpr_userspace::tcp::bind(any4, 0).unwrap();
         let (tcp6, same) = kpr_userspace::tcp::bind(any6, port).unwrap();
         assert_eq!(same, port);
-        let rt = runtime();
-        let _entered = rt.enter();
-        let _listening = (tcp4.listen(16).unwrap(), tcp6.listen(16).unwrap());
+        let backlog = || nix::sys::socket::Backlog::new(16).unwrap();
+        nix::sys::socket::listen(&tcp4, backlog()).unwrap();
+        nix::sys::socket::listen(&tcp6, backlog()).unwrap();
         let (_udp4, port) = kpr_userspace::udp::bind(any4, 0).unwrap();
         let (_udp6, same) = kpr_userspace::udp::bind(any6, port).unwrap();
         assert_eq!(same, port);

@@ -476,6 +476,8 @@ impl Reactor {
             tracing::debug!(service = %name, endpoint = %dial.endpoint, %error, "connect failed");
         }
         connection.state.stats.connect_failures.inc();
+        // Closed before the next try registers a socket under the same token.
+        drop(socket);
         self.dial(key, dial.attempt + 1);
     }
 

@@ -167,6 +167,25 @@ impl Lab<'_> {
         self.rt.block_on(who(sock(VIP)))
     }
 
+    /// `web` counted at least `least` failed connects, each followed by a try on another
+    /// endpoint.
+    fn assert_each_failure_retried(&self, least: u64) {
+        let failures = self
+            .metrics
+            .connect_failures_total
+            .get_or_create(&web_labels())
+            .get();
+        let retries = self
+            .metrics
+            .endpoint_retries_total
+            .get_or_create(&web_labels())
+            .get();
+        assert!(
+            failures >= least && failures == retries,
+            "failures {failures}, retries {retries}"
+        );
+    }
+
     /// `n` connections to `web`'s cluster IP, one after the other: who answered how often.
     fn spread(&self, n: usize) -> BTreeMap<String, usize> {
         self.rt.block_on(spread(sock(VIP), n))
@@ -384,13 +403,8 @@ fn a_dead_endpoint_is_retried_on_the_next_one_and_counted() {
             each(&ENDPOINTS[..1], 20),
             "no client sees the dead one"
         );
-        let metrics = &lab.metrics;
-        let failures = metrics.connect_failures_total.get_or_create(&web_labels()).get();
-        let retries = metrics.endpoint_retries_total.get_or_create(&web_labels()).get();
-        assert!(
-            failures >= 9 && failures == retries,
-            "failures {failures}, retries {retries}"
-        );
+        // Two endpoints in rotation: about every other connection tries the dead one first.
+        lab.assert_each_failure_retried(9);
     });
 }
 
@@ -409,14 +423,9 @@ fn a_silent_endpoint_times_out_and_the_next_one_answers() {
             .unwrap();
         lab.web(&[ENDPOINTS[0], ENDPOINTS[3]], None);
         assert_eq!(lab.spread(4), each(&ENDPOINTS[..1], 4), "every client is served");
-        let metrics = &lab.metrics;
-        let failures = metrics.connect_failures_total.get_or_create(&web_labels()).get();
-        let retries = metrics.endpoint_retries_total.get_or_create(&web_labels()).get();
-        // Two endpoints in rotation: each connection but maybe the first tries the silent one.
-        assert!(
-            failures >= 3 && failures == retries,
-            "failures {failures}, retries {retries}"
-        );
+        // Two endpoints in rotation, a failure moving it on: each connection but maybe the
+        // first tries the silent one.
+        lab.assert_each_failure_retried(3);
     });
 }
 

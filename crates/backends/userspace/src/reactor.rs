@@ -3,7 +3,7 @@
 //!
 //! A connection is an entry of a table ([`Slab`]) whose key is its epoll token: the
 //! client's socket is token `2 × key`, the endpoint's `2 × key + 1`; listeners have
-//! tokens from [`LISTENERS`] up, the waker [`WAKER`]. Every socket is registered once, for
+//! tokens from `LISTENERS` up, the waker [`WAKER`]. Every socket is registered once, for
 //! reading and writing, edge-triggered, and never deregistered: closing a socket takes it
 //! out of the epoll set, so a connection's end costs its two closes and nothing more.
 //! Because a closed connection's events may still be in the batch being handled, its key

@@ -10,7 +10,10 @@
 //!
 //! A [`Direction`] is one way of one connection, driven by the TCP thread's event loop
 //! ([`crate::reactor`]): [`Direction::pump`] moves what the two sockets' [`Readiness`]
-//! allows and returns; the loop calls it again at the sockets' next readiness events.
+//! allows and returns; the loop calls it again at the sockets' next readiness events. A
+//! pump reads at most [`READS_PER_TURN`] times, then yields with bytes possibly left to
+//! read (the loop comes back to it after the thread's other connections): a fast bulk
+//! stream would otherwise keep its thread to itself for as long as it lasts.
 //! Each direction ends at its end of stream; the connection passes it on as a half-close,
 //! so protocols that close one side first keep working. Bytes are counted as they are
 //! written, so the metrics show long connections while they last.
@@ -59,6 +62,20 @@ const SMALL: usize = 16 * 1024;
 
 /// Bytes one splice or read moves at most, and the pipe's capacity.
 const CHUNK: usize = 256 * 1024;
+
+/// Reads one pump makes at most before the thread's other connections have their turn: 4
+/// MiB of splices, 256 KiB of small reads.
+pub const READS_PER_TURN: usize = 16;
+
+/// How a pump ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// A socket would block, or the stream ended: the next readiness event calls again.
+    Waits,
+    /// Its reads were used up with the source still readable: no event will say so again,
+    /// the loop must call again by itself.
+    Yields,
+}
 
 /// Small buffers a thread keeps for reuse at most: 512 KiB, enough for the connections a
 /// busy thread carries at once.
@@ -209,13 +226,24 @@ impl Direction {
         self.end - self.start + self.in_pipe
     }
 
-    /// Moves bytes `from` -> `to` until one side would block or the stream ended; counts
-    /// them into `bytes` as they are written.
-    pub fn pump(&mut self, from: &mut Side, to: &mut Side, bytes: &Counter) -> io::Result<()> {
+    /// Moves bytes `from` -> `to` until one side would block, the stream ended or
+    /// [`READS_PER_TURN`] reads were made; counts them into `bytes` as they are written.
+    pub fn pump(&mut self, from: &mut Side, to: &mut Side, bytes: &Counter) -> io::Result<Turn> {
+        self.pump_reading(from, to, bytes, READS_PER_TURN)
+    }
+
+    fn pump_reading(
+        &mut self,
+        from: &mut Side,
+        to: &mut Side,
+        bytes: &Counter,
+        reads: usize,
+    ) -> io::Result<Turn> {
+        let mut made = 0;
         loop {
             if self.held() > 0 {
                 if !to.ready.writable {
-                    return Ok(());
+                    return Ok(Turn::Waits);
                 }
                 match self.write_out(&to.socket) {
                     // Nothing taken of a non-empty write: the kernel will not take more later.
@@ -225,20 +253,24 @@ impl Direction {
                     }
                     Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                         to.ready.writable = false;
-                        return Ok(());
+                        return Ok(Turn::Waits);
                     }
                     Err(error) => return Err(error),
                 }
                 continue;
             }
             if self.eof || !from.ready.readable {
-                return Ok(());
+                return Ok(Turn::Waits);
             }
+            if made == reads {
+                return Ok(Turn::Yields);
+            }
+            made += 1;
             match self.read_in(from) {
                 Ok(()) => {}
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                     from.ready.readable = false;
-                    return Ok(());
+                    return Ok(Turn::Waits);
                 }
                 Err(error) => return Err(error),
             }
@@ -390,6 +422,31 @@ mod tests {
             pump_until(&mut direction, &mut from, &mut to, &bytes, Direction::ended);
             assert!(direction.buffer.is_none(), "nothing held, no buffer kept");
         }
+    }
+
+    /// Its reads used up with bytes left, a pump yields (the loop calls again), and the
+    /// next pump moves the rest.
+    #[test]
+    fn a_pump_yields_when_its_reads_are_used_up() {
+        let (mut client, mut from) = pair();
+        let (mut server, mut to) = pair();
+        let bytes = Counter::default();
+        let mut direction = Direction::new(CopyMethod::Auto);
+        let message: Vec<u8> = (0..SMALL * 5 / 2).map(|i| i as u8).collect();
+        client.write_all(&message).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        from.ready.readable = true;
+        to.ready.writable = true;
+        // The first read fills the small buffer (and turns Auto into splice) and is written
+        // out: with one read allowed, the pump yields with the rest unread.
+        let turn = direction.pump_reading(&mut from, &mut to, &bytes, 1).unwrap();
+        assert_eq!((turn, bytes.get()), (Turn::Yields, SMALL as u64));
+        assert!(from.ready.readable, "the rest is still to be read");
+        let turn = direction.pump(&mut from, &mut to, &bytes).unwrap();
+        assert_eq!((turn, bytes.get()), (Turn::Waits, message.len() as u64));
+        let mut heard = vec![0; message.len()];
+        server.read_exact(&mut heard).unwrap();
+        assert_eq!(heard, message);
     }
 
     /// A short read empties the socket's readable state, unless an end of stream was

@@ -39,7 +39,7 @@ use nix::sys::socket::{Shutdown, shutdown};
 use slab::Slab;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::copy::{Direction, Side};
+use crate::copy::{Direction, Side, Turn};
 use crate::limits::Slots;
 use crate::port::PortState;
 use crate::tcp::{DIAL_TIMEOUTS, start_connect};
@@ -114,23 +114,36 @@ impl Drop for Connection {
     }
 }
 
+/// Where a connection is after [`Connection::carry`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Carried {
+    /// Waiting for its sockets' next events.
+    Waits,
+    /// A direction used up its reads with bytes left: the loop comes back to it.
+    Yields,
+    /// Both directions ended.
+    Done,
+}
+
 impl Connection {
-    /// Moves what the sockets allow both ways; true once both directions ended. An end of
-    /// stream is passed on as a half-close, unless the other direction is over too: both
-    /// sockets are then closed, which sends the same end of stream (a system call fewer).
-    fn carry(&mut self) -> io::Result<bool> {
+    /// Moves what the sockets allow both ways. An end of stream is passed on as a
+    /// half-close, unless the other direction is over too: both sockets are then closed,
+    /// which sends the same end of stream (a system call fewer).
+    fn carry(&mut self) -> io::Result<Carried> {
         let Some(endpoint) = &mut self.endpoint else {
-            return Ok(false);
+            return Ok(Carried::Waits);
         };
         let stats = &self.state.stats;
         let ended_before = (self.up.ended(), self.down.ended());
-        self.up
+        let up = self
+            .up
             .pump(&mut self.client, endpoint, &stats.to_endpoint_bytes)?;
-        self.down
+        let down = self
+            .down
             .pump(endpoint, &mut self.client, &stats.from_endpoint_bytes)?;
         let ended = (self.up.ended(), self.down.ended());
         if ended == (true, true) {
-            return Ok(true);
+            return Ok(Carried::Done);
         }
         // The peer may be gone already: the next read or write says so.
         if ended.0 && !ended_before.0 {
@@ -139,7 +152,10 @@ impl Connection {
         if ended.1 && !ended_before.1 {
             let _ = shutdown(self.client.socket.as_raw_fd(), Shutdown::Write);
         }
-        Ok(false)
+        if up == Turn::Yields || down == Turn::Yields {
+            return Ok(Carried::Yields);
+        }
+        Ok(Carried::Waits)
     }
 }
 
@@ -178,6 +194,9 @@ pub struct Reactor {
     next_dial: u64,
     /// Connections over in this batch, removed after it.
     finished: Vec<usize>,
+    /// Connections that yielded in this batch: carried on in the next, which then waits
+    /// for no event.
+    yielded: Vec<usize>,
     /// When paused listeners accept again.
     accept_again: Option<Instant>,
     stopping: bool,
@@ -194,6 +213,7 @@ impl Reactor {
             dials: Default::default(),
             next_dial: 0,
             finished: Vec::new(),
+            yielded: Vec::new(),
             accept_again: None,
             stopping: false,
         }
@@ -203,9 +223,12 @@ impl Reactor {
     pub fn run(mut self) {
         let mut events = Events::with_capacity(EVENTS);
         while !self.stopping {
-            let timeout = self
-                .next_deadline()
-                .map(|at| at.saturating_duration_since(Instant::now()));
+            let timeout = if self.yielded.is_empty() {
+                self.next_deadline()
+                    .map(|at| at.saturating_duration_since(Instant::now()))
+            } else {
+                Some(Duration::ZERO)
+            };
             if let Err(error) = self.poll.poll(&mut events, timeout) {
                 if error.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -213,8 +236,12 @@ impl Reactor {
                 tracing::error!(%error, "a TCP thread's event loop failed; its connections end");
                 return;
             }
+            let yielded = std::mem::take(&mut self.yielded);
             for event in &events {
                 self.dispatch(event);
+            }
+            for key in yielded {
+                self.drive(key);
             }
             self.after_batch(Instant::now());
         }
@@ -518,9 +545,22 @@ impl Reactor {
             }
             connection.dial = None;
         }
+        self.drive(key);
+    }
+
+    /// Carries the connection at `key` as far as its sockets allow, if it is connected.
+    fn drive(&mut self, key: usize) {
+        let Some(connection) = self
+            .connections
+            .get_mut(key)
+            .filter(|c| !c.done && c.dial.is_none())
+        else {
+            return;
+        };
         match connection.carry() {
-            Ok(false) => {}
-            Ok(true) => self.finish(key),
+            Ok(Carried::Waits) => {}
+            Ok(Carried::Yields) => self.yielded.push(key),
+            Ok(Carried::Done) => self.finish(key),
             Err(error) => {
                 tracing::debug!(service = %connection.state.name, peer = %connection.peer, %error, "connection ended");
                 self.finish(key);

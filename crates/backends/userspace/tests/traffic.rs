@@ -330,6 +330,87 @@ fn tcp_through_the_cluster_ip_goes_round_robin_and_echoes() {
     });
 }
 
+/// Bulk both ways at once (the endpoint echoes as the client sends), far more than the
+/// sockets buffer: every byte arrives, in order, and the end of stream.
+#[test]
+fn bulk_data_both_ways_arrives_whole() {
+    const BYTES: usize = 64 << 20;
+    in_lab(Limits::default(), |lab| {
+        lab.tcp_servers(&ENDPOINTS[..1]);
+        lab.web(&ENDPOINTS[..1], None);
+        lab.rt.block_on(async {
+            let (_, conn) = who(sock(VIP)).await.unwrap();
+            let (mut reader, mut writer) = conn.into_inner().into_split();
+            let pattern = |at: usize| (at % 251) as u8;
+            let sending = async move {
+                for start in (0..BYTES).step_by(1 << 20) {
+                    let block: Vec<u8> = (start..start + (1 << 20)).map(pattern).collect();
+                    writer.write_all(&block).await.unwrap();
+                }
+                writer.shutdown().await.unwrap();
+            };
+            let hearing = async move {
+                let mut heard = 0usize;
+                let mut buffer = vec![0u8; 1 << 16];
+                loop {
+                    let read = reader.read(&mut buffer).await.unwrap();
+                    if read == 0 {
+                        return heard;
+                    }
+                    let expected: Vec<u8> = (heard..heard + read).map(pattern).collect();
+                    assert!(buffer[..read] == expected[..], "bytes {heard}.. differ");
+                    heard += read;
+                }
+            };
+            // A ceiling against a stall, not a speed check.
+            let both = async { tokio::join!(sending, hearing) };
+            let ((), heard) = tokio::time::timeout(CEILING * 3, both)
+                .await
+                .expect("the transfer stalled");
+            assert_eq!(heard, BYTES);
+        });
+    });
+}
+
+/// Megabytes and the end of stream already queued when the endpoint answers, so no event
+/// will come for them again: the proxy's thread reads so much per turn, yields, and must
+/// come back to the connection by itself. (The namespace's socket buffers are made large
+/// enough to queue it all; the endpoint's SYNs are dropped until everything is queued, so
+/// the proxy connects at its second try.)
+#[test]
+fn bytes_queued_beyond_one_turn_are_carried_without_a_new_event() {
+    const BYTES: usize = 8 << 20;
+    in_lab(Limits::default(), |lab| {
+        for key in ["net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"] {
+            lab.ns.set_sysctl(key, "4096 33554432 33554432").unwrap();
+        }
+        let hold: Vec<String> = ["-d", ENDPOINTS[0], "-p", "tcp", "--syn", "-j", "DROP"]
+            .map(str::to_owned)
+            .into();
+        let iptables = iptables(lab.ns);
+        iptables.insert_rule(Table::Filter, "OUTPUT", &hold).unwrap();
+        lab.web(&ENDPOINTS[..1], None);
+        let heard = lab.rt.block_on(async {
+            let sink = TcpListener::bind((ENDPOINTS[0].parse::<IpAddr>().unwrap(), PORT))
+                .await
+                .unwrap();
+            let mut client = TcpStream::connect(sock(VIP)).await.unwrap();
+            client.write_all(&vec![5u8; BYTES]).await.unwrap();
+            client.shutdown().await.unwrap();
+            iptables.delete_rule(Table::Filter, "OUTPUT", &hold).unwrap();
+            // A ceiling against a stall, not a speed check.
+            tokio::time::timeout(CEILING, async {
+                let (mut endpoint, _) = sink.accept().await.unwrap();
+                let mut all = Vec::new();
+                endpoint.read_to_end(&mut all).await.unwrap();
+                all.len()
+            })
+            .await
+        });
+        assert_eq!(heard, Ok(BYTES), "the bytes left after a turn were carried");
+    });
+}
+
 #[test]
 fn a_service_port_without_endpoints_is_refused_at_once() {
     in_lab(Limits::default(), |lab| {

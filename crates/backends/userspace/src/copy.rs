@@ -168,14 +168,40 @@ impl Readiness {
 pub struct Side {
     pub socket: TcpStream,
     pub ready: Readiness,
+    /// Registered for writable events too. A client's socket is registered for reading
+    /// only until a write to it would block (see [`Side::accepted`]).
+    pub write_events: bool,
 }
 
 impl Side {
+    /// A socket registered for both kinds of events (an endpoint's: its connect ends with
+    /// a writable event).
     pub fn new(socket: TcpStream) -> Self {
         Self {
             socket,
             ready: Readiness::default(),
+            write_events: true,
         }
+    }
+
+    /// A just-accepted client's socket, registered for reading only: its send buffer is
+    /// empty, so it is writable until a write says otherwise. Registered for writing too, it
+    /// would raise an event at once that says nothing new, a turn of the loop per
+    /// connection.
+    pub fn accepted(socket: TcpStream) -> Self {
+        Self {
+            socket,
+            ready: Readiness {
+                writable: true,
+                ..Readiness::default()
+            },
+            write_events: false,
+        }
+    }
+
+    /// A write to it would block and no writable event would say when it can take more.
+    pub fn needs_write_events(&self) -> bool {
+        !self.ready.writable && !self.write_events
     }
 }
 

@@ -406,7 +406,7 @@ impl Reactor {
         let key = entry.key();
         let mut connection = Connection {
             peer,
-            client: Side::new(client),
+            client: Side::accepted(client),
             endpoint: None,
             dial: None,
             up: Direction::new(state.copy),
@@ -415,12 +415,11 @@ impl Reactor {
             _slot: slot,
             state,
         };
-        let both = Interest::READABLE | Interest::WRITABLE;
-        if let Err(error) =
-            self.poll
-                .registry()
-                .register(&mut connection.client.socket, client_token(key), both)
-        {
+        if let Err(error) = self.poll.registry().register(
+            &mut connection.client.socket,
+            client_token(key),
+            Interest::READABLE,
+        ) {
             tracing::debug!(service = %connection.state.name, %peer, %error, "cannot carry a connection");
             return;
         }
@@ -557,7 +556,23 @@ impl Reactor {
         else {
             return;
         };
-        match connection.carry() {
+        let mut carried = connection.carry();
+        let open = matches!(carried, Ok(Carried::Waits | Carried::Yields));
+        if open && connection.client.needs_write_events() {
+            // From now on the client's writable events are needed (see `Side::accepted`);
+            // the change reports the socket at once if it took more in the meantime.
+            let client = &mut connection.client;
+            let both = Interest::READABLE | Interest::WRITABLE;
+            match self
+                .poll
+                .registry()
+                .reregister(&mut client.socket, client_token(key), both)
+            {
+                Ok(()) => client.write_events = true,
+                Err(error) => carried = Err(error),
+            }
+        }
+        match carried {
             Ok(Carried::Waits) => {}
             Ok(Carried::Yields) => self.yielded.push(key),
             Ok(Carried::Done) => self.finish(key),

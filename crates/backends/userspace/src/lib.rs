@@ -31,8 +31,8 @@
 //! - **SCTP is not supported** in this mode: such ports are left out, logged once each and
 //!   counted in `kubeproxy_userspace_unsupported_service_ports`.
 //! - [`UserspaceBackend`] ([`proxier`]) is the mode's `Backend`: it runs on the sync loop's
-//!   blocking thread and starts the listeners on the proxy's tokio runtime through a
-//!   `Handle`.
+//!   blocking thread, starts the UDP listeners on the proxy's tokio runtime through a
+//!   `Handle`, and hands the TCP listeners to its TCP threads.
 
 pub mod balancer;
 pub mod conntrack;

@@ -3,7 +3,8 @@
 //! handles, and the signal that the Service port is gone.
 //!
 //! Endpoint changes go through the balancer only, so a connection already carried never
-//! notices them; removal is the one event that ends connections ([`PortState::close`]).
+//! notices them; removal is the one event that ends connections ([`PortState::close`] for
+//! UDP sessions, [`crate::workers::Workers::close_port`] for TCP connections).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -91,7 +92,8 @@ impl PortState {
         self.balancer(|b| b.next(client, reset_affinity, Instant::now()))
     }
 
-    /// Ends the listener and every connection and session of this port.
+    /// Ends this port's UDP relay and sessions (its TCP connections are ended by the TCP
+    /// threads: [`crate::workers::Workers::close_port`]).
     pub fn close(&self) {
         self.closed.send_replace(true);
     }

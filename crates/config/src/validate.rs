@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kpr_naming::InterfaceName;
+use kpr_model::text::InterfaceName;
 
 use crate::defaults::NODE_PORT_ADDRESSES_PRIMARY;
 use crate::duration::GoDuration;
@@ -267,7 +267,7 @@ fn check_interface(
     errors: &mut Errors,
     field: &str,
     value: &str,
-    check: Result<InterfaceName, kpr_naming::UnsafeText>,
+    check: Result<InterfaceName, kpr_model::text::UnsafeText>,
 ) {
     if let Err(why) = check {
         errors.check(

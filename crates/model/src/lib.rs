@@ -12,6 +12,10 @@
 //! addresses, a ServiceCIDR's CIDRs) drops only that entry; the conversions return it as an [`IgnoredValue`] beside the view
 //! ([`Converted`]) for the caller to log and count, since this crate does no I/O.
 //!
+//! [`text`] lives here because it is where untrusted text is judged: the one check every
+//! free-form string (names in comments, interface names) passes before it may appear in
+//! kernel rule text, shared by the configuration, the node's facts and every backend.
+//!
 //! [`Sizes`] lives here too, though it is no Kubernetes type: it is what every long-lived
 //! structure's `footprint()` returns, and this is the one crate all of them depend on.
 
@@ -24,6 +28,7 @@ mod service;
 mod service_cidr;
 mod sizes;
 pub mod syntax;
+pub mod text;
 
 pub use endpoint::{
     Endpoint, Hints, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, SERVICE_NAME_LABEL, SliceAddress, SlicePort,

@@ -497,7 +497,7 @@ impl Builder<'_> {
         let not_accepted = Comment::build()
             .text(&ctx.svc)
             .literal(" traffic not accepted by ")
-            .chain(&ctx.chains.firewall)
+            .object_name(ctx.chains.firewall.as_str())
             .finish();
         for ip in &port.load_balancer_ips {
             if ctx.plan.has_endpoints() {

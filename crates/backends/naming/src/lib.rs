@@ -5,10 +5,11 @@
 //! base32(sha256(servicePortName + protocol)), and `KUBE-SEP-` with the endpoint's `ip:port`
 //! appended to the hash input. Changing a byte here orphans every chain on every node.
 //!
-//! [`text`] is the other half of "what reaches the kernel": the one check every free-form
-//! string (names in comments, interface names) passes before it may appear in rule text.
+//! [`text`] (kpr-model's, re-exported) is the other half of "what reaches the kernel": the
+//! one check every free-form string (names in comments, interface names) passes before it
+//! may appear in rule text.
 
-pub mod text;
+pub use kpr_model::text;
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -63,13 +64,6 @@ impl ChainName {
 
     pub fn as_str(&self) -> &str {
         &self.0
-    }
-}
-
-impl CommentBuilder {
-    /// A chain name (checked or made here).
-    pub fn chain(self, name: &ChainName) -> Self {
-        self.raw(name.as_str())
     }
 }
 

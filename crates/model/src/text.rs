@@ -5,7 +5,7 @@
 //! modes' kernel text. Sources validate objects, but rule text is where a missed check turns
 //! into a takeover of the node's firewall (a newline in a name starts a new restore line), so
 //! every such string is checked again here, by type: rule builders accept [`Comment`],
-//! [`InterfaceName`] and [`crate::ChainName`], built from checked [`SafeText`], never a plain
+//! [`InterfaceName`] and kpr-naming's `ChainName`, built from checked [`SafeText`], never a plain
 //! `String`.
 //!
 //! What is refused, and why:
@@ -165,8 +165,12 @@ impl CommentBuilder {
         self
     }
 
-    pub(crate) fn raw(mut self, checked: &str) -> Self {
-        self.0.push_str(checked);
+    /// A kernel object's name (a chain's, say): ASCII letters, digits, `-`, `_` and `.`,
+    /// which every name kube-proxy-rs gives an object is made of. Anything else is left out
+    /// rather than trusted (kpr-naming checks names when it makes them, so nothing is).
+    pub fn object_name(mut self, name: &str) -> Self {
+        let allowed = |c: &char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        self.0.extend(name.chars().filter(allowed));
         self
     }
 
@@ -242,6 +246,16 @@ impl fmt::Display for InterfaceName {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn object_names_in_comments_keep_only_name_characters() {
+        let comment = Comment::build()
+            .literal("to ")
+            .object_name("KUBE-FW-ABC_1.x")
+            .object_name("\n\"x -j ACCEPT")
+            .finish();
+        assert_eq!(comment.as_str(), "to KUBE-FW-ABC_1.xx-jACCEPT");
+    }
 
     #[test]
     fn plain_names_and_spaces_pass() {

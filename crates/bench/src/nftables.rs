@@ -91,7 +91,7 @@ fn measure_inside(plan: &NftPlan) -> Result<NftRow, String> {
     let options = bench_options();
     let mut backend = NftablesBackend::new(options.clone(), plan.transport.open(&options)?)
         .map_err(|e| e.to_string())?
-        .with_local_addresses(Box::new(kpr_iptables::FixedAddresses(vec![NODE_IP.into()])));
+        .with_local_addresses(Box::new(kpr_host::FixedAddresses(vec![NODE_IP.into()])));
     let mut row = NftRow {
         shape: plan.shape,
         transport: plan.transport,
@@ -167,7 +167,7 @@ fn repeat(n: usize, mut step: impl FnMut(usize) -> Result<Duration, String>) -> 
 fn bench_options() -> NftablesOptions {
     let cidr = CLUSTER_CIDR.parse().map(|c| vec![c]).unwrap_or_default();
     NftablesOptions {
-        local_detector: kpr_iptables::LocalDetector::ClusterCidr(cidr),
+        local_detector: kpr_host::LocalDetector::ClusterCidr(cidr),
         ..NftablesOptions::default()
     }
 }

@@ -3,7 +3,8 @@
 //! masqueraded as on most real nodes; the node's own address comes with its Node object).
 
 use ipnet::IpNet;
-use kpr_iptables::{IptablesOptions, LocalDetector};
+use kpr_host::LocalDetector;
+use kpr_iptables::IptablesOptions;
 
 use crate::cluster::CLUSTER_CIDR;
 
@@ -19,6 +20,8 @@ pub fn bench_options() -> IptablesOptions {
 
 #[cfg(test)]
 mod tests {
+    use kpr_iptables::LocalMatch;
+
     use super::*;
 
     #[test]

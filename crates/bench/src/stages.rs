@@ -249,7 +249,7 @@ fn cold_sync(pending: &[PendingSync]) -> Result<Vec<NftablesBackend>, String> {
             };
             let mut backend = NftablesBackend::new(options, Box::new(transport))
                 .map_err(|e| e.to_string())?
-                .with_local_addresses(Box::new(kpr_iptables::FixedAddresses(addresses)));
+                .with_local_addresses(Box::new(kpr_host::FixedAddresses(addresses)));
             backend.sync(&pending.request(false)).map_err(|e| e.to_string())?;
             Ok(backend)
         })
@@ -262,7 +262,7 @@ fn options(family: IpFamily) -> NftablesOptions {
     let cidrs = CLUSTER_CIDR.parse().map(|c| vec![c]).unwrap_or_default();
     NftablesOptions {
         family,
-        local_detector: kpr_iptables::LocalDetector::ClusterCidr(cidrs),
+        local_detector: kpr_host::LocalDetector::ClusterCidr(cidrs),
         ..NftablesOptions::default()
     }
 }

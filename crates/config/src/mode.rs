@@ -28,6 +28,11 @@ pub enum ModeError {
 }
 
 impl ProxyMode {
+    /// Every mode. iptables mode comes first because modes after it may write into its
+    /// chains (ipvs mode does): whoever removes every mode's leftovers goes from the last to
+    /// the first, so a shared chain is no longer referenced when its owner removes it.
+    pub const ALL: [Self; 4] = [Self::Iptables, Self::Nftables, Self::Ipvs, Self::Userspace];
+
     /// Parses upstream's mode string; blank means iptables, as on upstream's Linux build.
     pub fn parse(text: &str) -> Result<Self, ModeError> {
         match text {
@@ -101,13 +106,23 @@ mod tests {
     #[test]
     fn blank_mode_is_iptables() {
         assert_eq!(ProxyMode::parse("").unwrap(), ProxyMode::Iptables);
-        for mode in [
-            ProxyMode::Iptables,
-            ProxyMode::Nftables,
-            ProxyMode::Ipvs,
-            ProxyMode::Userspace,
-        ] {
+        for mode in ProxyMode::ALL {
             assert_eq!(ProxyMode::parse(mode.as_str()).unwrap(), mode);
+        }
+    }
+
+    /// A mode added to the enum but not to ALL would get no leftovers removed and no
+    /// `explain`: the match below stops compiling until the new mode is placed.
+    #[test]
+    fn all_holds_every_mode_once() {
+        let position = |mode: ProxyMode| match mode {
+            ProxyMode::Iptables => 0,
+            ProxyMode::Nftables => 1,
+            ProxyMode::Ipvs => 2,
+            ProxyMode::Userspace => 3,
+        };
+        for (index, mode) in ProxyMode::ALL.into_iter().enumerate() {
+            assert_eq!(position(mode), index, "{mode}");
         }
     }
 

@@ -13,36 +13,23 @@
 //!
 //! # Shape
 //!
-//! Pure analysis, I/O at the edge:
-//! - [`nft_table::NftTable`]: our nftables table as typed values, decoded from kpr-nfnetlink
-//!   dumps or taken from kpr-nftables' generation (golden tests); names are parsed back
-//!   through kpr-nftables' `names`, so reader and writer cannot drift;
-//! - [`nft::explain`], [`ipt::explain`] and [`ipvs::explain`]: (objects, query) -> findings;
+//! This crate holds what every mode's explanation has in common; each mode's crate reads
+//! its own objects back ([`Explainer`], reached through the mode's seam):
+//! - [`Query`]: the destination asked about;
+//! - [`Explanation`], [`Section`], [`Finding`]: what a mode's objects do with it, as values;
 //! - [`render`]: findings -> the text the command prints;
-//! - [`explain_live`]: reads the calling thread's network namespace (netlink for nftables,
-//!   `iptables-save` for iptables, netlink for IPVS) and explains in every mode whose objects
-//!   exist (`table ip/ip6 kube-proxy` -> nftables, `kube-ipvs0` -> ipvs, Service chains in
-//!   nat -> iptables; several -> each, with a note).
-//!
-//! It lives in its own crate (`crates/explain`) rather than under `crates/backends`: it
-//! programs nothing, reads both modes' objects, and is a tool of the binary.
+//! - [`explain_live`]: asks every mode's [`Explainer`] about the calling thread's network
+//!   namespace and explains in every mode whose objects exist (several -> each, with a note).
 //!
 //! # Limits
 //!
-//! - nftables: the Service name comes from the entry elements' comments, which kpr-nfnetlink's
-//!   element dumps do not decode yet; until they do the live output says the name is not
-//!   recorded (the golden tests take it from the generation).
 //! - Which endpoints are local is known only where a Local policy splits them out.
 //! - The pod-network condition of cluster-IP masquerading is described, not read back.
 
-pub mod ipt;
-pub mod ipvs;
 mod live;
-pub mod nft;
-pub mod nft_table;
 mod query;
 mod report;
 
-pub use live::explain_live;
+pub use live::{Explainer, explain_live};
 pub use query::{Query, QueryError};
-pub use report::{Endpoint, EndpointGroup, Explanation, Finding, Mode, Outcome, Section, Weight, render};
+pub use report::{Endpoint, EndpointGroup, Explanation, Finding, Outcome, Section, Weight, render};

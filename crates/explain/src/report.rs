@@ -7,14 +7,6 @@ use kpr_model::IpFamily;
 
 use crate::query::Query;
 
-/// Which proxy mode's kernel objects an explanation was read from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    Iptables,
-    Nftables,
-    Ipvs,
-}
-
 /// What the kernel does with a new connection to the destination.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -72,7 +64,8 @@ pub struct Finding {
 /// What one mode's objects of one family say about the query.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Section {
-    pub mode: Mode,
+    /// Which mode's objects, and which of them, e.g. "nftables mode (table ip kube-proxy)".
+    pub title: String,
     pub family: IpFamily,
     pub findings: Vec<Finding>,
 }
@@ -85,23 +78,14 @@ pub struct Explanation {
     pub sections: Vec<Section>,
     /// What could not be read (a missing tool, a refused dump), said next to the answer.
     pub problems: Vec<String>,
+    /// What every mode's objects are called, for the answer when none exist.
+    pub looked_for: Vec<String>,
 }
 
 impl Explanation {
     /// Whether any mode maps the destination to something.
     pub fn found(&self) -> bool {
         self.sections.iter().any(|s| !s.findings.is_empty())
-    }
-}
-
-fn mode_title(mode: Mode, family: IpFamily) -> String {
-    match (mode, family) {
-        (Mode::Nftables, IpFamily::V4) => "nftables mode (table ip kube-proxy)".into(),
-        (Mode::Nftables, IpFamily::V6) => "nftables mode (table ip6 kube-proxy)".into(),
-        (Mode::Iptables, IpFamily::V4) => "iptables mode (iptables nat/filter)".into(),
-        (Mode::Iptables, IpFamily::V6) => "iptables mode (ip6tables nat/filter)".into(),
-        (Mode::Ipvs, IpFamily::V4) => "ipvs mode (IPVS, kube-ipvs0, IPv4)".into(),
-        (Mode::Ipvs, IpFamily::V6) => "ipvs mode (IPVS, kube-ipvs0, IPv6)".into(),
     }
 }
 
@@ -127,11 +111,8 @@ pub fn render(explanation: &Explanation) -> String {
     if explanation.sections.is_empty() {
         let _ = writeln!(
             out,
-            "{query}: no kube-proxy rules of this address family in this network namespace (neither table {} kube-proxy, nor kube-ipvs0, nor the KUBE-SERVICES chain)",
-            match query.family() {
-                IpFamily::V4 => "ip",
-                IpFamily::V6 => "ip6",
-            }
+            "{query}: no kube-proxy rules of this address family in this network namespace (looked for: {})",
+            explanation.looked_for.join("; ")
         );
         return out;
     }
@@ -142,7 +123,7 @@ pub fn render(explanation: &Explanation) -> String {
         );
     }
     for section in &explanation.sections {
-        let _ = writeln!(out, "{}:", mode_title(section.mode, section.family));
+        let _ = writeln!(out, "{}:", section.title);
         if section.findings.is_empty() {
             let _ = writeln!(
                 out,

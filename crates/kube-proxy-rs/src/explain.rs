@@ -5,7 +5,9 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use kpr_explain::{Query, explain_live, render};
+use kpr_explain::{Explainer, Query, explain_live, render};
+
+use crate::mode;
 
 const USAGE: &str = "\
 Usage: kube-proxy-rs explain <ip>:<port>[/tcp|udp|sctp]
@@ -18,8 +20,8 @@ endpoints or a source outside loadBalancerSourceRanges, local endpoints, affinit
 masquerading) and the kernel objects behind them.
 
 Reads the live kernel of the current network namespace: table ip/ip6 kube-proxy over
-netlink (nftables mode) and iptables-save (iptables mode); both when both exist. IPv6 as
-[addr]:port. TCP when no protocol is given.
+netlink (nftables mode), iptables-save (iptables mode), the IPVS table and kube-ipvs0
+(ipvs mode); each whose objects exist. IPv6 as [addr]:port. TCP when no protocol is given.
 
 Exit status: 0 when something maps the address, 1 when nothing does, 2 on a usage error.
 ";
@@ -43,7 +45,8 @@ pub fn run(args: &[OsString]) -> ExitCode {
         }
         [address] => match Query::parse(address) {
             Ok(query) => {
-                let explanation = explain_live(&query);
+                let explainers: Vec<&dyn Explainer> = mode::all().filter_map(|m| m.explainer()).collect();
+                let explanation = explain_live(&query, &explainers);
                 print!("{}", render(&explanation));
                 if explanation.found() {
                     ExitCode::SUCCESS

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kpr_events::Recorder;
-use kpr_iptables::{InterfaceAddresses, LocalAddresses, NodePortAddresses, NodePortTargets};
+use kpr_host::{InterfaceAddresses, LocalAddresses, NodePortAddresses, NodePortTargets};
 use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_model::IpFamily;
 use kpr_servers::{HealthCheckAddresses, ServiceHealthConfig, ServiceHealthServers};
@@ -57,7 +57,7 @@ fn addresses(
 mod tests {
     use std::net::IpAddr;
 
-    use kpr_iptables::{AddressError, FixedAddresses};
+    use kpr_host::{AddressError, FixedAddresses};
 
     use super::*;
 

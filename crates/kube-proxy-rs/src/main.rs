@@ -2,30 +2,25 @@
 //!
 //! This binary only wires the pipeline together (see ARCHITECTURE.md): flags and config file
 //! (kpr-config) -> sources (kpr-sources) -> the node's facts (node) -> sync loop (kpr-sync)
-//! -> one backend per IP family of the chosen mode (mode: kpr-iptables) -> kernel, with
+//! -> one backend per IP family of the chosen mode (`mode`: kpr-mode's seam) -> kernel, with
 //! health and metrics served by kpr-servers. Everything that decides what the rules are
 //! lives in the library crates.
 
 mod allocator;
-mod conntrack_sysctls;
 mod events;
 mod explain;
-mod fatal;
+mod families;
 mod health_check_servers;
-mod iptables_mode;
-mod ipvs_mode;
 mod logging;
 mod mode;
-mod nftables_mode;
 mod node;
 mod proxy;
-mod userspace_mode;
 
 use std::process::ExitCode;
 
 use kpr_config::{ConfigError, Settings};
 
-use crate::fatal::Fatal;
+use kpr_mode::Fatal;
 
 fn main() -> ExitCode {
     allocator::tune();
@@ -73,9 +68,11 @@ fn run(settings: Settings) -> Result<(), Fatal> {
     if settings.cleanup {
         return mode::cleanup();
     }
-    mode::ensure_available(&settings)?;
+    let chosen = mode::implementation(settings.mode);
     if !settings.dry_run {
-        mode::remove_other_modes_leftovers(settings.mode);
+        // Before anything is changed; `--dry-run` changes nothing and needs nothing.
+        chosen.check_host(&settings)?;
+        mode::remove_other_modes_leftovers(chosen);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

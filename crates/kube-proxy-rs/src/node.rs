@@ -3,29 +3,17 @@
 //!
 //! The name comes from the host or `--hostname-override`. The rest comes from the Node
 //! object, as upstream's start-up reads it ([`wait`]: waiting for the Node where upstream
-//! waits), and from `--bind-address` ([`ips`]: upstream's `detectNodeIPs`). The facts are
+//! waits), and from `--bind-address` (kpr-host's `NodeIps`: upstream's `detectNodeIPs`). The facts are
 //! fixed at start-up, as upstream fixes them: the families to run, the detectors and the
 //! NodePort addresses are built from them. A change of the pod CIDRs that NodeCIDR mode
 //! depends on ends the process so the DaemonSet restarts it ([`watch`]), as upstream does.
 
-mod ips;
 mod wait;
 mod watch;
 
-use ipnet::IpNet;
-
-pub use ips::{NodeIps, node_host_ips};
+pub use kpr_host::node_host_ips;
 pub use wait::{NODE_IPS_WAIT, NodeWait, POD_CIDRS_WAIT, wait_for_node};
 pub use watch::{PodCidrWatch, forward_events};
-
-/// What the proxy knows about its node once start-up has waited for it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeFacts {
-    pub name: String,
-    pub ips: NodeIps,
-    /// The Node's `spec.podCIDRs` (empty unless the Node had them when start-up ended).
-    pub pod_cidrs: Vec<IpNet>,
-}
 
 /// `--hostname-override`, else the host name, lower-cased as upstream does (Node names are
 /// DNS labels, host names need not be).

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use kpr_config::{LocalMode, Settings};
 use kpr_events::kube::KubeRecorder;
-use kpr_iptables::ProcSysctl;
+use kpr_host::{HostFacts, NodeFacts, NodeIps, ProcSysctl};
 use kpr_metrics::{Metrics, ProxyHealth};
+use kpr_mode::{Fatal, Mode, ModeContext};
 use kpr_model::NodeView;
 use kpr_runner::RunnerConfig;
 use kpr_servers::{BindPolicy, ServeError, ServerHandle, serve_healthz, serve_metrics};
@@ -22,11 +23,10 @@ use kpr_sync::ProxySettings;
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::conntrack_sysctls;
 use crate::events::{self, ProxyEvents};
-use crate::fatal::Fatal;
+use crate::families::{Support, check_config, choose_families};
 use crate::mode::{self, ServiceHealthDeps};
-use crate::node::{self, NodeFacts, NodeIps, NodeWait, PodCidrWatch, node_name};
+use crate::node::{self, NodeWait, PodCidrWatch, node_name};
 
 /// Upstream's oom_score_adj write, best effort: a proxy killed under memory pressure takes
 /// every service on the node down with it.
@@ -37,7 +37,7 @@ fn adjust_oom_score(value: i32) {
 }
 
 fn set_conntrack_sysctls(settings: &Settings) {
-    for failure in conntrack_sysctls::apply(&settings.config.conntrack, &ProcSysctl::default()) {
+    for failure in kpr_host::conntrack::apply(&settings.config.conntrack, &ProcSysctl::default()) {
         tracing::warn!("cannot apply conntrack setting {failure}");
     }
 }
@@ -62,7 +62,8 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     };
     let rescan = duration(config.config_sync_period, "configSyncPeriod")?;
     let (events_tx, mut events) = event_channel();
-    let (sources, api_recorder) = start_sources(&settings, &node_name, rescan).await?;
+    let chosen = mode::implementation(settings.mode);
+    let (sources, api_recorder) = start_sources(&settings, chosen, &node_name, rescan).await?;
     let proxy_events = ProxyEvents::new(api_recorder, &node_name);
     for source in sources {
         proxy_settings.sources.push(source.name());
@@ -72,7 +73,7 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
-    mode::register_metrics(settings.mode, &mut registry);
+    chosen.register_metrics(&mut registry);
     // Upstream's healthTimeout: two sync periods without applying a queued change.
     let health = Arc::new(ProxyHealth::new(sync_period * 2));
     // Serving before the Node is read (upstream serves after): a proxy waiting for its Node
@@ -89,17 +90,20 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
         .await
         .map_err(|e| Fatal::runtime(e.to_string()))?;
     let facts = node_facts(&settings, node_name.clone(), waited.node.as_ref());
-    let families = mode::choose_families(
-        settings.mode,
-        facts.ips.primary_family,
-        mode::supported_families(settings.mode),
-    )?;
-    mode::check_config(&settings, &facts, &families)?;
+    let families = choose_families(chosen, facts.ips.primary_family, Support::of(chosen))?;
+    check_config(&settings, &facts, &families)?;
+    let host = HostFacts::read(&settings, &facts).map_err(|e| Fatal::usage(e.to_string()))?;
+    let context = ModeContext {
+        settings: &settings,
+        node: &facts,
+        host: &host,
+        sync_period,
+    };
     if settings.init_only {
         // Upstream's split: a privileged init container prepares the host, then the proxy
         // itself runs with only NET_ADMIN and NET_RAW.
         set_conntrack_sysctls(&settings);
-        return mode::init_only(&settings, &facts, &families);
+        return mode::init_only(chosen, &context, &families);
     }
     let pod_cidr_watch = (settings.local_mode == LocalMode::NodeCidr).then(|| PodCidrWatch {
         node_name: node_name.clone(),
@@ -108,7 +112,7 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     let (events, restart) = node::forward_events(events, waited.buffered, pod_cidr_watch);
     if settings.dry_run {
         let states = kpr_sync::initial_states(&proxy_settings, &families, events, metrics, health).await;
-        print!("{}", mode::dry_run(&settings, &facts, &states)?);
+        print!("{}", mode::dry_run(chosen, &context, &states)?);
         return Ok(());
     }
     let (healthz, metrics_server) = servers.unwrap_or_default();
@@ -120,14 +124,14 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
         metrics: metrics.clone(),
         recorder: proxy_events.recorder(),
     };
-    let backends = mode::backends(&settings, &facts, &families, sync_period, &service_health)?;
+    let backends = mode::backends(chosen, &context, &families, &service_health)?;
     tracing::info!(node = %node_name, mode = %settings.mode, families = ?families, "kube-proxy-rs starting");
     proxy_events.started();
     let proxy = kpr_sync::run(proxy_settings, backends, events, metrics, health);
     tokio::select! {
         () = proxy => Err(Fatal::runtime("the sync loop stopped: its event sources ended")),
         result = shutdown_signal() => {
-            mode::on_shutdown(settings.mode, &families);
+            chosen.on_shutdown(&families);
             result
         }
         error = server_failure(healthz, metrics_server) => {
@@ -230,6 +234,7 @@ fn server_fatal(error: ServeError) -> Fatal {
 /// on the same client, as upstream's.
 async fn start_sources(
     settings: &Settings,
+    mode: &dyn Mode,
     node_name: &str,
     rescan: Duration,
 ) -> Result<(Vec<Source>, Option<KubeRecorder>), Fatal> {
@@ -259,7 +264,7 @@ async fn start_sources(
             .map_err(|e| Fatal::usage(e.to_string()))?;
         api_recorder = Some(KubeRecorder::start(client.clone(), events::reporter()));
         let mut api = ApiSource::new(client, node_name);
-        if mode::uses_service_cidrs(settings.mode) {
+        if mode.uses_service_cidrs() {
             api = api.with_service_cidrs();
         }
         sources.push(Source::Api(api));

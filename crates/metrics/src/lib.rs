@@ -1,6 +1,7 @@
 //! What the proxy reports about itself.
 //!
-//! [`Metrics`] registers every metric under upstream's names (prefix `kubeproxy_`), so
+//! [`Metrics`] registers every metric all modes share under upstream's names (prefix
+//! `kubeproxy_`; a mode registers the ones only it has, as upstream's `RegisterMetrics`), so
 //! dashboards and alerts written for upstream kube-proxy keep working. Histogram buckets are
 //! upstream's too; `network_programming_duration_seconds` adds finer bounds below upstream's
 //! first (0.25 s) and keeps all of upstream's, so a p99 of tens of milliseconds can be read
@@ -9,13 +10,9 @@
 //! the sources write them, the HTTP servers read them.
 
 mod health;
-mod nfacct;
 mod registry;
-mod userspace;
 
 pub use health::{HealthReport, ProxyHealth};
-pub use nfacct::{IptablesCounter, PacketCounters, register_nfacct_metrics};
 pub use registry::{
-    CodeLabels, FamilyLabels, HealthCheckFailureLabels, Metrics, RejectedLabels, TableLabels, TrafficLabels,
+    CodeLabels, FamilyLabels, HealthCheckFailureLabels, Metrics, RejectedLabels, TrafficLabels,
 };
-pub use userspace::{BytesLabels, DIRECTIONS, LimitLabels, PortLabels, ProtocolLabels, UserspaceMetrics};

@@ -16,12 +16,6 @@ pub struct FamilyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TableLabels {
-    pub ip_family: &'static str,
-    pub table: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectedLabels {
     pub kind: &'static str,
     pub reason: &'static str,
@@ -91,14 +85,6 @@ pub struct Metrics {
     pub sync_proxy_rules_service_changes_pending: Family<FamilyLabels, Gauge>,
     pub sync_proxy_rules_service_changes_total: Family<FamilyLabels, Counter>,
     pub sync_proxy_rules_no_local_endpoints_total: Family<TrafficLabels, Gauge>,
-    pub sync_proxy_rules_iptables_total: Family<TableLabels, Gauge>,
-    pub sync_proxy_rules_iptables_last: Family<TableLabels, Gauge>,
-    pub sync_proxy_rules_iptables_restore_failures_total: Family<FamilyLabels, Counter>,
-    pub sync_proxy_rules_iptables_partial_restore_failures_total: Family<FamilyLabels, Counter>,
-    pub sync_proxy_rules_nftables_sync_failures_total: Family<FamilyLabels, Counter>,
-    /// Upstream counts failures of its separate stale-chain cleanup transaction; ours deletes
-    /// unused chains in the same transaction as the change, so this stays at zero.
-    pub sync_proxy_rules_nftables_cleanup_failures_total: Family<FamilyLabels, Counter>,
     pub proxy_healthz_total: Family<CodeLabels, Counter>,
     pub proxy_livez_total: Family<CodeLabels, Counter>,
     /// Not upstream: objects refused as malformed, by kind and reason.
@@ -139,12 +125,6 @@ impl Metrics {
             sync_proxy_rules_service_changes_pending: Family::default(),
             sync_proxy_rules_service_changes_total: Family::default(),
             sync_proxy_rules_no_local_endpoints_total: Family::default(),
-            sync_proxy_rules_iptables_total: Family::default(),
-            sync_proxy_rules_iptables_last: Family::default(),
-            sync_proxy_rules_iptables_restore_failures_total: Family::default(),
-            sync_proxy_rules_iptables_partial_restore_failures_total: Family::default(),
-            sync_proxy_rules_nftables_sync_failures_total: Family::default(),
-            sync_proxy_rules_nftables_cleanup_failures_total: Family::default(),
             proxy_healthz_total: Family::default(),
             proxy_livez_total: Family::default(),
             rejected_objects_total: Family::default(),
@@ -209,36 +189,6 @@ impl Metrics {
             "sync_proxy_rules_no_local_endpoints_total",
             "Number of services with a Local traffic policy and no endpoints",
             m.sync_proxy_rules_no_local_endpoints_total.clone(),
-        );
-        r.register(
-            "sync_proxy_rules_iptables_total",
-            "Total number of iptables rules owned by kube-proxy",
-            m.sync_proxy_rules_iptables_total.clone(),
-        );
-        r.register(
-            "sync_proxy_rules_iptables_last",
-            "Number of iptables rules written by kube-proxy in last sync",
-            m.sync_proxy_rules_iptables_last.clone(),
-        );
-        r.register(
-            "sync_proxy_rules_iptables_restore_failures",
-            "Cumulative proxy iptables restore failures",
-            m.sync_proxy_rules_iptables_restore_failures_total.clone(),
-        );
-        r.register(
-            "sync_proxy_rules_iptables_partial_restore_failures",
-            "Cumulative proxy iptables partial restore failures",
-            m.sync_proxy_rules_iptables_partial_restore_failures_total.clone(),
-        );
-        r.register(
-            "sync_proxy_rules_nftables_sync_failures",
-            "Cumulative proxy nftables sync failures",
-            m.sync_proxy_rules_nftables_sync_failures_total.clone(),
-        );
-        r.register(
-            "sync_proxy_rules_nftables_cleanup_failures",
-            "Cumulative proxy nftables cleanup failures",
-            m.sync_proxy_rules_nftables_cleanup_failures_total.clone(),
         );
         r.register(
             "proxy_healthz",
@@ -318,12 +268,6 @@ mod tests {
             .get_or_create(&v4)
             .observe(0.01);
         m.sync_proxy_rules_service_changes_total.get_or_create(&v4).inc();
-        m.sync_proxy_rules_iptables_total
-            .get_or_create(&TableLabels {
-                ip_family: "IPv4",
-                table: "nat",
-            })
-            .set(12);
         m.count_rejection(&Rejection::new(
             ObjectKind::Service,
             "a/b",
@@ -336,7 +280,6 @@ mod tests {
         for name in [
             "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\",ip_family=\"IPv4\"}",
             "kubeproxy_sync_proxy_rules_service_changes_total{ip_family=\"IPv4\"} 1",
-            "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"} 12",
             "kubeproxy_rejected_objects_total{kind=\"Service\",reason=\"missing_field\"} 1",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");

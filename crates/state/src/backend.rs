@@ -27,7 +27,7 @@ pub enum SyncKind {
 /// The step of a sync that failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FailedStep {
-    /// The kernel (e.g. `iptables-restore`) refused or failed to apply the new rules.
+    /// The kernel refused or failed to apply the new rules (the mode's one transaction).
     Restore,
     /// Anything else: reading the kernel's state, the host's addresses, the jump rules
     /// from built-in chains, ...
@@ -157,13 +157,14 @@ impl PendingSync {
     }
 }
 
-/// Rule counts of one table, for the `*_iptables_total` / `*_iptables_last` style metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TableCount {
-    pub table: &'static str,
-    /// Rules the proxy owns in this table after the sync.
+/// The kernel objects a backend keeps after a sync, and those the sync wrote, each in the
+/// mode's own unit (rules, set elements): for logs, tests and benchmarks. A mode's own
+/// metrics (upstream's rule counts per table, say) are the mode's to record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObjectCount {
+    /// Objects the proxy owns after the sync.
     pub total: usize,
-    /// Rules written by this sync.
+    /// Objects written by this sync.
     pub written: usize,
 }
 
@@ -171,7 +172,7 @@ pub struct TableCount {
 pub struct SyncReport {
     /// Whether this was a full sync (everything rewritten) rather than a partial one.
     pub full: bool,
-    pub tables: Vec<TableCount>,
+    pub objects: ObjectCount,
     /// Service ports with internalTrafficPolicy Local and no local endpoint.
     pub no_local_internal: usize,
     /// Service ports with externalTrafficPolicy Local and no local endpoint.
@@ -191,10 +192,8 @@ pub struct ConntrackReconcile {
     pub duration: std::time::Duration,
 }
 
+/// One IP family's programming of the kernel, in one proxy mode.
 pub trait Backend: Send {
-    /// The mode name as `/proxyMode` reports it: "iptables", "nftables", "ipvs", "userspace".
-    fn mode(&self) -> &'static str;
-
     /// Programs the kernel to match `request.state`. On error the backend must make its next
     /// sync a full one.
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError>;

@@ -4,7 +4,7 @@
 //! node, the cluster's Service CIDRs of the family). [`PortPlan`] holds the decisions upstream makes at the top of every proxier's
 //! per-service loop: which endpoints serve cluster-internal and external traffic, whether a
 //! service with no usable endpoint must REJECT or DROP, and which chains it needs. Computing
-//! them once here keeps iptables, nftables and ipvs from drifting apart on semantics.
+//! them once here keeps the modes from drifting apart on semantics.
 //! [`health_checks`] derives the Service health-check servers this node must run, and
 //! [`SyncObserver`] is how they (and anything else that follows the rules) hear of a sync.
 
@@ -22,8 +22,8 @@ use kpr_tracking::{EndpointsMap, ServiceMap, endpoints_for};
 
 pub use after_sync::SyncObserver;
 pub use backend::{
-    Backend, BackendError, ConntrackReconcile, FailedStep, PendingSync, SyncKind, SyncReport, SyncRequest,
-    TableCount, UnsafeObject,
+    Backend, BackendError, ConntrackReconcile, FailedStep, ObjectCount, PendingSync, SyncKind, SyncReport,
+    SyncRequest, UnsafeObject,
 };
 pub use health_check::{HealthCheck, HealthChecks, health_checks};
 pub use plan::{PortPlan, Unreachable};
@@ -36,8 +36,8 @@ pub struct DesiredState {
     pub endpoints: Arc<EndpointsMap>,
     pub node: Arc<NodeView>,
     /// This family's Service CIDRs from the ServiceCIDR objects, sorted and without
-    /// duplicates: nftables mode drops traffic to an address inside them that no Service
-    /// holds (the iptables mode ignores them, as upstream's).
+    /// duplicates: a mode that uses them drops traffic to an address inside them that no
+    /// Service holds (upstream's nftables mode does; its other modes ignore them).
     pub service_cidrs: Arc<Vec<IpNet>>,
 }
 

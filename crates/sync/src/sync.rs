@@ -2,16 +2,14 @@
 //! the outcome under its `ip_family` label and in its health entry.
 //!
 //! Metrics follow upstream's accounting: the sync duration (overall, and full or partial by
-//! what was attempted) is observed for failed syncs too; a failed partial sync counts in
-//! `..._iptables_partial_restore_failures_total`, and `..._iptables_restore_failures_total`
-//! counts only failures of the restore itself, as the backend's error says.
+//! what was attempted) is observed for failed syncs too. What only one mode counts (its
+//! failures by step, its rule counts) its backend records itself, so this layer knows no
+//! mode.
 
 use std::time::{Instant, SystemTime};
 
-use kpr_metrics::{FamilyLabels, Metrics, RejectedLabels, TableLabels, TrafficLabels};
-use kpr_state::{
-    Backend, BackendError, DesiredState, FailedStep, PendingSync, SyncKind, SyncReport, UnsafeObject,
-};
+use kpr_metrics::{FamilyLabels, Metrics, RejectedLabels, TrafficLabels};
+use kpr_state::{Backend, DesiredState, PendingSync, SyncKind, SyncReport, UnsafeObject};
 
 use crate::intake::unix_now;
 use crate::{Proxier, Shared};
@@ -41,7 +39,7 @@ pub(crate) fn sync_once(
     match backend.sync(&request) {
         Ok(report) => {
             family.record_duration(kind_of(&report), started);
-            family.record_success(&report, backend.mode());
+            family.record_success(&report);
             family.record_unsafe_objects(&report.newly_unsafe);
             family.record_programming_latency(&trigger_times);
             tracing::debug!(
@@ -54,11 +52,6 @@ pub(crate) fn sync_once(
         }
         Err(error) => {
             family.record_duration(error.attempted, started);
-            match backend.mode() {
-                "iptables" => family.record_iptables_failure(&error),
-                "nftables" => family.record_nftables_failure(),
-                _ => {}
-            }
             // The runner logs the failure itself; this adds what the metrics were told.
             tracing::debug!(attempted = ?error.attempted, step = ?error.step, "sync failed: {error}");
             shared
@@ -107,20 +100,6 @@ impl Recorder<'_> {
         by_kind.get_or_create(labels).observe(elapsed);
     }
 
-    fn record_iptables_failure(&self, error: &BackendError) {
-        let m = self.metrics();
-        if error.attempted == SyncKind::Partial {
-            m.sync_proxy_rules_iptables_partial_restore_failures_total
-                .get_or_create(self.labels())
-                .inc();
-        }
-        if error.step == FailedStep::Restore {
-            m.sync_proxy_rules_iptables_restore_failures_total
-                .get_or_create(self.labels())
-                .inc();
-        }
-    }
-
     /// Logs and counts what the backend left out, like the objects intake rejects.
     fn record_unsafe_objects(&self, unsafe_objects: &[UnsafeObject]) {
         for object in unsafe_objects {
@@ -165,38 +144,12 @@ impl Recorder<'_> {
             .set(0);
     }
 
-    fn record_nftables_failure(&self) {
-        self.metrics()
-            .sync_proxy_rules_nftables_sync_failures_total
-            .get_or_create(self.labels())
-            .inc();
-    }
-
-    fn record_success(&self, report: &SyncReport, mode: &str) {
+    fn record_success(&self, report: &SyncReport) {
         let m = self.metrics();
         let labels = self.labels();
         m.sync_proxy_rules_last_timestamp_seconds
             .get_or_create(labels)
             .set(unix_now());
-        // Upstream reports rule counts in iptables mode only: in nftables mode a Service is
-        // map elements, and rule counts say nothing about its cost.
-        let tables = if mode == "iptables" {
-            report.tables.as_slice()
-        } else {
-            &[]
-        };
-        for table in tables {
-            let t = TableLabels {
-                ip_family: labels.ip_family,
-                table: table.table,
-            };
-            m.sync_proxy_rules_iptables_total
-                .get_or_create(&t)
-                .set(table.total as i64);
-            m.sync_proxy_rules_iptables_last
-                .get_or_create(&t)
-                .set(table.written as i64);
-        }
         for (policy, count) in [
             ("internal", report.no_local_internal),
             ("external", report.no_local_external),

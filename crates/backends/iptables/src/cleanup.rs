@@ -1,26 +1,27 @@
-//! `--cleanup`, and the start-up cleanup of other modes: remove every rule and chain a
-//! kube-proxy (ours or upstream's, iptables or IPVS mode) created, and nothing else.
+//! `--cleanup`, and the start-up cleanup of other modes: remove every rule and chain one
+//! mode (ours or upstream's) wrote into iptables, and nothing else.
 //!
-//! Planning is pure: from `iptables-save` output it decides which chains belong to the
-//! [`Modes`] being removed and which rules elsewhere point into them (whatever their
-//! match arguments, so older upstream variants of the jump rules go too). Each table is
-//! then cleaned with one `iptables-restore --noflush`, so a table is either fully cleaned
-//! or left as it was. Rules in other user-defined chains are never touched: a chain of
-//! ours that one still jumps to is flushed but kept, since deleting it would fail the
-//! whole table.
+//! Each mode that writes iptables rules describes what it writes as a [`Footprint`] (this
+//! crate describes iptables mode's, [`IptablesFootprint`]; ipvs and userspace modes describe
+//! theirs in their own crates). Planning is pure: from `iptables-save` output it decides
+//! which chains are the footprint's and which rules elsewhere point into them (whatever
+//! their match arguments, so older upstream variants of the jump rules go too). Each table
+//! is then cleaned with one `iptables-restore --noflush`, so a table is either fully cleaned
+//! or left as it was. Rules in other user-defined chains are never touched: a chain of ours
+//! that one still jumps to is flushed but kept, since deleting it would fail the whole
+//! table.
 //!
-//! Removing only IPVS mode (iptables mode starting where IPVS mode ran) keeps the chains
-//! both modes use, which iptables mode rewrites, but deletes the rules in them, and in
-//! the built-in chains, that jump to IPVS-only chains or match IPVS-mode ipsets, so that
-//! those sets can be destroyed afterwards (see kpr-leftovers).
+//! A mode that shares chains with another (ipvs mode writes iptables mode's KUBE-SERVICES)
+//! keeps them, but its rules in them go: those that jump to its own chains, and those it
+//! [recognises as its own](Footprint::owns_rule) (ipvs mode's rules matching its ipsets, so
+//! that those sets can be destroyed afterwards).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use kpr_naming::{ChainName, chain, is_service_chain, userspace_chain};
+use kpr_naming::{ChainName, chain, is_service_chain};
 
 use crate::exec::{ExecError, Iptables};
-use crate::ipvs_mode::{ipvs_only_chains, is_ipvs_set};
 use crate::rules::LOCALNET_COMMENT;
 use crate::ruleset::Table;
 use crate::saved::{SavedRule, SavedTable, split_words};
@@ -28,48 +29,38 @@ use crate::saved::{SavedRule, SavedTable, split_words};
 /// The tables a kube-proxy writes to, in cleanup order.
 pub const CLEANUP_TABLES: [Table; 3] = [Table::Nat, Table::Filter, Table::Mangle];
 
-/// Which kube-proxy modes' chains a cleanup removes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Modes {
-    pub iptables: bool,
-    pub ipvs: bool,
-    /// Upstream's (and our) userspace mode: its portal chains.
-    pub userspace: bool,
+/// What one mode writes into iptables, as far as removing it needs to know.
+pub trait Footprint: Sync + std::fmt::Debug {
+    /// A chain the mode creates: flushed and deleted with it.
+    fn owns(&self, table: Table, name: &str, saved: &SavedTable) -> bool;
+
+    /// A chain that stays but that the mode also writes rules into (a chain it shares with
+    /// another mode); its rules there that point at what goes are deleted. Built-in chains
+    /// count anyway.
+    fn writes_into(&self, table: Table, name: &str) -> bool;
+
+    /// A rule recognisable as the mode's by what it matches rather than where it jumps,
+    /// deleted wherever the mode writes rules.
+    fn owns_rule(&self, rule: &SavedRule) -> bool;
 }
 
-impl Modes {
-    /// Upstream's (and our) iptables mode.
-    pub const IPTABLES: Self = Self {
-        iptables: true,
-        ipvs: false,
-        userspace: false,
-    };
-    /// What only upstream's IPVS mode leaves: removed when iptables mode starts.
-    pub const IPVS: Self = Self {
-        iptables: false,
-        ipvs: true,
-        userspace: false,
-    };
-    /// Userspace mode's portals only: removed on its shutdown.
-    pub const USERSPACE: Self = Self {
-        iptables: false,
-        ipvs: false,
-        userspace: true,
-    };
-    /// The modes not in `self`: what a mode removes when it starts.
-    pub const fn others(self) -> Self {
-        Self {
-            iptables: !self.iptables,
-            ipvs: !self.ipvs,
-            userspace: !self.userspace,
-        }
+/// iptables mode's chains (ours and upstream's): the fixed ones, the per-Service ones, and
+/// KUBE-FIREWALL when all it holds is the localnet rule.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IptablesFootprint;
+
+impl Footprint for IptablesFootprint {
+    fn owns(&self, table: Table, name: &str, saved: &SavedTable) -> bool {
+        iptables_mode_owns(table, name, saved)
     }
-    /// Every mode: `--cleanup`.
-    pub const ALL: Self = Self {
-        iptables: true,
-        ipvs: true,
-        userspace: true,
-    };
+
+    fn writes_into(&self, _table: Table, _name: &str) -> bool {
+        false
+    }
+
+    fn owns_rule(&self, _rule: &SavedRule) -> bool {
+        false
+    }
 }
 
 /// What cleanup removes from one table.
@@ -150,53 +141,25 @@ fn iptables_mode_owns(table: Table, name: &str, saved: &SavedTable) -> bool {
     }
 }
 
-/// The portal chains userspace mode creates, per table.
-fn userspace_chains(table: Table) -> &'static [&'static str] {
-    match table {
-        Table::Nat => &userspace_chain::NAT,
-        Table::Filter => &userspace_chain::FILTER,
-        Table::Mangle => &[],
-    }
-}
-
-/// A chain some kube-proxy mode creates.
-fn kube_proxy_chain(table: Table, name: &str, saved: &SavedTable) -> bool {
-    iptables_mode_owns(table, name, saved)
-        || ipvs_only_chains(table).contains(&name)
-        || userspace_chains(table).contains(&name)
-}
-
-fn is_ours(modes: Modes, table: Table, name: &str, saved: &SavedTable) -> bool {
+fn is_ours(footprint: &dyn Footprint, table: Table, name: &str, saved: &SavedTable) -> bool {
     // Every name written back into restore input passes the chain-name check; a name
     // that fails it is no name we (or upstream) ever gave a chain.
-    if ChainName::parse(name).is_err() {
-        return false;
-    }
-    (modes.iptables && iptables_mode_owns(table, name, saved))
-        || (modes.ipvs && ipvs_only_chains(table).contains(&name))
-        || (modes.userspace && userspace_chains(table).contains(&name))
-}
-
-/// Whether the rule matches one of IPVS mode's ipsets (`-m set --match-set <name> ...`).
-fn matches_ipvs_set(rule: &SavedRule) -> bool {
-    split_words(&rule.spec)
-        .windows(2)
-        .any(|pair| pair[0] == "--match-set" && is_ipvs_set(&pair[1]))
+    ChainName::parse(name).is_ok() && footprint.owns(table, name, saved)
 }
 
 /// Decides what to remove from one table for iptables mode, given its `iptables-save`
 /// output.
 pub fn plan_table(table: Table, saved: &str) -> TableCleanup {
-    plan_table_for(Modes::IPTABLES, table, saved)
+    plan_table_for(&IptablesFootprint, table, saved)
 }
 
-/// Decides what to remove from one table for `modes`, given its `iptables-save` output.
-pub fn plan_table_for(modes: Modes, table: Table, saved: &str) -> TableCleanup {
+/// Decides what to remove from one table for `footprint`, given its `iptables-save` output.
+pub fn plan_table_for(footprint: &dyn Footprint, table: Table, saved: &str) -> TableCleanup {
     let saved = SavedTable::parse(saved);
     let ours: BTreeSet<&str> = saved
         .chains
         .iter()
-        .filter(|c| !c.builtin && is_ours(modes, table, &c.name, &saved))
+        .filter(|c| !c.builtin && is_ours(footprint, table, &c.name, &saved))
         .map(|c| c.name.as_str())
         .collect();
     let builtin: BTreeSet<&str> = saved
@@ -205,9 +168,9 @@ pub fn plan_table_for(modes: Modes, table: Table, saved: &str) -> TableCleanup {
         .filter(|c| c.builtin)
         .map(|c| c.name.as_str())
         .collect();
-    // Chains that stay and whose rules we may still edit: built-in ones and a staying
-    // mode's kube-proxy chains; everything else is someone else's.
-    let editable = |name: &str| builtin.contains(name) || kube_proxy_chain(table, name, &saved);
+    // Chains that stay and whose rules we may still edit: built-in ones and those the mode
+    // writes into; everything else is someone else's.
+    let editable = |name: &str| builtin.contains(name) || footprint.writes_into(table, name);
     let mut jumps = Vec::new();
     let mut still_referenced = BTreeSet::new();
     for rule in &saved.rules {
@@ -215,7 +178,7 @@ pub fn plan_table_for(modes: Modes, table: Table, saved: &str) -> TableCleanup {
             continue; // flushed with its chain
         }
         let target = rule.target.as_deref().filter(|t| ours.contains(t));
-        let points_at_removed = target.is_some() || (modes.ipvs && matches_ipvs_set(rule));
+        let points_at_removed = target.is_some() || footprint.owns_rule(rule);
         if !points_at_removed {
             continue;
         }
@@ -268,14 +231,14 @@ impl CleanupReport {
 /// Removes every iptables-mode rule and chain from nat, filter and mangle. A table that
 /// fails is reported and the others are still cleaned. Safe to run when nothing is there.
 pub fn cleanup(exec: &dyn Iptables) -> CleanupReport {
-    cleanup_modes(exec, Modes::IPTABLES)
+    cleanup_footprint(exec, &IptablesFootprint)
 }
 
-/// Like [`cleanup`], for the chains of `modes`.
-pub fn cleanup_modes(exec: &dyn Iptables, modes: Modes) -> CleanupReport {
+/// Like [`cleanup`], for the chains and rules of `footprint`.
+pub fn cleanup_footprint(exec: &dyn Iptables, footprint: &dyn Footprint) -> CleanupReport {
     let mut report = CleanupReport::default();
     for table in CLEANUP_TABLES {
-        match clean_table(exec, modes, table) {
+        match clean_table(exec, footprint, table) {
             Ok(Some(done)) => report.applied.push(done),
             Ok(None) => {}
             Err(source) => report.errors.push(CleanupError { table, source }),
@@ -284,17 +247,21 @@ pub fn cleanup_modes(exec: &dyn Iptables, modes: Modes) -> CleanupReport {
     report
 }
 
-fn clean_table(exec: &dyn Iptables, modes: Modes, table: Table) -> Result<Option<TableCleanup>, ExecError> {
+fn clean_table(
+    exec: &dyn Iptables,
+    footprint: &dyn Footprint,
+    table: Table,
+) -> Result<Option<TableCleanup>, ExecError> {
     let Some(saved) = exec.save_if_present(table)? else {
         return Ok(None);
     };
-    let plan = plan_table_for(modes, table, &saved);
+    let plan = plan_table_for(footprint, table, &saved);
     if plan.is_empty() {
         return Ok(None);
     }
     tracing::info!(
         %table,
-        ?modes,
+        ?footprint,
         jumps = plan.jumps.len(),
         deleted = plan.delete.len(),
         kept_referenced = ?plan.flush_only,
@@ -401,181 +368,5 @@ COMMIT
             "*mangle\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n";
         assert!(plan_table(Table::Mangle, empty).is_empty());
         assert!(plan_table(Table::Nat, "").is_empty());
-    }
-
-    /// What upstream's IPVS mode leaves in nat, plus a user's chain that matches one of
-    /// its sets.
-    const IPVS_NAT: &str = r#"*nat
-:PREROUTING ACCEPT [0:0]
-:OUTPUT ACCEPT [0:0]
-:POSTROUTING ACCEPT [0:0]
-:KUBE-KUBELET-CANARY - [0:0]
-:KUBE-LOAD-BALANCER - [0:0]
-:KUBE-MARK-MASQ - [0:0]
-:KUBE-NODE-PORT - [0:0]
-:KUBE-POSTROUTING - [0:0]
-:KUBE-SERVICES - [0:0]
-:USER-NAT - [0:0]
--A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
--A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
--A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
--A POSTROUTING -j USER-NAT
--A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ
--A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
--A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ
--A KUBE-POSTROUTING -m comment --comment "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE
--A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
--A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
--A KUBE-SERVICES -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ
--A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT
--A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT
--A USER-NAT -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN
-COMMIT
-"#;
-
-    const IPVS_FILTER: &str = r#"*filter
-:INPUT ACCEPT [0:0]
-:FORWARD ACCEPT [0:0]
-:OUTPUT ACCEPT [0:0]
-:KUBE-FORWARD - [0:0]
-:KUBE-IPVS-FILTER - [0:0]
-:KUBE-IPVS-OUT-FILTER - [0:0]
-:KUBE-NODE-PORT - [0:0]
-:KUBE-PROXY-FIREWALL - [0:0]
-:KUBE-SOURCE-RANGES-FIREWALL - [0:0]
--A INPUT -m comment --comment "kubernetes health check rules" -j KUBE-NODE-PORT
--A INPUT -m comment --comment "kubernetes ipvs access filter" -j KUBE-IPVS-FILTER
--A INPUT -m comment --comment "kube-proxy firewall rules" -j KUBE-PROXY-FIREWALL
--A FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
--A OUTPUT -m comment --comment "kubernetes ipvs access filter" -j KUBE-IPVS-OUT-FILTER
--A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
--A KUBE-IPVS-FILTER -m set --match-set KUBE-LOAD-BALANCER dst,dst -j RETURN
--A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable
--A KUBE-NODE-PORT -m comment --comment "Kubernetes health check node port" -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j ACCEPT
--A KUBE-PROXY-FIREWALL -m comment --comment "Kubernetes service load balancer ip + port for load balancer with sourceRange" -m set --match-set KUBE-LOAD-BALANCER-FW dst,dst -j KUBE-SOURCE-RANGES-FIREWALL
--A KUBE-SOURCE-RANGES-FIREWALL -j DROP
-COMMIT
-"#;
-
-    fn deleted_rules(plan: &TableCleanup) -> Vec<String> {
-        plan.jumps
-            .iter()
-            .map(|r| format!("{} {}", r.chain, r.spec))
-            .collect()
-    }
-
-    #[test]
-    fn ipvs_mode_leaves_its_own_chains_and_every_rule_that_uses_them_or_its_sets() {
-        let plan = plan_table_for(Modes::IPVS, Table::Nat, IPVS_NAT);
-        assert_eq!(plan.delete, ["KUBE-LOAD-BALANCER", "KUBE-NODE-PORT"]);
-        assert!(plan.flush_only.is_empty());
-        assert_eq!(
-            deleted_rules(&plan),
-            [
-                "KUBE-POSTROUTING -m comment --comment \"Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose\" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE",
-                "KUBE-SERVICES -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ",
-                "KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT",
-                "KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT",
-            ]
-        );
-        let payload = plan.payload();
-        assert!(
-            !payload.contains("USER-NAT"),
-            "a user's rule is never touched:\n{payload}"
-        );
-        assert!(
-            !payload.contains(":KUBE-SERVICES"),
-            "shared chains are not flushed:\n{payload}"
-        );
-
-        let plan = plan_table_for(Modes::IPVS, Table::Filter, IPVS_FILTER);
-        assert_eq!(
-            plan.delete,
-            [
-                "KUBE-IPVS-FILTER",
-                "KUBE-IPVS-OUT-FILTER",
-                "KUBE-NODE-PORT",
-                "KUBE-SOURCE-RANGES-FIREWALL"
-            ]
-        );
-        let targets: Vec<_> = plan.jumps.iter().map(|r| r.target.as_deref().unwrap()).collect();
-        assert_eq!(
-            targets,
-            [
-                "KUBE-NODE-PORT",
-                "KUBE-IPVS-FILTER",
-                "KUBE-IPVS-OUT-FILTER",
-                "KUBE-SOURCE-RANGES-FIREWALL"
-            ]
-        );
-        assert!(!plan.payload().contains("KUBE-FORWARD"));
-    }
-
-    #[test]
-    fn cleanup_of_every_mode_deletes_the_shared_chains_without_editing_them_first() {
-        let plan = plan_table_for(Modes::ALL, Table::Nat, IPVS_NAT);
-        assert_eq!(
-            plan.delete,
-            [
-                "KUBE-LOAD-BALANCER",
-                "KUBE-MARK-MASQ",
-                "KUBE-NODE-PORT",
-                "KUBE-POSTROUTING",
-                "KUBE-SERVICES"
-            ]
-        );
-        assert!(
-            plan.jumps
-                .iter()
-                .all(|r| ["PREROUTING", "OUTPUT", "POSTROUTING"].contains(&r.chain.as_str())),
-            "{:?}",
-            plan.jumps
-        );
-        assert_eq!(plan.jumps.len(), 3);
-        assert!(!plan.delete.contains(&"KUBE-KUBELET-CANARY".to_string()));
-    }
-
-    #[test]
-    fn iptables_mode_rules_give_the_ipvs_cleanup_nothing_to_do() {
-        assert!(plan_table_for(Modes::IPVS, Table::Filter, FILTER).is_empty());
-        let nat = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-AAAA - [0:0]\n-A PREROUTING -j KUBE-SERVICES\n-A KUBE-SERVICES -d 10.96.0.1/32 -j KUBE-SVC-AAAA\nCOMMIT\n";
-        assert!(plan_table_for(Modes::IPVS, Table::Nat, nat).is_empty());
-    }
-
-    /// Userspace mode's portal chains and their jumps, next to iptables mode's rules.
-    const USERSPACE_NAT: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-PORTALS-CONTAINER - [0:0]\n:KUBE-PORTALS-HOST - [0:0]\n:KUBE-NODEPORT-CONTAINER - [0:0]\n:KUBE-NODEPORT-HOST - [0:0]\n-A PREROUTING -j KUBE-PORTALS-CONTAINER\n-A PREROUTING -j KUBE-SERVICES\n-A PREROUTING -m addrtype --dst-type LOCAL -j KUBE-NODEPORT-CONTAINER\n-A OUTPUT -j KUBE-PORTALS-HOST\n-A OUTPUT -m addrtype --dst-type LOCAL -j KUBE-NODEPORT-HOST\n-A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j REDIRECT --to-ports 40000\nCOMMIT\n";
-
-    #[test]
-    fn userspace_portals_are_removed_by_their_mode_and_left_by_the_others() {
-        let plan = plan_table_for(Modes::USERSPACE, Table::Nat, USERSPACE_NAT);
-        assert_eq!(
-            plan.delete,
-            [
-                "KUBE-PORTALS-CONTAINER",
-                "KUBE-PORTALS-HOST",
-                "KUBE-NODEPORT-CONTAINER",
-                "KUBE-NODEPORT-HOST"
-            ]
-        );
-        assert_eq!(plan.jumps.len(), 4, "{:?}", plan.jumps);
-        assert!(
-            !plan.payload().contains("KUBE-SERVICES"),
-            "iptables mode's chain stays"
-        );
-        let iptables = plan_table_for(Modes::IPTABLES, Table::Nat, USERSPACE_NAT);
-        assert_eq!(iptables.delete, ["KUBE-SERVICES"]);
-        assert_eq!(
-            Modes::USERSPACE.others(),
-            Modes {
-                iptables: true,
-                ipvs: true,
-                userspace: false
-            }
-        );
-        let filter = "*filter\n:INPUT ACCEPT [0:0]\n:KUBE-NODEPORT-NON-LOCAL - [0:0]\n-A INPUT -j KUBE-NODEPORT-NON-LOCAL\nCOMMIT\n";
-        assert_eq!(
-            plan_table_for(Modes::ALL, Table::Filter, filter).delete,
-            ["KUBE-NODEPORT-NON-LOCAL"]
-        );
     }
 }

@@ -19,7 +19,7 @@
 //!   syncs in nat and filter) is gone: someone flushed the tables. Full syncs also delete
 //!   stale service chains found with `iptables-save`.
 //! - **I/O behind a trait.** [`Iptables`] is all the proxier and [`cleanup()`] need
-//!   ([`cleanup_modes`] also removes what upstream's IPVS mode left in iptables);
+//!   ([`cleanup_footprint`] removes another mode's rules, given its [`Footprint`]);
 //!   [`IptablesCli`] runs the legacy, nft or auto-detected binaries, optionally behind a
 //!   command prefix such as `ip netns exec NAME`.
 //! - **IPv6** is a parameter (`IptablesOptions::family`, `ip6tables` binaries, `::1/128`
@@ -32,15 +32,17 @@
 //! - **Upstream's nfacct counters.** Where the kernel has nfnetlink_acct, the INVALID drop
 //!   and the localhost NodePort jumps count packets with `-m nfacct` (upstream's names),
 //!   for upstream's two packet metrics; see [`ensure_counters`].
-//! - **Host facts at the edge.** The host's addresses come through [`LocalAddresses`]
+//! - **Host facts at the edge.** The host's addresses come through kpr-host's `LocalAddresses`
 //!   before each sync; the iptables version (for `--random-fully`) is asked once.
 
-mod addresses;
 mod cleanup;
+mod everywhere;
 mod exec;
+pub mod explain;
 mod host;
-mod ipvs_mode;
 mod jumps;
+pub mod metrics;
+mod mode;
 mod names;
 mod nfacct;
 mod options;
@@ -50,32 +52,28 @@ mod rules;
 mod ruleset;
 mod saved;
 
-pub use addresses::{AddressError, FixedAddresses, InterfaceAddresses, LocalAddresses};
 pub use cleanup::{
-    CLEANUP_TABLES, CleanupError, CleanupReport, Modes, TableCleanup, cleanup, cleanup_modes, plan_table,
-    plan_table_for,
+    CLEANUP_TABLES, CleanupError, CleanupReport, Footprint, IptablesFootprint, TableCleanup, cleanup,
+    cleanup_footprint, plan_table, plan_table_for,
 };
+pub use everywhere::remove_everywhere;
 pub use exec::{ExecError, Iptables, IptablesCli, IptablesVersion, Variant, restore_error_line};
-pub use host::{
-    HostError, ProcSysctl, ROUTE_LOCALNET, Sysctl, TCP_BE_LIBERAL, conntrack_tcp_be_liberal, prepare_host,
-};
-pub use ipvs_mode::{IPVS_SETS, ipvs_only_chains, ipvs_set_names, is_ipvs_set};
+pub use host::{HostError, ROUTE_LOCALNET, prepare_host};
 pub use jumps::{JumpRule, jump_rules};
-/// The checked text types [`LocalDetector`] takes (from kpr-naming).
-pub use kpr_naming::{InterfaceName, UnsafeText};
+pub use mode::{IptablesMode, nat_table_works, restore_tool};
 pub use names::NameCache;
 pub use nfacct::{
     Accounting, CT_STATE_INVALID_DROPPED, Counter, LOCALHOST_NODEPORTS_ACCEPTED, NetlinkAccounting,
     NfacctCounters, NfacctError, ensure_counters, get_request, new_request, parse_counter,
 };
 pub use options::{
-    DEFAULT_LARGE_CLUSTER_ENDPOINTS_THRESHOLD, DEFAULT_MASQUERADE_BIT, IptablesOptions, LocalDetector,
-    NodePortAddresses, NodePortTargets, OptionsError,
+    DEFAULT_LARGE_CLUSTER_ENDPOINTS_THRESHOLD, DEFAULT_MASQUERADE_BIT, IptablesOptions, LocalMatch,
+    OptionsError,
 };
 pub use proxier::{FULL_SYNC_PERIOD, FullSyncReason, IptablesBackend, SyncError};
 pub use rules::{Mark, MarkWithMask, build, build_with_cache, refused_field, render_dry_run};
 pub use ruleset::{
     Arg, Chain, ChainHashes, ChainKind, Payload, PayloadBuilder, RefusedPort, Rule, RuleBuilder, Ruleset,
-    Table, TableRules, WrittenCount,
+    Table, TableCount, TableRules, WrittenCount,
 };
 pub use saved::{SavedChain, SavedRule, SavedTable};

@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::IpNet;
+use kpr_host::{LocalDetector, NodePortAddresses};
 use kpr_model::IpFamily;
 use kpr_naming::InterfaceName;
 
@@ -24,22 +24,6 @@ pub enum OptionsError {
     MasqueradeBit(u8),
 }
 
-/// How to tell traffic from this cluster's pods apart from everything else (upstream's
-/// `--detect-local-mode`). Node-CIDR mode is `ClusterCidr` with the node's pod CIDRs.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum LocalDetector {
-    /// No detection: cluster-IP traffic is only masqueraded with `masquerade_all`.
-    #[default]
-    None,
-    /// Pod traffic comes from these CIDRs; the first one of the proxier's family is used,
-    /// as upstream uses one CIDR per family.
-    ClusterCidr(Vec<IpNet>),
-    /// Pod traffic enters through this bridge.
-    BridgeInterface(InterfaceName),
-    /// Pod traffic enters through interfaces whose names start with this prefix.
-    InterfaceNamePrefix(InterfaceName),
-}
-
 /// `<prefix>+`, iptables' interface wildcard; [`InterfaceName::prefix`] left room for the '+'.
 struct InterfaceWildcard<'a>(&'a InterfaceName);
 
@@ -52,98 +36,34 @@ impl Arg for InterfaceWildcard<'_> {
     }
 }
 
-impl LocalDetector {
+/// The "comes from a local pod" match of a [`LocalDetector`], spelled in iptables.
+pub trait LocalMatch {
+    /// Appends the "comes from a local pod" match (negated: "does not"), or `None` when
+    /// detection is off for `family`.
+    fn append_match(&self, rule: RuleBuilder, family: IpFamily, negate: bool) -> Option<RuleBuilder>;
+
     /// Match arguments for "comes from a local pod", or `None` when detection is off.
-    pub fn if_local(&self, family: IpFamily) -> Option<Vec<String>> {
-        self.args(family, false)
-    }
-
-    /// Match arguments for "does not come from a local pod", or `None` when detection is off.
-    pub fn if_not_local(&self, family: IpFamily) -> Option<Vec<String>> {
-        self.args(family, true)
-    }
-
-    fn args(&self, family: IpFamily, negate: bool) -> Option<Vec<String>> {
-        let rule = self.append_match(RuleBuilder::default(), family, negate)?;
+    fn if_local(&self, family: IpFamily) -> Option<Vec<String>> {
+        let rule = self.append_match(RuleBuilder::default(), family, false)?;
         Some(rule.build().args().map(str::to_string).collect())
     }
 
-    /// Appends the "comes from a local pod" match (negated: "does not"), or `None` when
-    /// detection is off for `family`.
-    pub fn append_match(&self, rule: RuleBuilder, family: IpFamily, negate: bool) -> Option<RuleBuilder> {
+    /// Match arguments for "does not come from a local pod", or `None` when detection is off.
+    fn if_not_local(&self, family: IpFamily) -> Option<Vec<String>> {
+        let rule = self.append_match(RuleBuilder::default(), family, true)?;
+        Some(rule.build().args().map(str::to_string).collect())
+    }
+}
+
+impl LocalMatch for LocalDetector {
+    fn append_match(&self, rule: RuleBuilder, family: IpFamily, negate: bool) -> Option<RuleBuilder> {
         let rule = if negate { rule.arg("!") } else { rule };
         Some(match self {
             Self::None => return None,
-            Self::ClusterCidr(cidrs) => {
-                let cidr = cidrs.iter().find(|c| family.matches(&c.addr()))?;
-                rule.arg("-s").arg(*cidr)
-            }
+            Self::ClusterCidr(_) => rule.arg("-s").arg(self.cidr(family)?),
             Self::BridgeInterface(bridge) => rule.arg("-i").arg(bridge),
             Self::InterfaceNamePrefix(prefix) => rule.arg("-i").arg(InterfaceWildcard(prefix)),
         })
-    }
-}
-
-/// Upstream's `--nodeport-addresses`: which local addresses accept NodePort traffic.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum NodePortAddresses {
-    /// Every local address (upstream's default, or a list containing 0.0.0.0/0 / ::/0).
-    #[default]
-    All,
-    /// Only the node addresses inside these CIDRs (CIDRs of the other family are ignored).
-    Cidrs(Vec<IpNet>),
-}
-
-/// Where the final KUBE-SERVICES -> KUBE-NODEPORTS jump applies.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NodePortTargets {
-    /// Any local destination address.
-    AllLocal,
-    /// Only these node addresses.
-    Ips(Vec<IpAddr>),
-}
-
-impl NodePortAddresses {
-    /// The CIDRs of `family`, or `None` when every address is meant.
-    fn cidrs(&self, family: IpFamily) -> Option<Vec<&IpNet>> {
-        let Self::Cidrs(all) = self else {
-            return None;
-        };
-        let mine: Vec<_> = all.iter().filter(|c| family.matches(&c.addr())).collect();
-        // Like upstream: no CIDR of this family, or a catch-all one, means "all".
-        if mine.is_empty() || mine.iter().any(|c| c.prefix_len() == 0) {
-            return None;
-        }
-        Some(mine)
-    }
-
-    fn contains_loopback(&self, family: IpFamily) -> bool {
-        let loopback = match family {
-            IpFamily::V4 => IpAddr::V4(Ipv4Addr::LOCALHOST),
-            IpFamily::V6 => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        };
-        self.cidrs(family)
-            .is_none_or(|cidrs| cidrs.iter().any(|c| c.contains(&loopback)))
-    }
-
-    /// Whether [`Self::targets`] needs this host's addresses (it does when only some of them
-    /// accept NodePorts).
-    pub fn needs_local_addresses(&self, family: IpFamily) -> bool {
-        self.cidrs(family).is_some()
-    }
-
-    /// The node addresses that accept NodePorts, given this node's addresses.
-    pub fn targets(&self, family: IpFamily, node_ips: &[IpAddr]) -> NodePortTargets {
-        match self.cidrs(family) {
-            None => NodePortTargets::AllLocal,
-            Some(cidrs) => NodePortTargets::Ips(
-                node_ips
-                    .iter()
-                    .filter(|ip| cidrs.iter().any(|c| c.contains(*ip)))
-                    .copied()
-                    .collect(),
-            ),
-        }
     }
 }
 
@@ -250,6 +170,8 @@ impl IptablesOptions {
 
 #[cfg(test)]
 mod tests {
+    use ipnet::IpNet;
+
     use super::*;
 
     fn net(s: &str) -> IpNet {
@@ -305,28 +227,9 @@ mod tests {
     }
 
     #[test]
-    fn nodeport_addresses_select_node_ips_and_decide_localhost() {
-        let ips: Vec<IpAddr> = ["10.0.0.5", "192.168.1.5", "127.0.0.1"]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
-        let cidrs = NodePortAddresses::Cidrs(vec![net("10.0.0.0/8"), net("fd00::/8")]);
-        assert!(cidrs.needs_local_addresses(IpFamily::V4));
-        assert!(!NodePortAddresses::All.needs_local_addresses(IpFamily::V4));
-        assert_eq!(
-            cidrs.targets(IpFamily::V4, &ips),
-            NodePortTargets::Ips(vec![ips[0]])
-        );
-        let catch_all = NodePortAddresses::Cidrs(vec![net("0.0.0.0/0")]);
-        assert_eq!(catch_all.targets(IpFamily::V4, &ips), NodePortTargets::AllLocal);
-        let other_family = NodePortAddresses::Cidrs(vec![net("fd00::/8")]);
-        assert_eq!(
-            other_family.targets(IpFamily::V4, &ips),
-            NodePortTargets::AllLocal
-        );
-
+    fn localhost_nodeports_follow_the_nodeport_addresses() {
         let mut o = IptablesOptions {
-            nodeport_addresses: cidrs,
+            nodeport_addresses: NodePortAddresses::Cidrs(vec![net("10.0.0.0/8"), net("fd00::/8")]),
             ..Default::default()
         };
         assert!(!o.localhost_nodeports_enabled(), "10.0.0.0/8 excludes loopback");

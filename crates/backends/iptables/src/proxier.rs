@@ -21,17 +21,20 @@ use std::time::{Duration, Instant};
 use kpr_conntrack::Conntrack;
 use kpr_model::{NamespacedName, Sizes};
 use kpr_naming::{ChainName, chain, is_service_chain};
-use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, UnsafeObject};
+use kpr_state::{
+    Backend, BackendError, FailedStep, ObjectCount, SyncKind, SyncReport, SyncRequest, UnsafeObject,
+};
 
-use crate::addresses::{AddressError, InterfaceAddresses, LocalAddresses};
 use crate::exec::{ExecError, Iptables};
-use crate::host::{HostError, Sysctl, prepare_host};
+use crate::host::{HostError, prepare_host};
 use crate::jumps::jump_rules;
+use crate::metrics::IptablesMetrics;
 use crate::names::NameCache;
 use crate::options::{IptablesOptions, OptionsError};
 use crate::rules::build_with_cache;
-use crate::ruleset::{Chain, ChainKind, Payload, PayloadBuilder, RefusedPort, Ruleset, Table};
+use crate::ruleset::{Chain, ChainKind, Payload, PayloadBuilder, RefusedPort, Ruleset, Table, TableCount};
 use crate::saved::SavedTable;
+use kpr_host::{AddressError, InterfaceAddresses, LocalAddresses, Sysctl};
 
 /// Upstream's FullSyncPeriod: a full sync at least this often repairs any drift.
 pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
@@ -141,6 +144,8 @@ pub struct IptablesBackend {
     conntrack: Option<Box<dyn Conntrack>>,
     /// This host's addresses, read before each sync that needs them.
     local_addresses: Box<dyn LocalAddresses>,
+    /// The mode's own metrics; `None` records nothing (tests, benchmarks).
+    metrics: Option<IptablesMetrics>,
     /// Refused service ports already logged and reported, so each is reported once.
     reported_refusals: HashSet<RefusedPort>,
 }
@@ -182,6 +187,7 @@ impl IptablesBackend {
             full_sync_period: FULL_SYNC_PERIOD,
             conntrack: None,
             local_addresses: Box::new(InterfaceAddresses),
+            metrics: None,
             reported_refusals: HashSet::new(),
         })
     }
@@ -190,6 +196,12 @@ impl IptablesBackend {
     /// thread's network namespace.
     pub fn with_local_addresses(mut self, source: Box<dyn LocalAddresses>) -> Self {
         self.local_addresses = source;
+        self
+    }
+
+    /// Records the mode's metrics after each sync.
+    pub fn with_metrics(mut self, metrics: IptablesMetrics) -> Self {
+        self.metrics = Some(metrics);
         self
     }
 
@@ -231,8 +243,11 @@ impl IptablesBackend {
     /// Syncs the kernel with `request.state`; on error the next sync is full.
     pub fn sync_rules(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, SyncError> {
         let result = self.try_sync(request);
-        if result.is_err() {
+        if let Err(error) = &result {
             self.applied = None;
+            if let Some(metrics) = &self.metrics {
+                metrics.record_failure(self.opts.family, error);
+            }
         }
         self.synced_once = true;
         result
@@ -272,7 +287,11 @@ impl IptablesBackend {
             })?;
         let full = plan.full;
         self.record(&ruleset, plan);
-        let mut report = report(&ruleset, &payload, full);
+        let tables = ruleset.table_counts(&payload);
+        if let Some(metrics) = &self.metrics {
+            metrics.record_tables(self.opts.family, &tables);
+        }
+        let mut report = report(&ruleset, &tables, full);
         report.newly_unsafe = self.report_refusals(&ruleset);
         Ok(report)
     }
@@ -413,10 +432,6 @@ impl IptablesBackend {
 }
 
 impl Backend for IptablesBackend {
-    fn mode(&self) -> &'static str {
-        "iptables"
-    }
-
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let result = self
             .sync_rules(request)
@@ -477,10 +492,13 @@ fn render(ruleset: &Ruleset, plan: &ChainPlan) -> Payload {
     payload.finish()
 }
 
-fn report(ruleset: &Ruleset, payload: &Payload, full: bool) -> SyncReport {
+fn report(ruleset: &Ruleset, tables: &[TableCount], full: bool) -> SyncReport {
     SyncReport {
         full,
-        tables: ruleset.table_counts(payload),
+        objects: ObjectCount {
+            total: tables.iter().map(|t| t.total).sum(),
+            written: tables.iter().map(|t| t.written).sum(),
+        },
         no_local_internal: ruleset.no_local_internal,
         no_local_external: ruleset.no_local_external,
         conntrack_reconcile: None,

@@ -20,7 +20,9 @@ use kpr_state::{DesiredState, PortPlan, Unreachable};
 
 use crate::names::NameCache;
 use crate::nfacct::{CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED};
-use crate::options::{IptablesOptions, NodePortTargets};
+use kpr_host::NodePortTargets;
+
+use crate::options::{IptablesOptions, LocalMatch};
 use crate::ruleset::{Arg, ChainKind, RefusedPort, Rule, RuleBuilder, Ruleset};
 
 /// Comment of the last rule of nat KUBE-SERVICES.

@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use kpr_model::{NamespacedName, ObjectKind, ServicePortName};
 use kpr_naming::{ChainName, Comment, InterfaceName, SafeText, UnsafeText};
-use kpr_state::{TableCount, UnsafeObject};
+use kpr_state::UnsafeObject;
 
 /// The iptables tables kube-proxy touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -125,6 +125,14 @@ impl TableRules {
     }
 }
 
+/// Rules of one table: those the proxy owns after a sync, and those the sync wrote.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TableCount {
+    pub table: &'static str,
+    pub total: usize,
+    pub written: usize,
+}
+
 /// Everything one sync wants in the kernel, plus facts learned while rendering it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ruleset {
@@ -196,7 +204,8 @@ impl Ruleset {
         }
     }
 
-    /// Rules per table after a sync that wrote `payload`, for the `*_iptables_*` metrics.
+    /// Rules per table after a sync that wrote `payload`, for upstream's
+    /// `sync_proxy_rules_iptables_total`/`_last`.
     pub fn table_counts(&self, payload: &Payload) -> Vec<TableCount> {
         [Table::Filter, Table::Nat]
             .into_iter()

@@ -23,6 +23,13 @@ pub struct SavedRule {
     pub target: Option<String>,
 }
 
+impl SavedRule {
+    /// The rule's words, quotes resolved as iptables-save writes them.
+    pub fn words(&self) -> Vec<String> {
+        split_words(&self.spec)
+    }
+}
+
 /// One table of `iptables-save` output.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SavedTable {

@@ -17,7 +17,8 @@ mod common;
 use std::net::IpAddr;
 
 use common::check_golden;
-use kpr_iptables::{IptablesOptions, LocalDetector, NodePortAddresses, build, render_dry_run};
+use kpr_host::{LocalDetector, NodePortAddresses};
+use kpr_iptables::{IptablesOptions, build, render_dry_run};
 use kpr_model::{Protocol, ServicePortName};
 use kpr_naming::ServiceChains;
 use kpr_world::golden::diff as golden_diff;

@@ -12,7 +12,8 @@
 mod common;
 
 use common::check_golden;
-use kpr_iptables::{IptablesOptions, LocalDetector, NfacctCounters, NodePortAddresses, render_dry_run};
+use kpr_host::{LocalDetector, NodePortAddresses};
+use kpr_iptables::{IptablesOptions, NfacctCounters, render_dry_run};
 use kpr_model::IpFamily;
 use kpr_world::{World, ep};
 use serde_json::json;

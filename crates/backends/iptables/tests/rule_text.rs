@@ -29,10 +29,10 @@ use std::sync::Arc;
 
 use common::{skip_requested, variant_name};
 use ipnet::{IpNet, Ipv4Net};
+use kpr_host::{LocalDetector, NodePortAddresses};
 use kpr_iptables::restore_syntax::{looks_like_table_option, split_args};
-use kpr_iptables::{
-    InterfaceName, IptablesOptions, LocalDetector, NodePortAddresses, Ruleset, Variant, build,
-};
+use kpr_iptables::{IptablesOptions, Ruleset, Variant, build};
+use kpr_model::text::InterfaceName;
 use kpr_model::{
     Endpoint, Hints, NamespacedName, NodeView, Protocol, ServicePort, ServicePortName, ServiceType,
 };

@@ -18,7 +18,8 @@
 mod common;
 
 use common::check_golden;
-use kpr_iptables::{IptablesOptions, LocalDetector, render_dry_run};
+use kpr_host::LocalDetector;
+use kpr_iptables::{IptablesOptions, render_dry_run};
 use kpr_world::{World, ep};
 use serde_json::{Value, json};
 

@@ -12,9 +12,8 @@
 
 use std::time::{Duration, Instant};
 
-use kpr_iptables::{
-    IptablesBackend, IptablesCli, IptablesOptions, LocalDetector, NodePortAddresses, Variant,
-};
+use kpr_host::{LocalDetector, NodePortAddresses};
+use kpr_iptables::{IptablesBackend, IptablesCli, IptablesOptions, Variant};
 use kpr_ipvs::rules::RuleOptions;
 use kpr_ipvs::{IpsetNetlink, IpvsBackend, IpvsOptions};
 use kpr_ipvs_netlink::Scheduler;
@@ -194,7 +193,7 @@ fn measure(services: usize, endpoints: usize, with_iptables: bool) -> Vec<String
     let mut change_report = None;
     let change_time = time(|| change_report = Some(node.run(|| iptables.sync(&change_request)).unwrap()));
     let rules = |r: &kpr_state::SyncReport| {
-        let written: usize = r.tables.iter().map(|t| t.written).sum();
+        let written: usize = r.objects.written;
         format!("iptables-restore of {written} rules")
     };
     let iptables_row = format!(

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use kpr_iptables::{NodePortAddresses, NodePortTargets};
+use kpr_host::{NodePortAddresses, NodePortTargets};
 use kpr_ipvs_netlink::IPVS_LINK;
 use kpr_model::IpFamily;
 

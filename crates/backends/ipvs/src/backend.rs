@@ -17,10 +17,11 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use kpr_iptables::{ExecError, Iptables, NodePortAddresses};
+use kpr_host::NodePortAddresses;
+use kpr_iptables::{ExecError, Iptables};
 use kpr_ipvs_netlink::{Destination, Ipvs, IpvsLink, IpvsLinks, NetlinkError, Scheduler, ServiceKey};
 use kpr_model::IpFamily;
-use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest};
+use kpr_state::{Backend, BackendError, FailedStep, ObjectCount, SyncKind, SyncReport, SyncRequest};
 
 use crate::addresses::{HostAddresses, read_interface_addresses};
 use crate::ipset::{Ipset, SetSpec, changes};
@@ -198,7 +199,13 @@ impl IpvsBackend {
         };
         let report = SyncReport {
             full,
-            tables: ruleset.table_counts(&payload),
+            objects: {
+                let tables = ruleset.table_counts(&payload);
+                ObjectCount {
+                    total: tables.iter().map(|t| t.total).sum(),
+                    written: tables.iter().map(|t| t.written).sum(),
+                }
+            },
             no_local_internal: plan.no_local_internal.len(),
             no_local_external: plan.no_local_external.len(),
             ..SyncReport::default()
@@ -352,10 +359,6 @@ fn unbind(links: &mut IpvsLinks, link: &IpvsLink, stale: &BTreeSet<IpAddr>) -> R
 }
 
 impl Backend for IpvsBackend {
-    fn mode(&self) -> &'static str {
-        "ipvs"
-    }
-
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let result = self.try_sync(request).map_err(|error| {
             let step = match &error {

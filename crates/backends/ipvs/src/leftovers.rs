@@ -1,110 +1,120 @@
-//! Upstream's NodePort virtual servers, which kpr-leftovers cannot tell from anyone else's:
-//! they sit on the node's own addresses, not on `kube-ipvs0`. They are the mode's when
-//! their port is one the mode's NodePort sets hold (`KUBE-NODE-PORT-TCP` and friends, both
-//! families), so they are found through the sets before the sets are destroyed, and
-//! removed on `--cleanup` and when another mode starts.
+//! What upstream's (and our) ipvs mode leaves in the kernel, and its removal: when another
+//! mode starts (upstream's platform cleanup) and on `--cleanup`. A node switched away from
+//! ipvs mode otherwise keeps answering with stale virtual servers, and its filter rules
+//! (KUBE-IPVS-FILTER rejects new connections to addresses in its sets) keep acting.
+//!
+//! - **Only what is provably the mode's.** Objects are found by the exact names upstream
+//!   gives them (chains, sets, `kube-ipvs0`); a virtual server is the mode's when its address
+//!   sits on `kube-ipvs0` ([`services`]), or when it sits on the node's address at a port
+//!   the mode's NodePort sets hold ([`node_ports`]). Other sets, links and virtual servers
+//!   (keepalived's, say) are never touched; upstream's `--cleanup` flushes every virtual
+//!   server, this does not.
+//! - **Order.** NodePort virtual servers are found through the sets, and virtual servers on
+//!   `kube-ipvs0` while the link still shows their addresses; the iptables rules that match
+//!   the sets go before the sets, since a set in use cannot be destroyed ([`sets`]).
+//! - **Absent is fine.** A kernel without ipset or IPVS (this host's has no `ip_vs`) simply
+//!   has nothing to remove.
+//! - **Failures name the object**, and the other objects are still removed.
 
-use std::collections::BTreeSet;
+pub mod node_ports;
+pub mod services;
+mod sets;
 
-use kpr_ipvs_netlink::{Ipvs, Protocol, ServiceKey};
+use kpr_iptables::{Footprint, SavedRule, SavedTable, Table, remove_everywhere};
+use kpr_ipvs_netlink::{IPVS_LINK, IpvsLinks};
+use kpr_mode::Leftovers;
+use kpr_naming::{chain, ipvs_chain};
 
-use crate::addresses::read_interface_addresses;
-use crate::ipset::{Family, Ipset, Member, SetSpec, Sets};
-use crate::sets::SetId;
+use crate::ipset::IpsetNetlink;
+use crate::sets::is_mode_set;
 
-/// The NodePort sets, with the protocol of the ports they hold.
-fn node_port_sets() -> Vec<(SetSpec, Protocol)> {
-    let mut sets = Vec::new();
-    for family in [Family::V4, Family::V6] {
-        for (id, protocol) in [
-            (SetId::NodePortTcp, Protocol::Tcp),
-            (SetId::NodePortUdp, Protocol::Udp),
-            (SetId::NodePortSctp, Protocol::Sctp),
-        ] {
-            sets.push((id.spec(family), protocol));
-        }
-    }
-    sets
-}
-
-/// The NodePort sets' specs, to read them.
-pub fn node_port_specs() -> Vec<SetSpec> {
-    node_port_sets().into_iter().map(|(spec, _)| spec).collect()
-}
-
-/// (protocol, port) of every NodePort the sets in `parsed` (read with [`node_port_specs`])
-/// hold.
-pub fn node_ports(parsed: &Sets) -> BTreeSet<(Protocol, u16)> {
-    let mut ports = BTreeSet::new();
-    for (spec, protocol) in node_port_sets() {
-        for member in parsed.members(spec.name).into_iter().flatten() {
-            match member {
-                Member::Port(port) | Member::IpPort(_, _, port) => {
-                    ports.insert((protocol, *port));
-                }
-                _ => {}
+/// Removes everything the mode leaves, in the order above.
+pub fn remove_all() -> Leftovers {
+    let mut leftovers = Leftovers::default();
+    match node_ports::remove_node_port_servers(&mut IpsetNetlink::default()) {
+        Ok(keys) => {
+            for key in keys {
+                removed(&mut leftovers, format!("IPVS service {key}"));
             }
         }
+        Err(error) => leftovers
+            .failures
+            .push(format!("IPVS NodePort services: {error}")),
     }
-    ports
+    leftovers.merge(remove_everywhere(&IpvsFootprint));
+    remove_link_and_its_services(&mut leftovers);
+    sets::remove_sets(&mut leftovers);
+    leftovers
 }
 
-/// Deletes the virtual servers on this host's addresses at a NodePort of the mode's sets;
-/// the ones deleted. Nothing to do without IPVS or without such sets.
-pub fn remove_node_port_servers(ipset: &mut dyn Ipset) -> Result<Vec<ServiceKey>, String> {
-    // A kernel without ipset has no such sets.
-    let Ok(parsed) = ipset.read(&node_port_specs()) else {
-        return Ok(Vec::new());
-    };
-    let ports = node_ports(&parsed);
-    if ports.is_empty() {
-        return Ok(Vec::new());
+/// Records (and logs) one object removed.
+fn removed(leftovers: &mut Leftovers, object: String) {
+    tracing::info!(%object, "removed what another kube-proxy mode left");
+    leftovers.removed.push(object);
+}
+
+fn remove_link_and_its_services(leftovers: &mut Leftovers) {
+    let object = format!("link {IPVS_LINK}");
+    let found = IpvsLinks::open().and_then(|mut links| Ok((links.find()?, links)));
+    match found {
+        Ok((Some(link), mut links)) => {
+            services::remove_services_on(&link.addresses, leftovers);
+            match links.delete(&link) {
+                Ok(true) => removed(leftovers, object),
+                Ok(false) => {}
+                Err(error) => leftovers.failures.push(format!("{object}: {error}")),
+            }
+        }
+        Ok((None, _)) => {}
+        Err(error) => leftovers.failures.push(format!("{object}: {error}")),
     }
-    let Some(mut ipvs) = Ipvs::open().map_err(|e| e.to_string())? else {
-        return Ok(Vec::new());
-    };
-    let local: BTreeSet<_> = read_interface_addresses()
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .map(|a| a.address)
-        .collect();
-    let listed = ipvs.services().map_err(|e| e.to_string())?;
-    let mut removed = Vec::new();
-    for service in listed.objects {
-        let key = service.key;
-        if local.contains(&key.address) && ports.contains(&(key.protocol, key.port)) {
-            ipvs.delete_service(&key)
-                .map_err(|e| format!("IPVS service {key}: {e}"))?;
-            removed.push(key);
+}
+
+/// What the mode writes into iptables. It shares iptables mode's fixed chains (they stay:
+/// whichever mode runs rewrites them) but deletes its rules in them, and creates chains of
+/// its own (upstream's `iptablesCleanupChains` less the shared ones, plus the NAT-table
+/// KUBE-FIREWALL of releases before 1.28).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IpvsFootprint;
+
+impl IpvsFootprint {
+    /// Chains only ipvs mode creates, per table.
+    fn own_chains(table: Table) -> &'static [&'static str] {
+        match table {
+            Table::Nat => &[ipvs_chain::LOAD_BALANCER, ipvs_chain::NODE_PORT, "KUBE-FIREWALL"],
+            Table::Filter => &[
+                ipvs_chain::NODE_PORT,
+                ipvs_chain::SOURCE_RANGES_FIREWALL,
+                ipvs_chain::IPVS_FILTER,
+                ipvs_chain::IPVS_OUT_FILTER,
+            ],
+            Table::Mangle => &[],
         }
     }
-    Ok(removed)
+}
+
+impl Footprint for IpvsFootprint {
+    fn owns(&self, table: Table, name: &str, _saved: &SavedTable) -> bool {
+        Self::own_chains(table).contains(&name)
+    }
+
+    /// The chains it shares with iptables mode.
+    fn writes_into(&self, table: Table, name: &str) -> bool {
+        let shared: &[&str] = match table {
+            Table::Nat => &[chain::SERVICES, chain::POSTROUTING, chain::MARK_MASQ],
+            Table::Filter => &[chain::FORWARD, chain::PROXY_FIREWALL],
+            Table::Mangle => &[],
+        };
+        shared.contains(&name)
+    }
+
+    /// Its rules matching its sets: `-m set --match-set <name> ...`.
+    fn owns_rule(&self, rule: &SavedRule) -> bool {
+        rule.words()
+            .windows(2)
+            .any(|pair| pair[0] == "--match-set" && is_mode_set(&pair[1]))
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn node_ports_come_from_both_families_and_every_protocol() {
-        let saved = "create KUBE-NODE-PORT-TCP bitmap:port range 0-65535\n\
-                     add KUBE-NODE-PORT-TCP 30080\n\
-                     create KUBE-6-NODE-PORT-UDP bitmap:port range 0-65535\n\
-                     add KUBE-6-NODE-PORT-UDP 30053\n\
-                     create KUBE-NODE-PORT-SCTP-HASH hash:ip,port family inet hashsize 1024 maxelem 65536\n\
-                     add KUBE-NODE-PORT-SCTP-HASH 192.168.0.10,sctp:30905\n\
-                     create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n\
-                     add KUBE-CLUSTER-IP 10.96.0.10,tcp:80\n";
-        let parsed = crate::ipset::parse_save(saved, &node_port_specs()).unwrap();
-        let ports = node_ports(&parsed);
-        assert_eq!(
-            ports,
-            [
-                (Protocol::Tcp, 30080),
-                (Protocol::Udp, 30053),
-                (Protocol::Sctp, 30905)
-            ]
-            .into()
-        );
-    }
-}
+mod tests;

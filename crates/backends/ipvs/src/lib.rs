@@ -30,9 +30,11 @@
 
 pub mod addresses;
 mod backend;
+pub mod explain;
 pub mod ipset;
 pub mod kernel;
 pub mod leftovers;
+mod mode;
 mod plan;
 pub mod reconcile;
 pub mod rules;
@@ -42,4 +44,5 @@ mod test_support;
 
 pub use backend::{DEFAULT_RECONCILE_PERIOD, IpvsBackend, IpvsOptions, SyncError, SyncStats};
 pub use ipset::{Ipset, IpsetCli, IpsetNetlink};
+pub use mode::IpvsMode;
 pub use plan::{IpvsPlan, PlanInputs, VirtualServer, plan};

@@ -5,9 +5,8 @@
 //! mode (set names, comments and chains are literals of this crate; addresses and ports
 //! are typed values).
 
-use kpr_iptables::{
-    ChainKind, JumpRule, LocalDetector, Mark, MarkWithMask, Rule, RuleBuilder, Ruleset, Table,
-};
+use kpr_host::LocalDetector;
+use kpr_iptables::{ChainKind, JumpRule, LocalMatch, Mark, MarkWithMask, Rule, RuleBuilder, Ruleset, Table};
 use kpr_model::IpFamily;
 use kpr_naming::{ChainName, Comment, chain, ipvs_chain};
 

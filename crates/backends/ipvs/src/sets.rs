@@ -144,21 +144,38 @@ impl SetId {
     }
 }
 
+/// Every set name of the mode, both families: what its leftovers are.
+pub fn all_names() -> Vec<&'static str> {
+    [Family::V4, Family::V6]
+        .into_iter()
+        .flat_map(|family| SetId::ALL.into_iter().map(move |id| id.name(family)))
+        .collect()
+}
+
+/// Whether `name` is one of the mode's sets (either family).
+pub fn is_mode_set(name: &str) -> bool {
+    SetId::ALL
+        .into_iter()
+        .any(|id| id.name(Family::V4) == name || id.name(Family::V6) == name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// kpr-iptables' list is what cleanup and mode switches destroy: the same names.
     #[test]
-    fn the_names_are_the_ones_cleanup_removes() {
-        let cleanup = kpr_iptables::ipvs_set_names();
-        for id in SetId::ALL {
-            for family in [Family::V4, Family::V6] {
-                let name = id.name(family);
-                assert!(cleanup.iter().any(|n| n == name), "{name}");
-                assert!(name.len() <= 31, "{name}");
-            }
+    fn every_name_fits_ipset_and_is_the_modes_own() {
+        let names = all_names();
+        assert_eq!(names.len(), 2 * SetId::ALL.len());
+        for name in &names {
+            assert!(name.len() <= 31, "{name}");
+            assert!(is_mode_set(name), "{name}");
         }
-        assert_eq!(cleanup.len(), 2 * SetId::ALL.len());
+        let unique: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len());
+        // 32 characters with the prefix: upstream cuts the last one.
+        assert!(names.contains(&"KUBE-6-NODE-PORT-LOCAL-SCTP-HAS"));
+        assert!(!is_mode_set("KUBE-MY-OWN-SET"));
+        assert!(!is_mode_set("kube-cluster-ip"));
     }
 }

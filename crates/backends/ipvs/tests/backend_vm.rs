@@ -7,7 +7,8 @@
 
 use std::net::SocketAddr;
 
-use kpr_iptables::{IptablesCli, LocalDetector, NodePortAddresses, Variant};
+use kpr_host::{LocalDetector, NodePortAddresses};
+use kpr_iptables::{IptablesCli, Variant};
 use kpr_ipvs::rules::RuleOptions;
 use kpr_ipvs::{IpsetNetlink, IpvsBackend, IpvsOptions};
 use kpr_ipvs_netlink::Scheduler;

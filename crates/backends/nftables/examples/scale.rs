@@ -146,7 +146,7 @@ fn main() {
     );
     let netns = Netns::new("nftscale").unwrap();
     let opts = NftablesOptions {
-        local_detector: kpr_iptables::LocalDetector::ClusterCidr(vec!["10.128.0.0/10".parse().unwrap()]),
+        local_detector: kpr_host::LocalDetector::ClusterCidr(vec!["10.128.0.0/10".parse().unwrap()]),
         service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
         ..NftablesOptions::default()
     };
@@ -180,7 +180,7 @@ fn main() {
         sizes.len(),
         sizes,
         text,
-        report.tables[0].total
+        report.objects.total
     );
     drop(pending);
     println!(
@@ -202,7 +202,7 @@ fn main() {
         let report = backend.sync(&pending.request(false)).unwrap();
         one_change.push(started.elapsed());
         assert!(!report.full);
-        sizes.push(report.tables[0].written);
+        sizes.push(report.objects.written);
     }
     let mut new_service = Vec::new();
     for k in 0..changes {
@@ -255,7 +255,7 @@ fn main() {
         let report = backend.sync(&pending.request(false)).unwrap();
         if k > 0 {
             count_change.push(started.elapsed());
-            count_written.push(report.tables[0].written);
+            count_written.push(report.objects.written);
         }
     }
     // New ClientIP affinity Services, each with a timeout no other Service has: a sticky

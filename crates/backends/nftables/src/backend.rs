@@ -22,9 +22,11 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use kpr_conntrack::Conntrack;
-use kpr_iptables::{AddressError, InterfaceAddresses, LocalAddresses};
+use kpr_host::{AddressError, InterfaceAddresses, LocalAddresses};
 use kpr_model::{IpFamily, NamespacedName, ServicePortName, Sizes};
-use kpr_state::{Backend, BackendError, FailedStep, SyncKind, SyncReport, SyncRequest, TableCount};
+use kpr_state::{Backend, BackendError, FailedStep, ObjectCount, SyncKind, SyncReport, SyncRequest};
+
+use crate::metrics::NftablesMetrics;
 
 use crate::batch::{Batch, BatchCounts, FullStart, Ledger, Op, stream_full};
 use crate::build::{
@@ -113,6 +115,8 @@ pub struct NftablesBackend {
     reconcile_period: Duration,
     last_batches: Vec<BatchCounts>,
     last_full_reason: Option<FullSyncReason>,
+    /// The mode's own metrics; `None` records nothing (tests, benchmarks).
+    metrics: Option<NftablesMetrics>,
 }
 
 impl std::fmt::Debug for NftablesBackend {
@@ -138,6 +142,7 @@ impl NftablesBackend {
             reconcile_period: DEFAULT_RECONCILE_PERIOD,
             last_batches: Vec::new(),
             last_full_reason: None,
+            metrics: None,
         })
     }
 
@@ -155,6 +160,12 @@ impl NftablesBackend {
     /// nothing changed always reads it back). Give it the sync period.
     pub fn with_reconcile_period(mut self, period: Duration) -> Self {
         self.reconcile_period = period;
+        self
+    }
+
+    /// Records the mode's metrics after each sync.
+    pub fn with_metrics(mut self, metrics: NftablesMetrics) -> Self {
+        self.metrics = Some(metrics);
         self
     }
 
@@ -211,6 +222,9 @@ impl NftablesBackend {
         let result = self.try_sync(request);
         if result.is_err() {
             self.applied = None;
+            if let Some(metrics) = &self.metrics {
+                metrics.record_failure(self.opts.family);
+            }
         }
         self.synced_once = true;
         result
@@ -510,10 +524,6 @@ impl NftablesBackend {
     }
 
     fn report(&self, full: bool) -> SyncReport {
-        let table = match self.opts.family {
-            IpFamily::V4 => "ip kube-proxy",
-            IpFamily::V6 => "ip6 kube-proxy",
-        };
         let (mut no_local_internal, mut no_local_external, mut total) = (0, 0, 0);
         if let Some(applied) = &self.applied {
             no_local_internal = applied.ledger.no_local_internal;
@@ -530,11 +540,7 @@ impl NftablesBackend {
             .sum();
         SyncReport {
             full,
-            tables: vec![TableCount {
-                table,
-                total,
-                written,
-            }],
+            objects: ObjectCount { total, written },
             no_local_internal,
             no_local_external,
             conntrack_reconcile: None,
@@ -566,10 +572,6 @@ fn expected_shape(opts: &NftablesOptions, ledger: &Ledger) -> HashMap<String, us
 }
 
 impl Backend for NftablesBackend {
-    fn mode(&self) -> &'static str {
-        "nftables"
-    }
-
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let result = self
             .sync_rules(request)

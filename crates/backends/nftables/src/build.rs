@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
-use kpr_iptables::{LocalDetector, NodePortAddresses, NodePortTargets};
+use kpr_host::{LocalDetector, NodePortAddresses, NodePortTargets};
 use kpr_model::{Endpoint, IpFamily, Protocol, ServicePortName};
 use kpr_state::{DesiredState, PortPlan, Unreachable};
 
@@ -266,15 +266,10 @@ pub fn declared_sets() -> Vec<SetName> {
 pub fn pod_match(opts: &NftablesOptions, negate: bool) -> Option<Match> {
     match &opts.local_detector {
         LocalDetector::None => None,
-        LocalDetector::ClusterCidr(cidrs) => {
-            cidrs
-                .iter()
-                .find(|c| opts.family.matches(&c.addr()))
-                .map(|net| Match::SourceNet {
-                    net: net.trunc(),
-                    negate,
-                })
-        }
+        LocalDetector::ClusterCidr(_) => opts.local_detector.cidr(opts.family).map(|net| Match::SourceNet {
+            net: net.trunc(),
+            negate,
+        }),
         LocalDetector::BridgeInterface(name) => Some(Match::InputInterface {
             name: name.clone(),
             prefix: false,

@@ -201,6 +201,9 @@
 mod backend;
 mod batch;
 mod build;
+pub mod explain;
+pub mod metrics;
+mod mode;
 mod model;
 pub mod names;
 mod netlink;
@@ -220,6 +223,7 @@ pub use build::{
     Bundle, Context, Dest, GroupKey, Owner, Ruleset, SlotGroup, build, build_from, declared_sets,
     dispatch_rules, fixed_chains, node_bundle, port_bundle, shared_rules,
 };
+pub use mode::NftablesMode;
 pub use model::{
     ELEMENT_COMMENT_MAX_BYTES, ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt, element_comment,
 };

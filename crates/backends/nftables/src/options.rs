@@ -8,7 +8,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
-use kpr_iptables::{LocalDetector, NodePortAddresses};
+use kpr_host::{LocalDetector, NodePortAddresses};
 use kpr_model::IpFamily;
 
 /// Upstream's `nftables.masqueradeBit` default: mark 0x4000.

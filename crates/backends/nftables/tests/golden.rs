@@ -9,7 +9,7 @@
 mod common;
 
 use common::{check_golden, clusterip, http_port, http_slice_port, nodeport_web, options, web};
-use kpr_iptables::NodePortAddresses;
+use kpr_host::NodePortAddresses;
 use kpr_model::IpFamily;
 use kpr_nftables::{NftablesOptions, render_dry_run};
 use kpr_world::{World, ep};
@@ -295,8 +295,8 @@ fn masquerade_all_and_other_detectors() {
     let text = render(&mut world, &opts);
     assert!(text.contains("add rule ip kube-proxy services ip daddr @cluster-ips jump mark-for-masquerade"));
     let opts = NftablesOptions {
-        local_detector: kpr_iptables::LocalDetector::InterfaceNamePrefix(
-            kpr_iptables::InterfaceName::prefix("veth").unwrap(),
+        local_detector: kpr_host::LocalDetector::InterfaceNamePrefix(
+            kpr_model::text::InterfaceName::prefix("veth").unwrap(),
         ),
         ..options()
     };
@@ -327,7 +327,7 @@ fn ipv6_uses_the_ip6_table() {
         .slice("web", http_slice_port(), vec![ep("fd00:10:244:1::5")]);
     let opts = NftablesOptions {
         family: IpFamily::V6,
-        local_detector: kpr_iptables::LocalDetector::ClusterCidr(vec!["fd00:10:244::/56".parse().unwrap()]),
+        local_detector: kpr_host::LocalDetector::ClusterCidr(vec!["fd00:10:244::/56".parse().unwrap()]),
         ..options()
     };
     let text = render(&mut world, &opts);

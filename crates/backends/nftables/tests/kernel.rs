@@ -16,7 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use common::{Via, clusterip, golden_dir, http_port, http_slice_port, options, transport, web};
-use kpr_iptables::LocalDetector;
+use kpr_host::LocalDetector;
 use kpr_model::IpFamily;
 use kpr_netns::{CLUSTER_CIDR, Lab, NODE_IP, Netns, pod_ip, spread};
 use kpr_nftables::{FullSyncReason, NftCli, NftablesBackend, NftablesOptions, cleanup};
@@ -138,7 +138,7 @@ fn first_sync_then_element_changes_and_a_quiet_reconcile(via: Via) {
     // Nothing changed: the read-back matches, nothing is rewritten.
     let report = sync(&mut backend, &mut world);
     assert!(!report.full, "{:?}", backend.last_full_reason());
-    assert_eq!(report.tables[0].written, 0);
+    assert_eq!(report.objects.written, 0);
 }
 
 fn a_flushed_table_is_rebuilt_by_the_next_reconcile(via: Via) {
@@ -651,7 +651,7 @@ fn netlink_writes_what_nft_writes() {
         .service("empty", clusterip("10.96.0.40", http_port()));
     let opts = NftablesOptions {
         local_detector: LocalDetector::InterfaceNamePrefix(
-            kpr_iptables::InterfaceName::prefix("veth").unwrap(),
+            kpr_model::text::InterfaceName::prefix("veth").unwrap(),
         ),
         ..options()
     };

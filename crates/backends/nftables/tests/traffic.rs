@@ -14,7 +14,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use common::{Via, http_slice_port, transport};
-use kpr_iptables::{IptablesBackend, IptablesCli, IptablesOptions, LocalDetector, Variant};
+use kpr_host::LocalDetector;
+use kpr_iptables::{IptablesBackend, IptablesCli, IptablesOptions, Variant};
 use kpr_model::IpFamily;
 use kpr_netns::{
     Backend as Server, CLIENT_IP, CLUSTER_CIDR, Lab, NODE_IP, Netns, pod_ip, spread, spread_udp,
@@ -398,11 +399,11 @@ fn nodeport_addresses_limit_where_node_ports_answer(via: Via) {
         .ip(&["addr", "add", "192.168.78.2/24", "dev", "eth0"])
         .unwrap();
     let opts = NftablesOptions {
-        nodeport_addresses: kpr_iptables::NodePortAddresses::Cidrs(vec!["192.168.77.0/24".parse().unwrap()]),
+        nodeport_addresses: kpr_host::NodePortAddresses::Cidrs(vec!["192.168.77.0/24".parse().unwrap()]),
         ..opts()
     };
     let transport = transport(node, via, opts.affinity_capacity);
-    let addresses = kpr_iptables::FixedAddresses(vec![IpAddr::V4(NODE_IP), "192.168.78.1".parse().unwrap()]);
+    let addresses = kpr_host::FixedAddresses(vec![IpAddr::V4(NODE_IP), "192.168.78.1".parse().unwrap()]);
     let mut backend = NftablesBackend::new(opts, transport)
         .unwrap()
         .with_local_addresses(Box::new(addresses));

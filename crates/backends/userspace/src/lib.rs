@@ -38,6 +38,8 @@ pub mod balancer;
 pub mod conntrack;
 pub mod copy;
 pub mod limits;
+pub mod metrics;
+mod mode;
 pub mod port;
 pub mod portals;
 pub mod ports;
@@ -49,5 +51,7 @@ pub mod workers;
 
 pub use copy::CopyMethod;
 pub use limits::{Budget, Limits};
+pub use metrics::UserspaceMetrics;
+pub use mode::UserspaceMode;
 pub use portals::{Portal, PortalTargets};
 pub use proxier::{SyncError, UserspaceBackend, UserspaceOptions};

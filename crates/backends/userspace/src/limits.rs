@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use kpr_metrics::{LimitLabels, UserspaceMetrics};
+use crate::metrics::{LimitLabels, UserspaceMetrics};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Upstream raised its descriptor limit to 64000 for this mode.

@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use kpr_metrics::{BytesLabels, PortLabels, UserspaceMetrics};
+use crate::metrics::{BytesLabels, PortLabels, UserspaceMetrics};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;

@@ -31,7 +31,10 @@
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
-use kpr_iptables::{ChainKind, JumpRule, RefusedPort, Rule, RuleBuilder, Ruleset, Table, refused_field};
+use kpr_iptables::{
+    ChainKind, Footprint, JumpRule, RefusedPort, Rule, RuleBuilder, Ruleset, SavedRule, SavedTable, Table,
+    refused_field,
+};
 use kpr_model::ServicePort;
 use kpr_naming::{ChainName, Comment, SafeText, userspace_chain};
 
@@ -206,6 +209,29 @@ impl PortRules {
     }
 }
 
+/// What the mode writes into iptables, for its removal: the portal chains, reached only from
+/// built-in chains.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PortalFootprint;
+
+impl Footprint for PortalFootprint {
+    fn owns(&self, table: Table, name: &str, _saved: &SavedTable) -> bool {
+        match table {
+            Table::Nat => userspace_chain::NAT.contains(&name),
+            Table::Filter => userspace_chain::FILTER.contains(&name),
+            Table::Mangle => false,
+        }
+    }
+
+    fn writes_into(&self, _table: Table, _name: &str) -> bool {
+        false
+    }
+
+    fn owns_rule(&self, _rule: &SavedRule) -> bool {
+        false
+    }
+}
+
 /// The rules in built-in chains that lead into the portal chains. Each is inserted at the
 /// top of its chain, in this order, so the portals end up above the NodePort jumps (an
 /// external IP on the node must not be taken for a NodePort), and both above whatever
@@ -239,4 +265,40 @@ fn non_local_jump() -> JumpRule {
         userspace_chain::NODEPORT_NON_LOCAL,
         "Ensure that non-local NodePort traffic can flow",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use kpr_iptables::{IptablesFootprint, plan_table_for};
+
+    use super::*;
+
+    /// Userspace mode's portal chains and their jumps, next to iptables mode's rules.
+    const USERSPACE_NAT: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-PORTALS-CONTAINER - [0:0]\n:KUBE-PORTALS-HOST - [0:0]\n:KUBE-NODEPORT-CONTAINER - [0:0]\n:KUBE-NODEPORT-HOST - [0:0]\n-A PREROUTING -j KUBE-PORTALS-CONTAINER\n-A PREROUTING -j KUBE-SERVICES\n-A PREROUTING -m addrtype --dst-type LOCAL -j KUBE-NODEPORT-CONTAINER\n-A OUTPUT -j KUBE-PORTALS-HOST\n-A OUTPUT -m addrtype --dst-type LOCAL -j KUBE-NODEPORT-HOST\n-A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j REDIRECT --to-ports 40000\nCOMMIT\n";
+
+    #[test]
+    fn portals_are_removed_by_their_mode_and_left_by_iptables_modes() {
+        let plan = plan_table_for(&PortalFootprint, Table::Nat, USERSPACE_NAT);
+        assert_eq!(
+            plan.delete,
+            [
+                "KUBE-PORTALS-CONTAINER",
+                "KUBE-PORTALS-HOST",
+                "KUBE-NODEPORT-CONTAINER",
+                "KUBE-NODEPORT-HOST"
+            ]
+        );
+        assert_eq!(plan.jumps.len(), 4, "{:?}", plan.jumps);
+        assert!(
+            !plan.payload().contains("KUBE-SERVICES"),
+            "iptables mode's chain stays"
+        );
+        let iptables = plan_table_for(&IptablesFootprint, Table::Nat, USERSPACE_NAT);
+        assert_eq!(iptables.delete, ["KUBE-SERVICES"]);
+        let filter = "*filter\n:INPUT ACCEPT [0:0]\n:KUBE-NODEPORT-NON-LOCAL - [0:0]\n-A INPUT -j KUBE-NODEPORT-NON-LOCAL\nCOMMIT\n";
+        assert_eq!(
+            plan_table_for(&PortalFootprint, Table::Filter, filter).delete,
+            ["KUBE-NODEPORT-NON-LOCAL"]
+        );
+    }
 }

@@ -27,11 +27,13 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::metrics::{PortLabels, ProtocolLabels, UserspaceMetrics};
 use kpr_conntrack::{ConntrackTable, Scope};
-use kpr_iptables::{ChainHashes, ExecError, FULL_SYNC_PERIOD, Iptables, Modes, RefusedPort, cleanup_modes};
-use kpr_metrics::{PortLabels, ProtocolLabels, UserspaceMetrics};
+use kpr_iptables::{ChainHashes, ExecError, FULL_SYNC_PERIOD, Iptables, RefusedPort, cleanup_footprint};
 use kpr_model::{IpFamily, Protocol, ServicePort, ServicePortName, Sizes};
-use kpr_state::{Backend, BackendError, DesiredState, FailedStep, SyncKind, SyncReport, SyncRequest};
+use kpr_state::{
+    Backend, BackendError, DesiredState, FailedStep, ObjectCount, SyncKind, SyncReport, SyncRequest,
+};
 use tokio::runtime::Handle;
 
 use crate::balancer::PortBalancer;
@@ -39,6 +41,7 @@ use crate::conntrack::remove_stale;
 use crate::copy::CopyMethod;
 use crate::limits::{Budget, Kind, Limits, ListenerDescriptors, Slots};
 use crate::port::{PortState, PortStats};
+use crate::portals::PortalFootprint;
 use crate::portals::{Portal, PortalTargets, checked_name, jump_rules, render, superseded_jump_rules};
 use crate::ports::{PortAllocator, PortSource};
 use crate::tcp::{self, Listener};
@@ -271,7 +274,7 @@ impl UserspaceBackend {
         for name in self.open.keys().cloned().collect::<Vec<_>>() {
             self.close(&name);
         }
-        let report = cleanup_modes(self.iptables.as_ref(), Modes::USERSPACE);
+        let report = cleanup_footprint(self.iptables.as_ref(), &PortalFootprint);
         match report.errors.into_iter().next() {
             Some(error) => Err(error.source),
             None => Ok(()),
@@ -359,7 +362,13 @@ impl UserspaceBackend {
         }
         Ok(SyncReport {
             full,
-            tables: ruleset.table_counts(&payload),
+            objects: {
+                let tables = ruleset.table_counts(&payload);
+                ObjectCount {
+                    total: tables.iter().map(|t| t.total).sum(),
+                    written: tables.iter().map(|t| t.written).sum(),
+                }
+            },
             newly_unsafe: self.report_refusals(refused),
             ..SyncReport::default()
         })
@@ -523,7 +532,7 @@ impl UserspaceBackend {
     /// `kubeproxy_userspace_limit_reached_total` under that limit's label.
     fn refused(&self, port: String, source: crate::ports::AllocError) -> SyncError {
         if let (Some(metrics), Some(limit)) = (&self.metrics, source.limit()) {
-            let labels = kpr_metrics::LimitLabels {
+            let labels = crate::metrics::LimitLabels {
                 ip_family: self.options.family.label(),
                 limit,
             };
@@ -676,10 +685,6 @@ fn slots(
 }
 
 impl Backend for UserspaceBackend {
-    fn mode(&self) -> &'static str {
-        "userspace"
-    }
-
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         self.try_sync(request.state, request.force_full).map_err(|error| {
             // After a failed restore or check the rules in the kernel are unknown: the next

@@ -9,9 +9,9 @@
 mod common;
 
 use common::{Accepting, in_netns, open_descriptors};
-use kpr_metrics::UserspaceMetrics;
 use kpr_model::IpFamily;
 use kpr_state::Backend;
+use kpr_userspace::metrics::UserspaceMetrics;
 use kpr_userspace::{UserspaceBackend, UserspaceOptions};
 use kpr_world::World;
 use kpr_world::churn::{Change, churn};

@@ -279,7 +279,7 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
         let mut options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
         options.tcp_threads = std::num::NonZeroUsize::new(2).unwrap();
         options.limits.max_listener_descriptors = 24;
-        let metrics = kpr_metrics::UserspaceMetrics::default();
+        let metrics = kpr_userspace::metrics::UserspaceMetrics::default();
         let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone())
             .with_metrics(metrics.clone());
         let services = |numbers| numbered_services(IpFamily::V4, numbers);
@@ -305,7 +305,7 @@ fn listeners_stay_within_their_descriptors_and_the_other_ports_are_served() {
             "a port refused a listener fails no sync: {report:?}"
         );
         assert_eq!(backend.listeners().len(), 23, "every port but one is served");
-        let refused = kpr_metrics::LimitLabels {
+        let refused = kpr_userspace::metrics::LimitLabels {
             ip_family: "IPv4",
             limit: "listener_descriptors",
         };
@@ -373,26 +373,28 @@ fn numbered_services(family: IpFamily, numbers: std::ops::Range<usize>) -> World
 #[test]
 fn both_families_listeners_share_one_descriptor_budget() {
     in_netns("usbudget", 1, |rt| {
-        let backend =
-            |family, host: &str, budget: &kpr_userspace::Budget, metrics: &kpr_metrics::UserspaceMetrics| {
-                let mut options = UserspaceOptions::new(family, host.parse().unwrap());
-                options.tcp_threads = std::num::NonZeroUsize::MIN;
-                UserspaceBackend::new(options, Box::new(CountingChecks::default()), rt.handle().clone())
-                    .sharing(budget)
-                    .with_metrics(metrics.clone())
-            };
+        let backend = |family,
+                       host: &str,
+                       budget: &kpr_userspace::Budget,
+                       metrics: &kpr_userspace::metrics::UserspaceMetrics| {
+            let mut options = UserspaceOptions::new(family, host.parse().unwrap());
+            options.tcp_threads = std::num::NonZeroUsize::MIN;
+            UserspaceBackend::new(options, Box::new(CountingChecks::default()), rt.handle().clone())
+                .sharing(budget)
+                .with_metrics(metrics.clone())
+        };
         let budget = kpr_userspace::Budget::new(kpr_userspace::Limits {
             max_listener_descriptors: 6,
             ..kpr_userspace::Limits::default()
         });
-        let metrics = kpr_metrics::UserspaceMetrics::default();
+        let metrics = kpr_userspace::metrics::UserspaceMetrics::default();
         let mut v4 = backend(IpFamily::V4, "127.0.0.1", &budget, &metrics);
         let mut v6 = backend(IpFamily::V6, "::1", &budget, &metrics);
         sync(&mut v4, numbered_services(IpFamily::V4, 0..4).state());
         sync(&mut v6, numbered_services(IpFamily::V6, 0..4).state());
         assert_eq!((v4.listeners().len(), v6.listeners().len()), (4, 2));
         let refused = |ip_family| {
-            let labels = kpr_metrics::LimitLabels {
+            let labels = kpr_userspace::metrics::LimitLabels {
                 ip_family,
                 limit: "listener_descriptors",
             };
@@ -424,7 +426,7 @@ fn without_a_port_range_the_namespaces_ephemeral_range_is_used() {
     ];
     in_netns_with("usephem", 1, &sysctls, |rt| {
         let options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
-        let metrics = kpr_metrics::UserspaceMetrics::default();
+        let metrics = kpr_userspace::metrics::UserspaceMetrics::default();
         let mut backend =
             UserspaceBackend::new(options, Box::new(CountingChecks::default()), rt.handle().clone())
                 .with_metrics(metrics.clone());
@@ -436,7 +438,7 @@ fn without_a_port_range_the_namespaces_ephemeral_range_is_used() {
         let mut ports: Vec<u16> = backend.listeners().values().copied().collect();
         ports.sort_unstable();
         assert_eq!(ports, [45000, 45001, 45002, 45004, 45005]);
-        let exhausted = kpr_metrics::LimitLabels {
+        let exhausted = kpr_userspace::metrics::LimitLabels {
             ip_family: "IPv4",
             limit: "ephemeral_ports",
         };
@@ -453,14 +455,14 @@ fn a_full_port_range_leaves_a_port_out_and_counts_it() {
         let iptables = CountingChecks::default();
         let mut options = UserspaceOptions::new(IpFamily::V4, "127.0.0.1".parse().unwrap());
         options.port_range = Some(40000..=40000);
-        let metrics = kpr_metrics::UserspaceMetrics::default();
+        let metrics = kpr_userspace::metrics::UserspaceMetrics::default();
         let mut backend = UserspaceBackend::new(options, Box::new(iptables.clone()), rt.handle().clone())
             .with_metrics(metrics.clone());
         let report = backend.sync(&pending(portal_world("10.244.1.5", true, None)).request(false));
         assert!(report.is_ok(), "{report:?}");
         let ports: Vec<u16> = backend.listeners().values().copied().collect();
         assert_eq!(ports, [40000], "one port in the range, one Service served");
-        let full = kpr_metrics::LimitLabels {
+        let full = kpr_userspace::metrics::LimitLabels {
             ip_family: "IPv4",
             limit: "proxy_port_range",
         };

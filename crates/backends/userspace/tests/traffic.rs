@@ -17,10 +17,10 @@ use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use kpr_iptables::{Iptables, IptablesCli, Table, Variant};
-use kpr_metrics::UserspaceMetrics;
 use kpr_model::IpFamily;
 use kpr_netns::Netns;
 use kpr_state::{Backend, DesiredState, PendingSync};
+use kpr_userspace::metrics::UserspaceMetrics;
 use kpr_userspace::{Limits, UserspaceBackend, UserspaceOptions};
 use kpr_world::{World, ep};
 use serde_json::json;
@@ -193,8 +193,8 @@ impl Lab<'_> {
 }
 
 /// `web`'s TCP metric labels.
-fn web_labels() -> kpr_metrics::PortLabels {
-    kpr_metrics::PortLabels {
+fn web_labels() -> kpr_userspace::metrics::PortLabels {
+    kpr_userspace::metrics::PortLabels {
         ip_family: "IPv4",
         service_port: "default/web:http".into(),
         protocol: "TCP",
@@ -320,12 +320,14 @@ fn tcp_through_the_cluster_ip_goes_round_robin_and_echoes() {
         });
         let metrics = &lab.metrics;
         assert_eq!(metrics.connections_total.get_or_create(&web_labels()).get(), 31);
-        let sent = metrics.bytes_total.get_or_create(&kpr_metrics::BytesLabels {
-            ip_family: "IPv4",
-            service_port: "default/web:http".into(),
-            protocol: "TCP",
-            direction: "to_endpoint",
-        });
+        let sent = metrics
+            .bytes_total
+            .get_or_create(&kpr_userspace::metrics::BytesLabels {
+                ip_family: "IPv4",
+                service_port: "default/web:http".into(),
+                protocol: "TCP",
+                direction: "to_endpoint",
+            });
         assert_eq!(sent.get(), 1 << 20);
     });
 }
@@ -543,7 +545,7 @@ fn connections_past_the_limit_are_refused_and_counted() {
             tokio::time::sleep(Duration::from_millis(200)).await;
             assert!(who(sock(VIP)).await.is_ok(), "slots come back");
         });
-        let labels = kpr_metrics::LimitLabels {
+        let labels = kpr_userspace::metrics::LimitLabels {
             ip_family: "IPv4",
             limit: "connections",
         };

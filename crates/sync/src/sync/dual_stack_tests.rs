@@ -31,10 +31,6 @@ struct Seen {
 struct Recording(Arc<Mutex<Seen>>);
 
 impl Backend for Recording {
-    fn mode(&self) -> &'static str {
-        "iptables"
-    }
-
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let mut seen = self.0.lock().unwrap();
         let ips = request

@@ -24,17 +24,11 @@ struct Seen {
     failures: VecDeque<(SyncKind, FailedStep)>,
     /// Reported as newly left out by the next successful sync.
     unsafe_objects: Vec<UnsafeObject>,
-    /// The mode the backend says it is (iptables unless set).
-    mode: Option<&'static str>,
 }
 
 struct Recording(Arc<Mutex<Seen>>);
 
 impl Backend for Recording {
-    fn mode(&self) -> &'static str {
-        self.0.lock().unwrap().mode.unwrap_or("iptables")
-    }
-
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let mut seen = self.0.lock().unwrap();
         let changed = request.changed.iter().map(ToString::to_string).collect();
@@ -47,11 +41,6 @@ impl Backend for Recording {
             // Like a real backend: the first sync is full.
             full: seen.syncs.len() == 1,
             newly_unsafe: std::mem::take(&mut seen.unsafe_objects),
-            tables: vec![kpr_state::TableCount {
-                table: "nat",
-                total: 7,
-                written: 7,
-            }],
             ..SyncReport::default()
         })
     }
@@ -158,10 +147,6 @@ fn value(text: &str, series: &str) -> f64 {
         .map_or(0.0, |v| v.parse().unwrap())
 }
 
-const RESTORE_FAILURES: &str =
-    "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}";
-const PARTIAL_FAILURES: &str =
-    "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family=\"IPv4\"}";
 const SYNCS: &str = "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}";
 const FULL_SYNCS: &str = "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}";
 const PARTIAL_SYNCS: &str = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}";
@@ -247,30 +232,18 @@ async fn failed_sync_is_retried_and_reported() {
     let retried = h.health.last_updated().unwrap();
     assert!(retried > started, "retry succeeded");
     let text = h.metrics_text();
-    assert!(
-        text.contains("kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"} 1")
-    );
+    assert_eq!(value(&text, SYNCS), 2.0, "both syncs are timed: {text}");
 }
 
 #[tokio::test]
-async fn failed_partial_restore_counts_in_both_failure_counters() {
+async fn a_failed_partial_sync_is_timed_as_partial() {
     let (_h, text) = partial_sync_failing(FailedStep::Restore).await;
-    assert_eq!(value(&text, PARTIAL_FAILURES), 1.0, "{text}");
-    assert_eq!(value(&text, RESTORE_FAILURES), 1.0, "{text}");
     assert_eq!(
         value(&text, SYNCS),
         2.0,
         "the failed sync's duration is observed too"
     );
     assert_eq!(value(&text, FULL_SYNCS), 1.0);
-}
-
-#[tokio::test]
-async fn failed_partial_sync_outside_the_restore_is_not_a_restore_failure() {
-    let (_h, text) = partial_sync_failing(FailedStep::Other).await;
-    assert_eq!(value(&text, PARTIAL_FAILURES), 1.0, "{text}");
-    assert_eq!(value(&text, RESTORE_FAILURES), 0.0, "{text}");
-    assert_eq!(value(&text, SYNCS), 2.0);
 }
 
 #[tokio::test]
@@ -283,12 +256,6 @@ async fn failed_full_sync_is_timed_as_full_and_not_a_partial_failure() {
     let text = h.metrics_with(&format!("{FULL_SYNCS} 1")).await;
     assert_eq!(value(&text, SYNCS), 1.0, "{text}");
     assert_eq!(value(&text, PARTIAL_SYNCS), 0.0, "{text}");
-    assert_eq!(value(&text, PARTIAL_FAILURES), 0.0, "{text}");
-    assert_eq!(
-        value(&text, RESTORE_FAILURES),
-        0.0,
-        "an iptables-save failure is not a restore failure"
-    );
     assert_eq!(
         h.health.last_updated(),
         Some(loop_started),
@@ -404,10 +371,6 @@ async fn the_sync_loop_start_counts_as_updated_and_queued_as_upstreams() {
 struct Reconciling(Arc<Mutex<usize>>);
 
 impl Backend for Reconciling {
-    fn mode(&self) -> &'static str {
-        "iptables"
-    }
-
     fn sync(&mut self, _request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         *self.0.lock().unwrap() += 1;
         Ok(SyncReport {
@@ -513,55 +476,4 @@ async fn the_after_sync_observer_hears_successful_syncs_only() {
         [vec!["default/a"], vec!["default/a", "default/b"]],
         "one call per successful sync, each with the whole state"
     );
-}
-
-/// Each mode reports through its own upstream metrics: nftables mode counts its failed syncs
-/// in `..._nftables_sync_failures_total` and reports no iptables rule counts.
-#[tokio::test]
-async fn an_nftables_backend_counts_its_own_failures_and_no_iptables_rules() {
-    let h = start_failing(vec!["manifests"], vec![FULL_RESTORE]);
-    h.seen.lock().unwrap().mode = Some("nftables");
-    h.send(service("a", "10.0.0.1")).await;
-    h.send(Event::Synced { source: "manifests" }).await;
-    // The retry after the failure succeeds, and is recorded.
-    h.wait_for_syncs(2).await;
-    let text = eventually_metrics(&h, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{").await;
-    assert!(
-        text.contains("kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"} 1"),
-        "{text}"
-    );
-    assert!(
-        !text.contains("kubeproxy_sync_proxy_rules_iptables_restore_failures_total{"),
-        "{text}"
-    );
-    assert!(
-        !text.contains("kubeproxy_sync_proxy_rules_iptables_total{"),
-        "{text}"
-    );
-}
-
-/// iptables mode reports the rule counts of each table after a sync.
-#[tokio::test]
-async fn an_iptables_backend_reports_its_rule_counts() {
-    let h = start(vec!["manifests"], 0);
-    h.send(service("a", "10.0.0.1")).await;
-    h.send(Event::Synced { source: "manifests" }).await;
-    h.wait_for_syncs(1).await;
-    let text = eventually_metrics(&h, "kubeproxy_sync_proxy_rules_iptables_total{").await;
-    assert!(
-        text.contains("kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"} 7"),
-        "{text}"
-    );
-}
-
-/// The metrics text once it holds `needle` (the sync records after the backend returned).
-async fn eventually_metrics(h: &Harness, needle: &str) -> String {
-    for _ in 0..500 {
-        let text = h.metrics_text();
-        if text.contains(needle) {
-            return text;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    h.metrics_text()
 }

@@ -12,7 +12,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kpr_iptables::{IptablesOptions, LocalDetector};
+use kpr_host::LocalDetector;
+use kpr_iptables::IptablesOptions;
 use kpr_model::IpFamily;
 use kpr_sources::Event;
 use kpr_sources::manifests::{FileRead, ManifestCatalog, Snapshot};

@@ -20,10 +20,9 @@ use arbitrary::{Arbitrary, Unstructured};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kpr_iptables::{
-    FixedAddresses, InterfaceName, IptablesBackend, IptablesOptions, LocalDetector, NfacctCounters,
-    NodePortAddresses,
-};
+use kpr_host::{FixedAddresses, LocalDetector, NodePortAddresses};
+use kpr_iptables::{IptablesBackend, IptablesOptions, NfacctCounters};
+use kpr_model::text::InterfaceName;
 use kpr_model::{IpFamily, NamespacedName};
 use kpr_state::PendingSync;
 

@@ -12,9 +12,9 @@ use kpr_world::{World, ep};
 use serde_json::json;
 
 use super::*;
-use crate::addresses::AddressError;
 use crate::exec::IptablesVersion;
-use crate::options::NodePortAddresses;
+use kpr_host::AddressError;
+use kpr_host::NodePortAddresses;
 
 /// What the fake kernel holds and how the next calls fail.
 #[derive(Debug, Default)]

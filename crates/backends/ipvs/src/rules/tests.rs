@@ -1,7 +1,7 @@
 //! The ruleset of typical plans as `iptables-restore` input, byte for byte
 //! (`tests/golden/*.rules`; `UPDATE_GOLDEN=1` rewrites them: review the diff).
 
-use kpr_iptables::LocalDetector;
+use kpr_host::LocalDetector;
 use kpr_world::{World, ep};
 use serde_json::json;
 

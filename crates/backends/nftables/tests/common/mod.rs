@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use kpr_iptables::LocalDetector;
+use kpr_host::LocalDetector;
 use kpr_nftables::NftablesOptions;
 use kpr_world::World;
 use serde_json::{Value, json};

@@ -5,12 +5,85 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use kpr_explain::{Endpoint, EndpointGroup, Explainer, Finding, Outcome, Query, Section, Weight};
+use kpr_model::IpFamily;
 use kpr_model::Protocol;
-use kpr_nftables::names::{ChainId, Choice, EntryKind, FixedChain, SetName, SharedChain};
+use kpr_nfnetlink::{Family, Socket, Table};
 
-use crate::nft_table::{Entry, GroupKey, NftTable, Verdict, addr_number, parse_chain_name};
-use crate::query::Query;
-use crate::report::{Endpoint, EndpointGroup, Finding, Outcome, Weight};
+use self::table::{Entry, GroupKey, Verdict, addr_number, parse_chain_name};
+pub use self::table::{NftTable, comment_of_userdata, parse_set_name};
+use crate::names::{ChainId, Choice, EntryKind, FixedChain, SetName, SharedChain};
+use crate::render::TABLE;
+
+pub mod table;
+
+/// nftables mode's reader: our table of the query's family, over netlink (typed dumps, no
+/// `nft` process). The Service name comes from the entry elements' comments.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NftablesExplainer;
+
+impl Explainer for NftablesExplainer {
+    fn looks_for(&self, family: IpFamily) -> String {
+        format!("table {} {TABLE}", nl_family(family))
+    }
+
+    fn explain(&self, query: &Query, local_addresses: &[IpAddr]) -> Result<Option<Section>, String> {
+        let family = query.family();
+        let Some(table) = read_nftables(family)? else {
+            return Ok(None);
+        };
+        Ok(Some(Section {
+            title: title(family),
+            family,
+            findings: explain(&table, local_addresses, query),
+        }))
+    }
+}
+
+/// The heading of this mode's section.
+pub fn title(family: IpFamily) -> String {
+    format!("nftables mode (table {} {TABLE})", nl_family(family))
+}
+
+fn nl_family(family: IpFamily) -> Family {
+    match family {
+        IpFamily::V4 => Family::Ip,
+        IpFamily::V6 => Family::Ip6,
+    }
+}
+
+/// Our table of `family`, or `None` when it does not exist.
+fn read_nftables(family: IpFamily) -> Result<Option<NftTable>, String> {
+    let nl_family = nl_family(family);
+    let table = Table::new(nl_family, TABLE);
+    let fail =
+        |what: &str, e: kpr_nfnetlink::Error| format!("reading {what} of table {table} over netlink: {e}");
+    let mut socket = Socket::open().map_err(|e| fail("the tables", e))?;
+    let tables = socket
+        .tables(Some(nl_family))
+        .map_err(|e| fail("the tables", e))?;
+    if !tables.iter().any(|t| t.table == table) {
+        return Ok(None);
+    }
+    let chains = socket.chains(&table).map_err(|e| fail("the chains", e))?;
+    let sets = socket.sets(&table).map_err(|e| fail("the sets", e))?;
+    let mut contents = Vec::new();
+    for set in sets {
+        // Affinity sets hold clients, not configuration, and can be large.
+        if matches!(parse_set_name(&set.name), Some(SetName::Affinity(_))) {
+            continue;
+        }
+        let elements = socket
+            .elements(&table, &set.name)
+            .map_err(|e| fail(&format!("the elements of {}", set.name), e))?;
+        contents.push((set.name, elements));
+    }
+    let rules = socket.rules(&table, None).map_err(|e| fail("the rules", e))?;
+    let names = chains.into_iter().map(|c| c.chain.name);
+    Ok(Some(
+        NftTable::from_kernel(family, names, &contents).with_rules(&rules),
+    ))
+}
 
 /// What the table does with a new connection to `query`. `local_addresses`: this host's
 /// addresses of the query's family (NodePorts are served on them unless `nodeport-ips`

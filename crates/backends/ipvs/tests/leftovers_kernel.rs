@@ -1,19 +1,20 @@
-//! Kernel tests: upstream's other modes' leftovers, made with the admin's tools (`nft`,
-//! `ipset`, `ip`) inside a network namespace the test creates, removed by
-//! [`remove_kernel_leftovers`] inside it; the same tools then show what is left. Foreign
-//! objects with similar names must survive. Nothing touches the root namespace, and
+//! Kernel tests: what upstream's ipvs mode leaves, made with the admin's tools (`ipset`,
+//! `ip`, `nft`) inside a network namespace the test creates, removed by [`remove_all`]
+//! inside it; the same tools then show what is left. Foreign objects with similar names
+//! (and other modes' objects) must survive. Nothing touches the root namespace, and
 //! dropping the namespace frees everything, also when a test panics.
 //!
-//! The kernel needs nf_tables, ipset and veth/bridge (IPVS is absent on CI's kernel: its
-//! absence must be reported as "nothing to remove", which every test here exercises).
+//! The kernel needs ipset and veth/bridge (IPVS is absent on CI's kernel: its absence must
+//! be reported as "nothing to remove", which every test here exercises).
 
 #![allow(clippy::unwrap_used)]
 
-use kpr_leftovers::{IPVS_LINK, remove_kernel_leftovers};
+use kpr_ipvs::leftovers::remove_all;
+use kpr_ipvs_netlink::IPVS_LINK;
 use kpr_netns::Netns;
 
-/// A namespace holding what upstream's nftables and IPVS modes leave, and look-alikes that
-/// are not upstream's.
+/// A namespace holding what upstream's IPVS mode leaves, nftables mode's tables (another
+/// mode's: they stay), and look-alikes that are not upstream's.
 fn node_with_leftovers() -> Netns {
     let node = Netns::new("leftovers").unwrap();
     node.sh(
@@ -60,8 +61,8 @@ fn has_link(node: &Netns, name: &str) -> bool {
 #[test]
 fn removes_upstreams_tables_link_and_sets_and_nothing_else() {
     let node = node_with_leftovers();
-    let report = node.run(remove_kernel_leftovers);
-    assert!(report.is_ok(), "{:?}", report.failures);
+    let report = node.run(remove_all);
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
     let mut removed = report.removed.clone();
     removed.sort();
     assert_eq!(
@@ -71,17 +72,24 @@ fn removes_upstreams_tables_link_and_sets_and_nothing_else() {
             "ipset KUBE-CLUSTER-IP",
             "ipset KUBE-NODE-PORT-TCP",
             "link kube-ipvs0",
-            "nftables table ip kube-proxy",
-            "nftables table ip6 kube-proxy",
         ]
     );
-    assert_eq!(tables(&node), ["inet kube-proxy", "ip user-table"]);
+    assert_eq!(
+        tables(&node),
+        [
+            "inet kube-proxy",
+            "ip kube-proxy",
+            "ip user-table",
+            "ip6 kube-proxy"
+        ],
+        "nftables mode's tables are that mode's to remove"
+    );
     assert_eq!(sets(&node), ["KUBE-MINE", "user-set"]);
     assert!(!has_link(&node, IPVS_LINK));
     assert!(has_link(&node, "kube-ipvs1"), "a look-alike link stays");
 
-    let again = node.run(remove_kernel_leftovers);
-    assert!(again.is_ok() && again.removed.is_empty(), "{again:?}");
+    let again = node.run(remove_all);
+    assert!(again.failures.is_empty() && again.removed.is_empty(), "{again:?}");
 }
 
 #[test]
@@ -89,9 +97,9 @@ fn a_set_still_used_by_a_foreign_rule_is_reported_by_name_and_the_rest_goes() {
     let node = node_with_leftovers();
     node.sh("iptables -N USER-CHAIN && iptables -A USER-CHAIN -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT")
         .unwrap();
-    let report = node.run(remove_kernel_leftovers);
+    let report = node.run(remove_all);
     assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
-    let failure = report.failures[0].to_string();
+    let failure = report.failures[0].clone();
     assert!(
         failure.starts_with("ipset KUBE-CLUSTER-IP: ") && failure.contains("in use"),
         "{failure}"
@@ -102,15 +110,14 @@ fn a_set_still_used_by_a_foreign_rule_is_reported_by_name_and_the_rest_goes() {
         "the other sets still go"
     );
     assert!(!has_link(&node, IPVS_LINK));
-    // (iptables-nft made an `ip filter` table for the user's chain.)
-    let tables = tables(&node);
-    assert!(!tables.contains(&"ip kube-proxy".to_string()), "{tables:?}");
-    assert!(tables.contains(&"inet kube-proxy".to_string()), "{tables:?}");
 }
 
 #[test]
 fn a_clean_node_has_nothing_to_remove() {
     let node = Netns::new("clean").unwrap();
-    let report = node.run(remove_kernel_leftovers);
-    assert!(report.is_ok() && report.removed.is_empty(), "{report:?}");
+    let report = node.run(remove_all);
+    assert!(
+        report.failures.is_empty() && report.removed.is_empty(),
+        "{report:?}"
+    );
 }

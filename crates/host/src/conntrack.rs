@@ -6,8 +6,8 @@
 //! Some keys are global and read-only outside the host's network namespace (in a container
 //! without privileges, or in tests): failing to set them is logged, not fatal, as upstream.
 
+use crate::sysctl::{Sysctl, TCP_BE_LIBERAL};
 use kpr_config::KubeProxyConntrackConfiguration;
-use kpr_iptables::Sysctl;
 
 const MAX: &str = "net/netfilter/nf_conntrack_max";
 
@@ -46,7 +46,7 @@ pub fn wanted(config: &KubeProxyConntrackConfiguration, cores: usize) -> Vec<(&'
         }
     }
     if config.tcp_be_liberal {
-        out.push(("net/netfilter/nf_conntrack_tcp_be_liberal", "1".to_string()));
+        out.push((TCP_BE_LIBERAL, "1".to_string()));
     }
     out
 }

@@ -4,7 +4,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-use kpr_leftovers::{IPVS_LINK, remove_kernel_leftovers};
+use kpr_ipvs::leftovers::remove_all;
+use kpr_ipvs_netlink::IPVS_LINK;
 use kpr_netns::Netns;
 use kpr_vm::in_guest;
 
@@ -24,8 +25,8 @@ fn upstreams_virtual_services_go_with_kube_ipvs0_and_foreign_ones_stay() {
             )
             .expect("making IPVS leftovers needs ip_vs, dummy, ipset and ipvsadm in the guest");
 
-            let report = node.run(remove_kernel_leftovers);
-            assert!(report.is_ok(), "{:?}", report.failures);
+            let report = node.run(remove_all);
+            assert!(report.failures.is_empty(), "{:?}", report.failures);
             let mut removed = report.removed.clone();
             removed.sort();
             assert_eq!(
@@ -53,8 +54,8 @@ fn upstreams_virtual_services_go_with_kube_ipvs0_and_foreign_ones_stay() {
             );
             assert!(node.ip(&["link", "show", IPVS_LINK]).is_err());
 
-            let again = node.run(remove_kernel_leftovers);
-            assert!(again.is_ok() && again.removed.is_empty(), "{again:?}");
+            let again = node.run(remove_all);
+            assert!(again.failures.is_empty() && again.removed.is_empty(), "{again:?}");
         },
     );
 }

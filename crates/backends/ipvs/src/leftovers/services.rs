@@ -14,10 +14,8 @@
 
 use std::net::IpAddr;
 
-use kpr_ipvs_netlink::{Ipvs, ServiceKey};
-use kpr_netlink::NetlinkError;
-
-use crate::{LeftoverError, Report};
+use kpr_ipvs_netlink::{Ipvs, NetlinkError, ServiceKey};
+use kpr_mode::Leftovers;
 
 /// The services among `services` that upstream's IPVS mode made: those whose address is
 /// one of `kube-ipvs0`'s.
@@ -29,9 +27,11 @@ pub fn upstreams_services<'a>(services: &'a [ServiceKey], link_addresses: &[IpAd
 }
 
 /// Deletes the virtual services at `link_addresses` (`kube-ipvs0`'s).
-pub(crate) fn remove_services_on(link_addresses: &[IpAddr], report: &mut Report) {
-    let failed = |report: &mut Report, error: &NetlinkError| {
-        report.failed(LeftoverError::netlink("IPVS services on kube-ipvs0", error));
+pub(super) fn remove_services_on(link_addresses: &[IpAddr], leftovers: &mut Leftovers) {
+    let failed = |leftovers: &mut Leftovers, error: &NetlinkError| {
+        leftovers
+            .failures
+            .push(format!("IPVS services on kube-ipvs0: {error}"));
     };
     let mut ipvs = match Ipvs::open() {
         Ok(Some(ipvs)) => ipvs,
@@ -39,11 +39,11 @@ pub(crate) fn remove_services_on(link_addresses: &[IpAddr], report: &mut Report)
             tracing::debug!("no IPVS in this kernel: no IPVS services to remove");
             return;
         }
-        Err(error) => return failed(report, &error),
+        Err(error) => return failed(leftovers, &error),
     };
     let listed = match ipvs.services() {
         Ok(listed) => listed,
-        Err(error) => return failed(report, &error),
+        Err(error) => return failed(leftovers, &error),
     };
     for reason in &listed.unreadable {
         tracing::warn!(%reason, "unreadable IPVS service in the kernel's list; left alone");
@@ -55,8 +55,8 @@ pub(crate) fn remove_services_on(link_addresses: &[IpAddr], report: &mut Report)
             Ok(())
             | Err(NetlinkError::Kernel {
                 errno: kpr_netlink::ESRCH,
-            }) => report.removed(object),
-            Err(error) => report.failed(LeftoverError::netlink(object, &error)),
+            }) => super::removed(leftovers, object),
+            Err(error) => leftovers.failures.push(format!("{object}: {error}")),
         }
     }
 }

@@ -8,9 +8,8 @@
 //! read is left out of that scrape (upstream logs it and sends no sample), never shown
 //! as 0.
 //!
-//! This crate does not talk to the kernel, nor name the kernel's counters: the reader is a
-//! [`PacketCounters`] the caller provides (kube-proxy-rs reads the nfacct counters that
-//! kpr-iptables names and creates, through nfnetlink_acct).
+//! The reader is a [`PacketCounters`] (the mode reads the nfacct counters [`crate::nfacct`]
+//! names and creates, through nfnetlink_acct), so the rendering is tested without a kernel.
 
 use std::sync::Arc;
 

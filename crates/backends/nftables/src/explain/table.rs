@@ -1,5 +1,5 @@
 //! Our nftables table as typed values, from the kernel's dumps or from kpr-nftables'
-//! generation (golden tests): the input of [`crate::nft`].
+//! generation (golden tests): the input of [`super::explain`].
 //!
 //! Set and chain names are parsed back through kpr-nftables' `names` (every possible name
 //! is generated there and compared), so this reader cannot drift from the writer. Keys and
@@ -10,13 +10,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use crate::names::{
+    ChainId, Choice, EndpointMap, EntryKind, FixedChain, KeySpace, PROTOCOLS, Refusal, SetName, SharedChain,
+};
+use crate::{ElemKey, ElemValue, Element, Ruleset};
 use ipnet::IpNet;
 use kpr_model::{IpFamily, Protocol};
 use kpr_nfnetlink::Data;
-use kpr_nftables::names::{
-    ChainId, Choice, EndpointMap, EntryKind, FixedChain, KeySpace, PROTOCOLS, Refusal, SetName, SharedChain,
-};
-use kpr_nftables::{ElemKey, ElemValue, Element, Ruleset};
 
 /// Where an entry sends a packet: decided by the set it is in.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,7 +84,7 @@ pub struct NftTable {
 /// Every set name kpr-nftables declares whatever the Services (the entry sets, one per
 /// target chain, are parsed by [`parse_set_name`]).
 pub fn all_set_names() -> Vec<SetName> {
-    kpr_nftables::declared_sets()
+    crate::declared_sets()
 }
 
 fn endpoint_maps() -> impl Iterator<Item = EndpointMap> {
@@ -189,7 +189,7 @@ impl NftTable {
             table.chains.insert(fixed.as_str().to_string());
             for rule in rules {
                 for m in &rule.matches {
-                    if let kpr_nftables::Match::Lookup { set, .. } = m {
+                    if let crate::Match::Lookup { set, .. } = m {
                         table
                             .lookups
                             .insert((fixed.as_str().to_string(), set.to_string()));

@@ -8,11 +8,61 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use kpr_ipvs_netlink::{Destination, FLAG_PERSISTENT, Protocol, Service};
+use kpr_explain::{Endpoint, EndpointGroup, Explainer, Finding, Outcome, Query, Section, Weight};
+use kpr_ipvs_netlink::{Destination, FLAG_PERSISTENT, Ipvs, IpvsLinks, Protocol, Service};
+use kpr_model::IpFamily;
 use kpr_model::Protocol as ServiceProtocol;
 
-use crate::query::Query;
-use crate::report::{Endpoint, EndpointGroup, Finding, Outcome, Weight};
+/// ipvs mode's reader: the IPVS table and `kube-ipvs0`, over netlink.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IpvsExplainer;
+
+impl Explainer for IpvsExplainer {
+    fn looks_for(&self, _family: IpFamily) -> String {
+        "kube-ipvs0".to_string()
+    }
+
+    fn explain(&self, query: &Query, _local_addresses: &[IpAddr]) -> Result<Option<Section>, String> {
+        read_ipvs(query.family(), query)
+    }
+}
+
+/// The heading of this mode's section.
+pub fn title(family: IpFamily) -> String {
+    format!("ipvs mode (IPVS, kube-ipvs0, {})", family.label())
+}
+
+/// The ipvs mode's section: `None` without `kube-ipvs0` (the mode's mark) or without IPVS.
+fn read_ipvs(family: IpFamily, query: &Query) -> Result<Option<Section>, String> {
+    let fail = |what: &str, e: kpr_ipvs_netlink::NetlinkError| format!("reading {what} over netlink: {e}");
+    let mut links = IpvsLinks::open().map_err(|e| fail("kube-ipvs0", e))?;
+    let Some(link) = links.find().map_err(|e| fail("kube-ipvs0", e))? else {
+        return Ok(None);
+    };
+    let Some(mut ipvs) = Ipvs::open().map_err(|e| fail("the IPVS family", e))? else {
+        return Ok(None);
+    };
+    let listed = ipvs.services().map_err(|e| fail("the IPVS virtual servers", e))?;
+    let mut servers = Vec::new();
+    for service in listed
+        .objects
+        .into_iter()
+        .filter(|s| family.matches(&s.key.address))
+    {
+        let destinations = ipvs
+            .destinations(&service.key)
+            .map_err(|e| fail(&format!("the real servers of {}", service.key), e))?;
+        servers.push(VirtualServer {
+            service,
+            destinations: destinations.objects,
+        });
+    }
+    Ok(Some(Section {
+        title: title(family),
+        family,
+        findings: explain(&servers, &link.addresses, query),
+    }))
+}
 
 /// One virtual server with its real servers, as listed.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,11 +1,13 @@
-//! The node's IPs and primary IP family, as upstream's `detectNodeIPs` decides them.
+//! The node's name-independent facts: its IPs and primary IP family, as upstream's
+//! `detectNodeIPs` decides them, and its pod CIDRs.
 //!
 //! Precedence: a specific `--bind-address` is the primary IP (its family the primary
 //! family); else the Node object's addresses (its first one, then the first of the other
 //! family, as `GetNodeHostIPs` picks them); else loopback, with upstream's log line. The
 //! primary family decides what a single-stack proxy serves; on Linux the IPs themselves only
 //! decide whether load-balancer source ranges admit the node, and what `nodePortAddresses:
-//! primary` means.
+//! primary` means. The facts are fixed at start-up, as upstream fixes them: the families to
+//! run, the detectors and the NodePort addresses are built from them.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -24,6 +26,15 @@ pub fn node_host_ips(node: &NodeView) -> Vec<IpAddr> {
         .copied()
         .find(|ip| IpFamily::of(ip) != IpFamily::of(&first));
     std::iter::once(first).chain(other).collect()
+}
+
+/// What the proxy knows about its node once start-up has waited for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub name: String,
+    pub ips: NodeIps,
+    /// The Node's `spec.podCIDRs` (empty unless the Node had them when start-up ended).
+    pub pod_cidrs: Vec<IpNet>,
 }
 
 /// The node IP of each family and which family is primary.

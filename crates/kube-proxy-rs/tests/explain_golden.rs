@@ -11,11 +11,13 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use kpr_explain::nft_table::NftTable;
-use kpr_explain::{Explanation, Mode, Outcome, Query, Section, Weight, ipt, nft, render};
-use kpr_iptables::{IptablesOptions, LocalDetector};
+use kpr_explain::{Explanation, Outcome, Query, Section, Weight, render};
+use kpr_host::LocalDetector;
+use kpr_iptables::IptablesOptions;
+use kpr_iptables::explain as ipt;
 use kpr_model::IpFamily;
 use kpr_nftables::NftablesOptions;
+use kpr_nftables::explain::{self as nft, NftTable};
 use kpr_state::DesiredState;
 use kpr_world::{World, ep};
 use serde_json::{Value, json};
@@ -133,11 +135,12 @@ fn nft_explanations(state: &DesiredState) -> Vec<Explanation> {
         .map(|query| Explanation {
             query,
             sections: vec![Section {
-                mode: Mode::Nftables,
+                title: nft::title(IpFamily::V4),
                 family: IpFamily::V4,
                 findings: nft::explain(&table, &local_addresses(), &query),
             }],
             problems: Vec::new(),
+            looked_for: Vec::new(),
         })
         .collect()
 }
@@ -161,17 +164,18 @@ fn ipt_explanations(state: &DesiredState) -> Vec<Explanation> {
         .map(|query| Explanation {
             query,
             sections: vec![Section {
-                mode: Mode::Iptables,
+                title: ipt::title(IpFamily::V4),
                 family: IpFamily::V4,
                 findings: ipt::explain(&nat, &filter, &local_addresses(), &query),
             }],
             problems: Vec::new(),
+            looked_for: Vec::new(),
         })
         .collect()
 }
 
 fn check_golden(name: &str, actual: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/{name}.txt"));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/explain/{name}.txt"));
     kpr_world::golden::check(&path, actual);
 }
 
@@ -297,6 +301,7 @@ fn nothing_matching_is_said_plainly() {
         query,
         sections: Vec::new(),
         problems: Vec::new(),
+        looked_for: Vec::new(),
     };
     assert!(!explanation.found());
     assert!(render(&explanation).contains("no kube-proxy rules"));
@@ -310,6 +315,7 @@ fn both_modes_are_explained_and_said_so() {
         query: nft[0].query,
         sections: vec![nft[0].sections[0].clone(), ipt[0].sections[0].clone()],
         problems: vec!["reading the iptables filter table: example".into()],
+        looked_for: Vec::new(),
     };
     let text = render(&both);
     assert!(text.starts_with("warning: reading the iptables filter table: example\nnote: objects of more than one proxy mode exist here"), "{text}");
@@ -366,11 +372,12 @@ fn ipv6_destinations_are_explained_from_the_ip6_table() {
         let text = render(&Explanation {
             query,
             sections: vec![Section {
-                mode: Mode::Nftables,
+                title: nft::title(IpFamily::V6),
                 family: IpFamily::V6,
                 findings,
             }],
             problems: Vec::new(),
+            looked_for: Vec::new(),
         });
         assert!(
             text.starts_with("nftables mode (table ip6 kube-proxy):"),

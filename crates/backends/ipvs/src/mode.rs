@@ -1,5 +1,5 @@
-//! ipvs mode: upstream's start-up checks and host settings, and the settings and the node's
-//! facts turned into one IPVS backend per IP family (kpr-ipvs).
+//! ipvs mode behind the mode seam: upstream's start-up checks and host settings, and the
+//! settings and the node's facts turned into one IPVS backend per IP family.
 //!
 //! The families are iptables mode's (the mode writes iptables rules too); the kernel must
 //! have IPVS, which [`check_ipvs`] loads and proves at start-up as upstream's
@@ -9,29 +9,126 @@
 //! each family's backend touches only its own addresses and virtual servers.
 
 use std::process::Command;
+use std::time::Duration;
 
 use ipnet::IpNet;
-use kpr_config::Settings;
-use kpr_iptables::{Iptables, IptablesCli, Modes, ProcSysctl, Sysctl, Variant};
-use kpr_ipvs::rules::{RuleOptions, ruleset};
-use kpr_ipvs::{IpsetNetlink, IpvsBackend, IpvsOptions, PlanInputs, plan};
+use kpr_explain::Explainer;
+use kpr_host::{ProcSysctl, Sysctl};
+use kpr_iptables::{Iptables, IptablesCli, Variant, nat_table_works, restore_tool};
 use kpr_ipvs_netlink::{Ipvs, Protocol, Scheduler, Service, ServiceKey, Timeouts};
+use kpr_mode::{FamilyMode, Fatal, Leftovers, Mode, ModeContext, ProxyMode, Settings};
 use kpr_model::IpFamily;
-use kpr_state::DesiredState;
+use kpr_state::{Backend, DesiredState};
+use prometheus_client::registry::Registry;
 
-use crate::fatal::Fatal;
-use crate::iptables_mode;
-use crate::node::NodeFacts;
+use crate::backend::{IpvsBackend, IpvsOptions};
+use crate::explain::IpvsExplainer;
+use crate::ipset::IpsetNetlink;
+use crate::plan::{PlanInputs, plan};
+use crate::rules::{RuleOptions, ruleset};
 
-/// The rules are iptables rules: the family's iptables must work.
-pub fn supports(family: IpFamily) -> bool {
-    iptables_mode::supports(family)
+/// ipvs mode.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IpvsMode;
+
+impl Mode for IpvsMode {
+    fn name(&self) -> ProxyMode {
+        ProxyMode::Ipvs
+    }
+
+    fn requirement(&self) -> &'static str {
+        "its iptables can list the nat table (IPVS itself is checked next)"
+    }
+
+    /// Upstream's `CanUseIPVSProxier`.
+    fn check_host(&self, settings: &Settings) -> Result<(), Fatal> {
+        check_ipvs(settings)
+    }
+
+    /// The rules are iptables rules: the family's iptables must work.
+    fn supports(&self, family: IpFamily) -> bool {
+        nat_table_works(family)
+    }
+
+    fn uses_service_cidrs(&self) -> bool {
+        false
+    }
+
+    /// The shared metrics say all the mode has to say.
+    fn register_metrics(&self, _registry: &mut Registry) {}
+
+    fn family(&self, context: &ModeContext<'_>, family: IpFamily) -> Result<Box<dyn FamilyMode>, Fatal> {
+        Ok(Box::new(IpvsFamily {
+            options: options(context, family, scheduler(context.settings)?)?,
+            settings: context.settings.clone(),
+            sync_period: context.sync_period,
+        }))
+    }
+
+    /// The virtual servers keep serving without the process, as upstream's do.
+    fn on_shutdown(&self, _families: &[IpFamily]) {}
+
+    fn remove_leftovers(&self) -> Leftovers {
+        crate::leftovers::remove_all()
+    }
+
+    fn explainer(&self) -> Option<&dyn Explainer> {
+        Some(&IpvsExplainer)
+    }
+}
+
+/// One family of ipvs mode.
+struct IpvsFamily {
+    options: IpvsOptions,
+    settings: Settings,
+    sync_period: Duration,
+}
+
+impl FamilyMode for IpvsFamily {
+    /// The checks and host settings upstream's ipvs proxier makes at start-up.
+    fn prepare_host(&self) -> Result<(), Fatal> {
+        check_ipvs(&self.settings)?;
+        prepare_host(&self.settings)
+    }
+
+    /// The plan (virtual servers, addresses, set members) as comments, then the iptables
+    /// ruleset (restore input). This host's addresses stand in for the node's.
+    fn dry_run(&self, state: &DesiredState) -> Result<String, Fatal> {
+        let family = self.options.rules.family;
+        let mut out = kpr_mode::dry_run_header(
+            family,
+            &format!(
+                "IPVS plan and rules (plan as comments, then {} input)",
+                restore_tool(family)
+            ),
+        );
+        out.push_str(&dry_run(state, &self.options)?);
+        Ok(out)
+    }
+
+    /// The host settings (once per family, as upstream's; the same keys, so the second
+    /// writes nothing), then the backend, reading the kernel back at least every sync
+    /// period and reconciling the whole UDP conntrack table as often, as the other kernel
+    /// modes do; `--random-fully` only when this iptables supports it.
+    fn into_backend(self: Box<Self>) -> Result<Box<dyn Backend>, Fatal> {
+        prepare_host(&self.settings)?;
+        let mut options = self.options;
+        let family = options.rules.family;
+        let cli = IptablesCli::new(family, Variant::Auto);
+        options.rules.random_fully = cli.version().is_ok_and(|v| v.supports_random_fully());
+        let conntrack = kpr_conntrack::Reconciler::netlink(family).with_full_period(self.sync_period);
+        Ok(Box::new(
+            IpvsBackend::new(options, Box::new(cli), Box::new(IpsetNetlink::default()))
+                .with_reconcile_period(self.sync_period)
+                .with_conntrack(Box::new(conntrack)),
+        ))
+    }
 }
 
 /// Upstream's `CanUseIPVSProxier`: IPVS in the kernel (the module loaded if need be), the
 /// scheduler usable (a probe virtual server added and deleted, unless one already uses
 /// it), and the kernel's ipset with every set type the mode uses.
-pub fn check_ipvs(settings: &Settings) -> Result<(), Fatal> {
+fn check_ipvs(settings: &Settings) -> Result<(), Fatal> {
     let scheduler = scheduler(settings)?;
     // The kernel loads ip_vs on demand for nothing IPVS-specific: load it as upstream does.
     let _ = Command::new("modprobe").arg("ip_vs").status();
@@ -49,7 +146,7 @@ pub fn check_ipvs(settings: &Settings) -> Result<(), Fatal> {
 }
 
 /// `--ipvs-scheduler` (round robin when unset), checked as a scheduler name.
-pub fn scheduler(settings: &Settings) -> Result<Scheduler, Fatal> {
+fn scheduler(settings: &Settings) -> Result<Scheduler, Fatal> {
     Scheduler::new(settings.config.ipvs_scheduler())
         .map_err(|e| Fatal::usage(format!("--ipvs-scheduler: {e}")))
 }
@@ -69,7 +166,7 @@ fn probe_scheduler(ipvs: &mut Ipvs, scheduler: &Scheduler) -> Result<(), String>
 
 /// The host settings upstream's ipvs proxier makes at start-up (once per family there; the
 /// same keys here, so once is enough). A failure is fatal, as upstream's.
-pub fn prepare_host(settings: &Settings) -> Result<(), Fatal> {
+fn prepare_host(settings: &Settings) -> Result<(), Fatal> {
     prepare_host_with(settings, &ProcSysctl::default())
 }
 
@@ -170,13 +267,8 @@ fn set_timeouts(settings: &Settings) -> Result<(), Fatal> {
 }
 
 /// The options of `family`'s backend.
-pub fn options(
-    settings: &Settings,
-    family: IpFamily,
-    node: &NodeFacts,
-    scheduler: Scheduler,
-) -> Result<IpvsOptions, Fatal> {
-    let config = &settings.config;
+fn options(context: &ModeContext<'_>, family: IpFamily, scheduler: Scheduler) -> Result<IpvsOptions, Fatal> {
+    let config = &context.settings.config;
     let exclude_cidrs = config
         .ipvs
         .exclude_cidrs
@@ -194,41 +286,24 @@ pub fn options(
         rules: RuleOptions {
             family,
             // Validation keeps the bit within 0..=31; ipvs mode uses the iptables section's.
-            masquerade_bit: u8::try_from(config.masquerade_bit()).unwrap_or(14),
+            masquerade_bit: u8::try_from(config.masquerade_bit())
+                .unwrap_or(kpr_iptables::DEFAULT_MASQUERADE_BIT),
             masquerade_all: config.masquerade_all(),
-            local_detector: iptables_mode::local_detector(settings, node)?,
+            local_detector: context.host.local_detector.clone(),
             random_fully: true,
         },
-        node_port_addresses: iptables_mode::nodeport_addresses(
-            config.node_port_addresses.as_deref().unwrap_or_default(),
-            node,
-        )?,
+        node_port_addresses: context.host.nodeport_addresses.clone(),
         exclude_cidrs,
-        node_ip: Some(node.ips.of(family)),
+        node_ip: Some(context.node.ips.of(family)),
     })
 }
 
-/// `family`'s backend, reading the kernel back at least every `sync_period` and reconciling
-/// the whole UDP conntrack table as often, as the other kernel modes do; `--random-fully`
-/// only when this iptables supports it.
-pub fn backend(mut options: IpvsOptions, sync_period: std::time::Duration) -> IpvsBackend {
-    let family = options.rules.family;
-    let cli = IptablesCli::new(family, Variant::Auto);
-    options.rules.random_fully = cli.version().is_ok_and(|v| v.supports_random_fully());
-    let conntrack = kpr_conntrack::Reconciler::netlink(family).with_full_period(sync_period);
-    IpvsBackend::new(options, Box::new(cli), Box::new(IpsetNetlink::default()))
-        .with_reconcile_period(sync_period)
-        .with_conntrack(Box::new(conntrack))
-}
-
-/// What `--dry-run` prints for one family: the plan (virtual servers, addresses, set
-/// members) as comments, then the iptables ruleset (restore input). This host's addresses
-/// stand in for the node's.
-pub fn dry_run(state: &DesiredState, options: &IpvsOptions) -> Result<String, Fatal> {
-    let all = kpr_ipvs::addresses::read_interface_addresses()
+/// The plan (virtual servers, addresses, set members) as comments, then the iptables
+/// ruleset (restore input). This host's addresses stand in for the node's.
+fn dry_run(state: &DesiredState, options: &IpvsOptions) -> Result<String, Fatal> {
+    let all = crate::addresses::read_interface_addresses()
         .map_err(|e| Fatal::runtime(format!("reading this host's addresses: {e}")))?;
-    let host =
-        kpr_ipvs::addresses::HostAddresses::new(&all, options.rules.family, &options.node_port_addresses);
+    let host = crate::addresses::HostAddresses::new(&all, options.rules.family, &options.node_port_addresses);
     let inputs = PlanInputs {
         family: options.rules.family,
         scheduler: &options.scheduler,
@@ -245,30 +320,6 @@ pub fn dry_run(state: &DesiredState, options: &IpvsOptions) -> Result<String, Fa
     }
     out.push_str(&ruleset(&plan, &options.rules).render_full().text);
     Ok(out)
-}
-
-/// Upstream's NodePort virtual servers (on the node's addresses, so kpr-leftovers cannot
-/// tell them from anyone else's; the mode's NodePort sets can): removed before the sets go,
-/// on `--cleanup` and when another mode starts. Best effort, logged.
-pub fn remove_node_port_servers() {
-    match kpr_ipvs::leftovers::remove_node_port_servers(&mut IpsetNetlink::default()) {
-        Ok(removed) => {
-            for key in removed {
-                tracing::info!(object = %format!("IPVS service {key}"), "removed what another kube-proxy mode left");
-            }
-        }
-        Err(error) => tracing::warn!(%error, "IPVS NodePort services of ipvs mode not removed"),
-    }
-}
-
-/// Start-up: iptables mode's Service chains and userspace mode's portals (both families
-/// and flavours) and nftables mode's tables, which would otherwise act on Service traffic
-/// before IPVS. Upstream's ipvs mode removes only nftables mode's; see the note in
-/// [`iptables_mode::remove_other_modes_leftovers`] for why we remove the others too. The
-/// chains ipvs mode shares with iptables mode stay: the first sync rewrites them.
-pub fn remove_other_modes_leftovers() {
-    iptables_mode::remove_iptables_leftovers(Modes::IPVS.others());
-    kpr_leftovers::remove_nftables_leftovers();
 }
 
 #[cfg(test)]

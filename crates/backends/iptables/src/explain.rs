@@ -9,10 +9,53 @@
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
-use kpr_iptables::restore_syntax::split_args;
+use kpr_explain::{Endpoint, EndpointGroup, Explainer, Finding, Outcome, Query, Section, Weight};
+use kpr_model::IpFamily;
 
-use crate::query::Query;
-use crate::report::{Endpoint, EndpointGroup, Finding, Outcome, Weight};
+use crate::exec::{Iptables, IptablesCli, Variant};
+use crate::restore_syntax::split_args;
+
+/// iptables mode's reader: `iptables-save` of nat and filter, from the flavour holding kube
+/// rules (as the mode picks it).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IptablesExplainer;
+
+impl Explainer for IptablesExplainer {
+    fn looks_for(&self, family: IpFamily) -> String {
+        format!("the KUBE-SERVICES chain of {} nat", tool(family))
+    }
+
+    fn explain(&self, query: &Query, local_addresses: &[IpAddr]) -> Result<Option<Section>, String> {
+        let family = query.family();
+        let cli = IptablesCli::new(family, Variant::Auto);
+        let nat = cli
+            .save(crate::Table::Nat)
+            .map_err(|e| format!("reading the iptables nat table: {e}"))?;
+        if !has_kube_services(&nat) {
+            return Ok(None);
+        }
+        let filter = cli
+            .save(crate::Table::Filter)
+            .map_err(|e| format!("reading the iptables filter table: {e}"))?;
+        Ok(Some(Section {
+            title: title(family),
+            family,
+            findings: explain(&nat, &filter, local_addresses, query),
+        }))
+    }
+}
+
+fn tool(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "iptables",
+        IpFamily::V6 => "ip6tables",
+    }
+}
+
+/// The heading of this mode's section.
+pub fn title(family: IpFamily) -> String {
+    format!("iptables mode ({} nat/filter)", tool(family))
+}
 
 /// One `-A` line, split into arguments.
 #[derive(Clone, Debug)]

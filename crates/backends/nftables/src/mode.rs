@@ -1,0 +1,195 @@
+//! nftables mode behind the mode seam: the settings and the node's facts turned into one
+//! backend per IP family (tables `ip kube-proxy` and `ip6 kube-proxy`), whether a family
+//! can be programmed here, its metrics, `--dry-run` and its leftovers (its tables).
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use kpr_conntrack::Reconciler;
+use kpr_explain::Explainer;
+use kpr_host::{InterfaceAddresses, LocalAddresses};
+use kpr_mode::{FamilyMode, Fatal, Leftovers, Mode, ModeContext, ProxyMode, Settings};
+use kpr_model::IpFamily;
+use kpr_state::{Backend, DesiredState};
+use prometheus_client::registry::Registry;
+
+use crate::backend::{NftablesBackend, cleanup};
+use crate::explain::NftablesExplainer;
+use crate::metrics::NftablesMetrics;
+use crate::netlink::{GenerationLog, NetlinkTransport};
+use crate::options::{DEFAULT_MASQUERADE_BIT, NftablesOptions};
+use crate::render::TABLE;
+use crate::support::check_support;
+
+/// The mode's one set of metrics, shared by both families' backends.
+static METRICS: OnceLock<NftablesMetrics> = OnceLock::new();
+
+/// nftables mode.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NftablesMode;
+
+impl Mode for NftablesMode {
+    fn name(&self) -> ProxyMode {
+        ProxyMode::Nftables
+    }
+
+    fn requirement(&self) -> &'static str {
+        "nf_tables with every feature nftables mode uses (the log names the missing one)"
+    }
+
+    fn check_host(&self, _settings: &Settings) -> Result<(), Fatal> {
+        Ok(())
+    }
+
+    /// Upstream's check, made stricter: the kernel validates (without committing) every
+    /// object kind and expression this mode writes, for `family`; the first one missing is
+    /// named in the log.
+    fn supports(&self, family: IpFamily) -> bool {
+        let options = NftablesOptions {
+            family,
+            ..NftablesOptions::default()
+        };
+        let mut transport = match NetlinkTransport::open(options.affinity_capacity) {
+            Ok(transport) => transport,
+            Err(error) => {
+                tracing::warn!(
+                    ipFamily = family.label(),
+                    "No nftables support for family: {error}"
+                );
+                return false;
+            }
+        };
+        match check_support(&mut transport, &options) {
+            Ok(()) => true,
+            Err(missing) => {
+                tracing::warn!(
+                    ipFamily = family.label(),
+                    "No nftables support for family: {missing}"
+                );
+                false
+            }
+        }
+    }
+
+    /// Traffic to an unallocated address of a Service CIDR is dropped, as upstream's.
+    fn uses_service_cidrs(&self) -> bool {
+        true
+    }
+
+    fn register_metrics(&self, registry: &mut Registry) {
+        METRICS.get_or_init(|| NftablesMetrics::register(registry));
+    }
+
+    fn family(&self, context: &ModeContext<'_>, family: IpFamily) -> Result<Box<dyn FamilyMode>, Fatal> {
+        Ok(Box::new(NftablesFamily {
+            options: options(context, family),
+            sync_period: context.sync_period,
+        }))
+    }
+
+    /// The table keeps serving without the process, as upstream's does.
+    fn on_shutdown(&self, _families: &[IpFamily]) {}
+
+    /// Both families' tables.
+    fn remove_leftovers(&self) -> Leftovers {
+        let mut leftovers = Leftovers::default();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let object = format!("nftables table {} {TABLE}", family_name(family));
+            let removed = NetlinkTransport::open(0)
+                .map_err(|e| e.to_string())
+                .and_then(|mut transport| cleanup(&mut transport, family).map_err(|e| e.to_string()));
+            match removed {
+                Ok(true) => {
+                    tracing::info!(%object, "removed what another kube-proxy mode left");
+                    leftovers.removed.push(object);
+                }
+                Ok(false) => {}
+                Err(error) => leftovers.failures.push(format!("{object}: {error}")),
+            }
+        }
+        leftovers
+    }
+
+    fn explainer(&self) -> Option<&dyn Explainer> {
+        Some(&NftablesExplainer)
+    }
+}
+
+fn family_name(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
+/// The options of `family`'s backend, from the settings and the node's facts.
+fn options(context: &ModeContext<'_>, family: IpFamily) -> NftablesOptions {
+    let config = &context.settings.config;
+    let host = context.host;
+    NftablesOptions {
+        family,
+        // Validation keeps the bit within 0..=31.
+        masquerade_bit: u8::try_from(config.masquerade_bit()).unwrap_or(DEFAULT_MASQUERADE_BIT),
+        masquerade_all: config.masquerade_all(),
+        local_detector: host.local_detector.clone(),
+        nodeport_addresses: host.nodeport_addresses.clone(),
+        bind_address: host.bind_address,
+        conntrack_tcp_be_liberal: host.conntrack_tcp_be_liberal,
+        ..NftablesOptions::default()
+    }
+}
+
+/// The generations of this process's nf_tables commits, shared by both families' transports
+/// so that one family's commits do not look like someone else's to the other.
+fn generations() -> Arc<GenerationLog> {
+    static LOG: OnceLock<Arc<GenerationLog>> = OnceLock::new();
+    LOG.get_or_init(GenerationLog::new).clone()
+}
+
+/// One family of nftables mode.
+struct NftablesFamily {
+    options: NftablesOptions,
+    sync_period: Duration,
+}
+
+impl FamilyMode for NftablesFamily {
+    /// Upstream's nftables mode needs no host settings beyond conntrack's (the node's, applied
+    /// by the caller): no localhost NodePorts, so no route_localnet.
+    fn prepare_host(&self) -> Result<(), Fatal> {
+        Ok(())
+    }
+
+    /// The `nft -f` script of a full sync, with this host's addresses.
+    fn dry_run(&self, state: &DesiredState) -> Result<String, Fatal> {
+        let family = self.options.family;
+        let addresses = if self.options.nodeport_addresses.needs_local_addresses(family) {
+            InterfaceAddresses
+                .addresses(family)
+                .map_err(|e| Fatal::runtime(e.to_string()))?
+        } else {
+            Vec::new()
+        };
+        let mut out = kpr_mode::dry_run_header(family, "rules (nft -f input)");
+        out.push_str(&crate::render_dry_run(state, &self.options, &addresses));
+        Ok(out)
+    }
+
+    /// The backend over nf_tables netlink (no `nft` process), reading the table back and
+    /// reconciling the whole UDP conntrack table every sync period, as iptables mode does.
+    fn into_backend(self: Box<Self>) -> Result<Box<dyn Backend>, Fatal> {
+        let family = self.options.family;
+        let transport = NetlinkTransport::open_shared(self.options.affinity_capacity, generations())
+            .map_err(|e| Fatal::runtime(format!("nftables mode ({}): {e}", family.label())))?;
+        let mut backend = NftablesBackend::new(self.options, Box::new(transport))
+            .map_err(|e| Fatal::usage(e.to_string()))?;
+        if let Some(metrics) = METRICS.get() {
+            backend = backend.with_metrics(metrics.clone());
+        }
+        let reconciler = Reconciler::netlink(family).with_full_period(self.sync_period);
+        Ok(Box::new(
+            backend
+                .with_conntrack(Box::new(reconciler))
+                .with_reconcile_period(self.sync_period),
+        ))
+    }
+}

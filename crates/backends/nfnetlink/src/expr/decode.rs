@@ -260,12 +260,43 @@ fn other(name: &str, data: &[u8]) -> Expr {
 mod tests {
     use super::*;
 
+    const NAMES: [&str; 7] = ["payload", "cmp", "lookup", "immediate", "nat", "dynset", "weird"];
+
     #[test]
     fn garbage_expression_data_is_an_error_or_other_never_a_panic() {
-        for data in [&[0xffu8, 0xff, 0x01, 0x00][..], &[8, 0, 1, 0, 1][..], &[]] {
-            for name in ["payload", "cmp", "lookup", "immediate", "nat", "dynset", "weird"] {
-                let _ = decode(name, data);
+        // An attribute whose length runs past the end of the data (65535 bytes in 4, 8 in
+        // 5): refused whatever the name, an unknown one too, because the attributes are
+        // read before the name is looked at; the error says how much was left.
+        for (data, left) in [(&[0xffu8, 0xff, 0x01, 0x00][..], 4), (&[8, 0, 1, 0, 1][..], 5)] {
+            for name in NAMES {
+                match decode(name, data) {
+                    Err(Malformed(why)) => {
+                        assert!(why.ends_with(&format!("with {left} bytes left")), "{name}: {why}")
+                    }
+                    Ok(expr) => panic!("{name} {data:?} decoded as {expr:?}"),
+                }
             }
+        }
+        // No attributes at all: each modelled expression misses the first attribute it
+        // requires; an unknown name keeps its (empty) data as `Other`.
+        let empty = [
+            ("payload", Err("payload without attribute 2")),
+            ("cmp", Err("cmp without attribute 2")),
+            ("lookup", Err("lookup without attribute 1")),
+            ("immediate", Err("immediate without attribute 1")),
+            ("nat", Err("nat without attribute 1")),
+            ("dynset", Err("dynset without attribute 3")),
+            ("weird", Ok(())),
+        ];
+        for (name, expected) in empty {
+            let expected = match expected {
+                Ok(()) => Ok(Expr::Other {
+                    name: name.to_owned(),
+                    data: Vec::new(),
+                }),
+                Err(why) => Err(Malformed(why.to_owned())),
+            };
+            assert_eq!(decode(name, &[]), expected, "{name}");
         }
     }
 }

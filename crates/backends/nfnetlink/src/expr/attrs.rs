@@ -1,0 +1,53 @@
+//! The attribute numbers of each expression's `NFTA_EXPR_DATA` (the kernel's
+//! `NFTA_<EXPR>_*`), in one place because [`super::encode`] and [`super::decode`] must
+//! agree on every one of them.
+
+pub const PAYLOAD_DREG: u16 = 1;
+pub const PAYLOAD_BASE: u16 = 2;
+pub const PAYLOAD_OFFSET: u16 = 3;
+pub const PAYLOAD_LEN: u16 = 4;
+pub const META_DREG: u16 = 1;
+pub const META_KEY: u16 = 2;
+pub const META_SREG: u16 = 3;
+pub const CT_DREG: u16 = 1;
+pub const CT_KEY: u16 = 2;
+pub const CT_DIRECTION: u16 = 3;
+pub const CMP_SREG: u16 = 1;
+pub const CMP_OP: u16 = 2;
+pub const CMP_DATA: u16 = 3;
+pub const BITWISE_SREG: u16 = 1;
+pub const BITWISE_DREG: u16 = 2;
+pub const BITWISE_LEN: u16 = 3;
+pub const BITWISE_MASK: u16 = 4;
+pub const BITWISE_XOR: u16 = 5;
+pub const LOOKUP_SET: u16 = 1;
+pub const LOOKUP_SREG: u16 = 2;
+pub const LOOKUP_DREG: u16 = 3;
+pub const LOOKUP_SET_ID: u16 = 4;
+pub const LOOKUP_FLAGS: u16 = 5;
+pub const IMMEDIATE_DREG: u16 = 1;
+pub const IMMEDIATE_DATA: u16 = 2;
+pub const NG_DREG: u16 = 1;
+pub const NG_MODULUS: u16 = 2;
+pub const NG_TYPE: u16 = 3;
+pub const NG_OFFSET: u16 = 4;
+pub const NAT_TYPE: u16 = 1;
+pub const NAT_FAMILY: u16 = 2;
+pub const NAT_REG_ADDR_MIN: u16 = 3;
+pub const NAT_REG_ADDR_MAX: u16 = 4;
+pub const NAT_REG_PROTO_MIN: u16 = 5;
+pub const NAT_REG_PROTO_MAX: u16 = 6;
+pub const NAT_FLAGS: u16 = 7;
+pub const MASQ_FLAGS: u16 = 1;
+pub const REJECT_TYPE: u16 = 1;
+pub const REJECT_ICMP_CODE: u16 = 2;
+pub const COUNTER_BYTES: u16 = 1;
+pub const COUNTER_PACKETS: u16 = 2;
+pub const DYNSET_SET_NAME: u16 = 1;
+pub const DYNSET_OP: u16 = 3;
+pub const DYNSET_SREG_KEY: u16 = 4;
+pub const DYNSET_SREG_DATA: u16 = 5;
+pub const DYNSET_TIMEOUT: u16 = 6;
+pub const FIB_DREG: u16 = 1;
+pub const FIB_RESULT: u16 = 2;
+pub const FIB_FLAGS: u16 = 3;

@@ -10,6 +10,7 @@ use std::net::IpAddr;
 
 use crate::duration::GoDuration;
 use crate::hostport::{append_port_if_needed, is_ipv4_like};
+use crate::mode::ProxyMode;
 use crate::types::{API_VERSION, KIND, KubeProxyConfiguration};
 
 pub const HEALTHZ_PORT: u16 = 10256;
@@ -43,8 +44,11 @@ pub fn apply_platform_defaults(config: &mut KubeProxyConfiguration) {
         config.mode = "iptables".to_string();
     }
     let no_node_port_addresses = config.node_port_addresses.as_ref().is_none_or(Vec::is_empty);
-    if config.mode == "nftables" && no_node_port_addresses {
-        config.node_port_addresses = Some(vec![NODE_PORT_ADDRESSES_PRIMARY.to_string()]);
+    let mode_default = ProxyMode::parse(&config.mode)
+        .ok()
+        .and_then(ProxyMode::default_node_port_addresses);
+    if let Some(default) = mode_default.filter(|_| no_node_port_addresses) {
+        config.node_port_addresses = Some(vec![default.to_string()]);
     }
     if config.detect_local_mode.is_empty() {
         config.detect_local_mode = "ClusterCIDR".to_string();

@@ -41,11 +41,8 @@ impl KubeProxyConfiguration {
     }
 
     pub(crate) fn section(&self) -> Section {
-        match self.proxy_mode() {
-            Ok(ProxyMode::Ipvs) => Section::Ipvs,
-            Ok(ProxyMode::Nftables) => Section::Nftables,
-            _ => Section::Iptables,
-        }
+        // A mode that does not parse never runs (validation refuses it).
+        self.proxy_mode().map_or(Section::Iptables, ProxyMode::section)
     }
 
     /// The active mode's full-resync interval.
@@ -69,7 +66,7 @@ impl KubeProxyConfiguration {
     pub fn masquerade_all(&self) -> bool {
         match self.section() {
             Section::Nftables => self.nftables.masquerade_all,
-            _ => self.iptables.masquerade_all,
+            Section::Iptables | Section::Ipvs => self.iptables.masquerade_all,
         }
     }
 
@@ -77,7 +74,7 @@ impl KubeProxyConfiguration {
     pub fn masquerade_bit(&self) -> i32 {
         let bit = match self.section() {
             Section::Nftables => self.nftables.masquerade_bit,
-            _ => self.iptables.masquerade_bit,
+            Section::Iptables | Section::Ipvs => self.iptables.masquerade_bit,
         };
         bit.unwrap_or(MASQUERADE_BIT)
     }

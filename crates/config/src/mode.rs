@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use crate::effective::Section;
+
 /// How Services are programmed into the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ProxyMode {
@@ -42,6 +44,26 @@ impl ProxyMode {
             "userspace" => Ok(Self::Userspace),
             "kernelspace" => Err(ModeError::WindowsOnly),
             other => Err(ModeError::UnknownProxyMode(other.to_string())),
+        }
+    }
+
+    /// The v1alpha1 section holding the mode's sync periods and masquerade settings
+    /// (upstream's userspace mode read the iptables one; ipvs mode takes its masquerade
+    /// settings from it too, see [`crate::KubeProxyConfiguration::masquerade_bit`]).
+    pub(crate) const fn section(self) -> Section {
+        match self {
+            Self::Iptables | Self::Userspace => Section::Iptables,
+            Self::Ipvs => Section::Ipvs,
+            Self::Nftables => Section::Nftables,
+        }
+    }
+
+    /// Upstream's `nodePortAddresses` for the mode when none is given: nftables mode serves
+    /// NodePorts on the node's primary IPs only, the others on every local address.
+    pub const fn default_node_port_addresses(self) -> Option<&'static str> {
+        match self {
+            Self::Nftables => Some(crate::NODE_PORT_ADDRESSES_PRIMARY),
+            Self::Iptables | Self::Ipvs | Self::Userspace => None,
         }
     }
 

@@ -45,3 +45,65 @@ impl NftablesMetrics {
             .inc();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kpr_model::NamespacedName;
+    use kpr_state::SyncRequest;
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+    use crate::batch::Batch;
+    use crate::transport::{Listing, Transport, TransportError};
+    use crate::{NftablesBackend, NftablesOptions};
+
+    /// A kernel that refuses every batch.
+    struct Refusing;
+
+    impl Transport for Refusing {
+        fn apply(&mut self, _batch: &Batch) -> Result<(), TransportError> {
+            Err(TransportError::Refused {
+                status: "exit status: 1".into(),
+                stderr: "refused".into(),
+            })
+        }
+
+        fn read_back(&mut self, _family: IpFamily) -> Result<Option<Listing>, TransportError> {
+            Ok(None)
+        }
+
+        fn check(&mut self, _batch: &Batch) -> Result<(), TransportError> {
+            Ok(())
+        }
+
+        fn foreign_changes(&mut self) -> Result<Option<bool>, TransportError> {
+            Ok(Some(false))
+        }
+    }
+
+    #[test]
+    fn a_failed_sync_is_counted_under_its_family() {
+        let mut registry = Registry::default();
+        let metrics = NftablesMetrics::register(&mut registry);
+        let mut backend = NftablesBackend::new(NftablesOptions::default(), Box::new(Refusing))
+            .unwrap()
+            .with_metrics(metrics);
+        let state = kpr_state::DesiredState::default();
+        let changed = std::collections::BTreeSet::<NamespacedName>::new();
+        let request = SyncRequest {
+            state: &state,
+            changed: &changed,
+            service_changes: &[],
+            endpoint_changes: &[],
+            force_full: false,
+        };
+        backend.sync_rules(&request).unwrap_err();
+        backend.sync_rules(&request).unwrap_err();
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"} 2"),
+            "{text}"
+        );
+    }
+}

@@ -306,6 +306,72 @@ fn failures_say_what_was_attempted_and_whether_the_restore_failed() {
     );
 }
 
+/// The value of the metric line starting with `series ` (0 when absent).
+fn metric(registry: &prometheus_client::registry::Registry, series: &str) -> f64 {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+/// Upstream's accounting, recorded by the backend itself: every failed partial sync, and
+/// every failed restore (full or partial); after a success, the rules of each table.
+#[test]
+fn the_mode_counts_its_restore_failures_and_rules_per_table() {
+    const RESTORE: &str = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}";
+    const PARTIAL: &str =
+        "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family=\"IPv4\"}";
+    const NAT_TOTAL: &str = "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"}";
+    const NAT_LAST: &str = "kubeproxy_sync_proxy_rules_iptables_last{ip_family=\"IPv4\",table=\"nat\"}";
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = crate::metrics::IptablesMetrics::register(&mut registry);
+    let fake = Fake::default();
+    let mut b = backend(&fake, IptablesOptions::default()).with_metrics(metrics);
+    let s = state(&[("web", "10.96.0.10"), ("api", "10.96.0.11")]);
+
+    fake.kernel().fail_restore = true;
+    sync(&mut b, &s, &[]).unwrap_err();
+    assert_eq!(metric(&registry, RESTORE), 1.0, "a failed full restore");
+    assert_eq!(metric(&registry, PARTIAL), 0.0, "not a partial one");
+    fake.kernel().fail_restore = false;
+
+    let report = sync(&mut b, &s, &[]).unwrap();
+    let total = metric(&registry, NAT_TOTAL);
+    assert!(
+        total > 0.0 && metric(&registry, NAT_LAST) == total,
+        "a full sync writes every rule"
+    );
+    assert_eq!(
+        report.objects.total as f64,
+        total + metric(&registry, &NAT_TOTAL.replace("nat", "filter"))
+    );
+
+    fake.kernel().fail_restore = true;
+    sync(&mut b, &s, &["web"]).unwrap_err();
+    assert_eq!(metric(&registry, RESTORE), 2.0, "a failed partial restore");
+    assert_eq!(metric(&registry, PARTIAL), 1.0);
+    fake.kernel().fail_restore = false;
+    sync(&mut b, &s, &[]).unwrap();
+
+    fake.kernel().fail_canary_check = true;
+    sync(&mut b, &s, &["web"]).unwrap_err();
+    assert_eq!(
+        metric(&registry, PARTIAL),
+        2.0,
+        "a failed partial sync, restore or not"
+    );
+    assert_eq!(metric(&registry, RESTORE), 2.0, "no restore failed");
+    fake.kernel().fail_canary_check = false;
+
+    sync(&mut b, &s, &[]).unwrap();
+    sync(&mut b, &s, &["web"]).unwrap();
+    assert!(
+        metric(&registry, NAT_LAST) < metric(&registry, NAT_TOTAL),
+        "a partial sync writes fewer rules than the table holds"
+    );
+}
+
 #[test]
 fn a_refused_port_is_left_out_reported_once_and_the_rest_syncs() {
     let fake = Fake::default();

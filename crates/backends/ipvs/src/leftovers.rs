@@ -11,7 +11,7 @@
 //!   server, this does not.
 //! - **Order.** NodePort virtual servers are found through the sets, and virtual servers on
 //!   `kube-ipvs0` while the link still shows their addresses; the iptables rules that match
-//!   the sets go before the sets, since a set in use cannot be destroyed ([`sets`]).
+//!   the sets go before the sets, since a set in use cannot be destroyed (the `sets` module).
 //! - **Absent is fine.** A kernel without ipset or IPVS (this host's has no `ip_vs`) simply
 //!   has nothing to remove.
 //! - **Failures name the object**, and the other objects are still removed.

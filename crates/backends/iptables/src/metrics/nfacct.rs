@@ -8,7 +8,7 @@
 //! read is left out of that scrape (upstream logs it and sends no sample), never shown
 //! as 0.
 //!
-//! The reader is a [`PacketCounters`] (the mode reads the nfacct counters [`crate::nfacct`]
+//! The reader is a [`PacketCounters`] (the mode reads the nfacct counters kpr-iptables
 //! names and creates, through nfnetlink_acct), so the rendering is tested without a kernel.
 
 use std::sync::Arc;

@@ -6,6 +6,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 use kpr_model::IpFamily;
 
+use crate::addresses::{AddressError, LocalAddresses};
+
 /// Upstream's `--nodeport-addresses`: which local addresses accept NodePort traffic.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum NodePortAddresses {
@@ -53,6 +55,20 @@ impl NodePortAddresses {
     /// accept NodePorts).
     pub fn needs_local_addresses(&self, family: IpFamily) -> bool {
         self.cidrs(family).is_some()
+    }
+
+    /// This host's addresses of `family`, read from `host` when [`Self::targets`] needs
+    /// them (else none: every local address is meant).
+    pub fn local_addresses(
+        &self,
+        family: IpFamily,
+        host: &dyn LocalAddresses,
+    ) -> Result<Vec<IpAddr>, AddressError> {
+        if self.needs_local_addresses(family) {
+            host.addresses(family)
+        } else {
+            Ok(Vec::new())
+        }
     }
 
     /// The node addresses that accept NodePorts, given this node's addresses.

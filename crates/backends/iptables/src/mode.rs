@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use kpr_conntrack::Reconciler;
 use kpr_explain::Explainer;
-use kpr_host::{InterfaceAddresses, LocalAddresses, ProcSysctl};
+use kpr_host::{InterfaceAddresses, ProcSysctl};
 use kpr_mode::{FamilyMode, Fatal, Leftovers, Mode, ModeContext, ProxyMode, Settings};
 use kpr_model::IpFamily;
 use kpr_state::{Backend, DesiredState};
@@ -139,13 +139,11 @@ impl FamilyMode for IptablesFamily {
     /// The full sync's restore input, with this host's addresses.
     fn dry_run(&self, state: &DesiredState) -> Result<String, Fatal> {
         let family = self.options.family;
-        let addresses = if self.options.nodeport_addresses.needs_local_addresses(family) {
-            InterfaceAddresses
-                .addresses(family)
-                .map_err(|e| Fatal::runtime(e.to_string()))?
-        } else {
-            Vec::new()
-        };
+        let addresses = self
+            .options
+            .nodeport_addresses
+            .local_addresses(family, &InterfaceAddresses)
+            .map_err(|e| Fatal::runtime(e.to_string()))?;
         let mut out = kpr_mode::dry_run_header(family, &format!("rules ({} input)", restore_tool(family)));
         out.push_str(&render_dry_run(state, &self.options, &addresses));
         Ok(out)

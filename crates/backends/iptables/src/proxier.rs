@@ -299,12 +299,9 @@ impl IptablesBackend {
     /// The host's addresses, when `--nodeport-addresses` selects among them (upstream's
     /// per-sync `GetNodeIPs`); otherwise rendering does not use them.
     fn read_local_addresses(&self, full: bool) -> Result<Vec<std::net::IpAddr>, SyncError> {
-        let family = self.opts.family;
-        if !self.opts.nodeport_addresses.needs_local_addresses(family) {
-            return Ok(Vec::new());
-        }
-        self.local_addresses
-            .addresses(family)
+        self.opts
+            .nodeport_addresses
+            .local_addresses(self.opts.family, self.local_addresses.as_ref())
             .map_err(|source| SyncError::NodeAddresses { full, source })
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use kpr_conntrack::Reconciler;
 use kpr_explain::Explainer;
-use kpr_host::{InterfaceAddresses, LocalAddresses};
+use kpr_host::InterfaceAddresses;
 use kpr_mode::{FamilyMode, Fatal, Leftovers, Mode, ModeContext, ProxyMode, Settings};
 use kpr_model::IpFamily;
 use kpr_state::{Backend, DesiredState};
@@ -162,13 +162,11 @@ impl FamilyMode for NftablesFamily {
     /// The `nft -f` script of a full sync, with this host's addresses.
     fn dry_run(&self, state: &DesiredState) -> Result<String, Fatal> {
         let family = self.options.family;
-        let addresses = if self.options.nodeport_addresses.needs_local_addresses(family) {
-            InterfaceAddresses
-                .addresses(family)
-                .map_err(|e| Fatal::runtime(e.to_string()))?
-        } else {
-            Vec::new()
-        };
+        let addresses = self
+            .options
+            .nodeport_addresses
+            .local_addresses(family, &InterfaceAddresses)
+            .map_err(|e| Fatal::runtime(e.to_string()))?;
         let mut out = kpr_mode::dry_run_header(family, "rules (nft -f input)");
         out.push_str(&crate::render_dry_run(state, &self.options, &addresses));
         Ok(out)

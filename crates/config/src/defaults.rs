@@ -21,6 +21,16 @@ pub const MASQUERADE_BIT: i32 = 14;
 pub const PROTOBUF_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
 /// The `nodePortAddresses` keyword for the node's primary IPs.
 pub const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
+/// The `nodePortAddresses` keyword for the loopback addresses (1.37).
+pub const NODE_PORT_ADDRESSES_LOCALHOST: &str = "localhost";
+/// The `nodePortAddresses` keyword for every address (1.37).
+pub const NODE_PORT_ADDRESSES_ALL: &str = "all";
+/// Every `nodePortAddresses` keyword; each may be mixed with the others and with CIDRs.
+pub const NODE_PORT_ADDRESS_KEYWORDS: [&str; 3] = [
+    NODE_PORT_ADDRESSES_PRIMARY,
+    NODE_PORT_ADDRESSES_LOCALHOST,
+    NODE_PORT_ADDRESSES_ALL,
+];
 
 /// upstream's `SetDefaults_KubeProxyConfiguration`.
 pub fn apply_defaults(config: &mut KubeProxyConfiguration) {

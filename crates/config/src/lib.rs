@@ -20,8 +20,9 @@ mod types;
 mod validate;
 
 pub use defaults::{
-    HEALTHZ_PORT, MASQUERADE_BIT, METRICS_PORT, NODE_PORT_ADDRESSES_PRIMARY, OOM_SCORE_ADJ,
-    PROTOBUF_CONTENT_TYPE, apply_defaults, apply_platform_defaults,
+    HEALTHZ_PORT, MASQUERADE_BIT, METRICS_PORT, NODE_PORT_ADDRESS_KEYWORDS, NODE_PORT_ADDRESSES_ALL,
+    NODE_PORT_ADDRESSES_LOCALHOST, NODE_PORT_ADDRESSES_PRIMARY, OOM_SCORE_ADJ, PROTOBUF_CONTENT_TYPE,
+    apply_defaults, apply_platform_defaults,
 };
 pub use duration::{DurationError, GoDuration};
 pub use error::{ConfigError, FieldError, Origin};

@@ -286,7 +286,7 @@ fn every_invalid_setting_is_reported() {
         run(&[
             "--oom-score-adj=2000",
             "--cluster-cidr=10.0.0.0/8,10.1.0.0/16",
-            "--nodeport-addresses=primary,10.0.0.0/8",
+            "--nodeport-addresses=primary,10.0.0.0/8,eth0",
         ])
         .unwrap_err(),
     );

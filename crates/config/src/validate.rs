@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kpr_model::text::InterfaceName;
 
-use crate::defaults::NODE_PORT_ADDRESSES_PRIMARY;
+use crate::defaults::NODE_PORT_ADDRESS_KEYWORDS;
 use crate::duration::GoDuration;
 use crate::effective::{Section, split_list};
 use crate::error::FieldError;
@@ -202,17 +202,18 @@ fn blank_ok(address: &str, error: String) -> Result<(), String> {
     if address.is_empty() { Ok(()) } else { Err(error) }
 }
 
+/// Upstream 1.37 (#138427): CIDRs and the keywords `primary`, `localhost` and `all`, in any
+/// mix.
 fn validate_node_port_addresses(config: &KubeProxyConfiguration, errors: &mut Errors) {
     let addresses = config.node_port_addresses.as_deref().unwrap_or_default();
     for (i, address) in addresses.iter().enumerate() {
-        let field = format!("nodePortAddresses[{i}]");
-        if address == NODE_PORT_ADDRESSES_PRIMARY {
-            let alone = addresses.len() == 1;
-            errors.check(alone, field, address, "can't use both 'primary' and CIDRs");
-            continue;
-        }
-        let reason = "must be a valid CIDR or the single value 'primary'";
-        errors.check(address.parse::<IpNet>().is_ok(), field, address, reason);
+        let ok = NODE_PORT_ADDRESS_KEYWORDS.contains(&address.as_str()) || address.parse::<IpNet>().is_ok();
+        errors.check(
+            ok,
+            format!("nodePortAddresses[{i}]"),
+            address,
+            "must be a valid CIDR or one of the keywords 'primary', 'localhost' and 'all'",
+        );
     }
 }
 
@@ -525,16 +526,22 @@ mod tests {
         };
         assert!(set(&["primary"]).is_empty());
         assert!(set(&["10.0.0.0/8", "fd00::/64"]).is_empty());
-        assert_single(
-            &set(&["10.0.0.0/8", "primary"]),
-            "nodePortAddresses[1]",
-            "primary",
-        );
+        for mix in [
+            &["primary", "localhost"][..],
+            &["all", "localhost"],
+            &["primary", "10.0.0.0/8"],
+            &["0.0.0.0/0", "127.0.0.1/32", "localhost"],
+        ] {
+            assert!(set(mix).is_empty(), "{mix:?}");
+        }
         assert_single(
             &set(&["10.0.0.0/8", "10.0.0.1"]),
             "nodePortAddresses[1]",
-            "valid CIDR",
+            "valid CIDR or one of the keywords",
         );
+        let wrong_case = set(&["primary", "Localhost"]);
+        assert_single(&wrong_case, "nodePortAddresses[1]", "keywords");
+        assert_eq!(wrong_case[0].value, "Localhost");
     }
 
     #[test]

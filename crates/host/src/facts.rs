@@ -5,10 +5,12 @@
 //! here, once, means no two modes can read the configuration differently, and no mode owns
 //! what is the node's.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
-use kpr_config::{LocalMode, NODE_PORT_ADDRESSES_PRIMARY, Settings};
+use kpr_config::{
+    LocalMode, NODE_PORT_ADDRESSES_ALL, NODE_PORT_ADDRESSES_LOCALHOST, NODE_PORT_ADDRESSES_PRIMARY, Settings,
+};
 use kpr_model::text::{InterfaceName, UnsafeText};
 
 use crate::local::LocalDetector;
@@ -113,31 +115,43 @@ fn local_detector(settings: &Settings, node: &NodeFacts) -> Result<LocalDetector
     })
 }
 
-/// `nodePortAddresses` as the backends take it; `primary` (validation allows it only alone)
-/// becomes the node IPs, as upstream rewrites it at start-up.
+/// `nodePortAddresses` as the backends take it, its keywords expanded as upstream expands
+/// them at start-up (1.37, freely mixed with CIDRs): `primary` is the node IPs (a /32 or
+/// /128 of each one known), `localhost` the loopback ranges, `all` the catch-all ranges. An
+/// empty result means every address, as upstream reads an empty list.
 pub fn nodeport_addresses(entries: &[String], node: &NodeFacts) -> Result<NodePortAddresses, InvalidSetting> {
-    if entries.is_empty() {
-        return Ok(NodePortAddresses::All);
-    }
-    if entries.iter().any(|e| e == NODE_PORT_ADDRESSES_PRIMARY) {
-        let cidrs = node.ips.primary_cidrs();
-        // No node IP known: an empty list, which upstream reads as every address.
-        return Ok(if cidrs.is_empty() {
-            NodePortAddresses::All
-        } else {
-            NodePortAddresses::Cidrs(cidrs)
-        });
-    }
     let mut cidrs = Vec::with_capacity(entries.len());
     for entry in entries {
-        // Validation already refused anything that is not a CIDR.
-        let cidr: IpNet = entry
-            .parse()
-            .map_err(|e| InvalidSetting(format!("nodePortAddresses: {entry:?} is not a CIDR: {e}")))?;
-        cidrs.push(cidr);
+        match entry.as_str() {
+            NODE_PORT_ADDRESSES_PRIMARY => cidrs.extend(node.ips.primary_cidrs()),
+            NODE_PORT_ADDRESSES_LOCALHOST => cidrs.extend(LOCALHOST),
+            NODE_PORT_ADDRESSES_ALL => cidrs.extend(ALL),
+            // Validation already refused anything else that is not a CIDR.
+            _ => cidrs.push(entry.parse().map_err(|e| {
+                InvalidSetting(format!(
+                    "nodePortAddresses: {entry:?} is neither a CIDR nor a keyword: {e}"
+                ))
+            })?),
+        }
     }
-    Ok(NodePortAddresses::Cidrs(cidrs))
+    cidrs.dedup();
+    Ok(if cidrs.is_empty() {
+        NodePortAddresses::All
+    } else {
+        NodePortAddresses::Cidrs(cidrs)
+    })
 }
+
+/// What `localhost` stands for.
+const LOCALHOST: [IpNet; 2] = [
+    IpNet::new_assert(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)), 8),
+    IpNet::new_assert(IpAddr::V6(Ipv6Addr::LOCALHOST), 128),
+];
+/// What `all` stands for.
+const ALL: [IpNet; 2] = [
+    IpNet::new_assert(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+    IpNet::new_assert(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+];
 
 #[cfg(test)]
 mod tests;

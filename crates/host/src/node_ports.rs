@@ -41,6 +41,17 @@ impl NodePortAddresses {
         Some(mine)
     }
 
+    /// Upstream's `ContainsExplicitLoopback` (1.37): a CIDR of `family` whose network address
+    /// is a loopback address was given (`localhost`, `127.0.0.0/8`, even `127.0.0.2/32`); a
+    /// catch-all range does not count. nftables mode serves localhost NodePorts only then.
+    pub fn contains_explicit_loopback(&self, family: IpFamily) -> bool {
+        let Self::Cidrs(all) = self else {
+            return false;
+        };
+        all.iter()
+            .any(|c| family.matches(&c.addr()) && c.prefix_len() > 0 && c.network().is_loopback())
+    }
+
     /// Whether NodePorts answer on `family`'s loopback address.
     pub fn contains_loopback(&self, family: IpFamily) -> bool {
         let loopback = match family {
@@ -114,6 +125,21 @@ mod tests {
             other_family.targets(IpFamily::V4, &ips),
             NodePortTargets::AllLocal
         );
+    }
+
+    #[test]
+    fn explicit_loopback_is_a_loopback_network_of_the_family_not_a_catch_all() {
+        let of = |cidrs: &[&str]| NodePortAddresses::Cidrs(cidrs.iter().map(|c| net(c)).collect());
+        let localhost = of(&["127.0.0.0/8", "::1/128"]);
+        assert!(localhost.contains_explicit_loopback(IpFamily::V4));
+        assert!(localhost.contains_explicit_loopback(IpFamily::V6));
+        assert!(
+            of(&["127.0.0.2/32"]).contains_explicit_loopback(IpFamily::V4),
+            "upstream's quirk"
+        );
+        assert!(!of(&["0.0.0.0/0", "::/0"]).contains_explicit_loopback(IpFamily::V4));
+        assert!(!of(&["192.168.0.10/32", "127.0.0.0/8"]).contains_explicit_loopback(IpFamily::V6));
+        assert!(!NodePortAddresses::All.contains_explicit_loopback(IpFamily::V4));
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use ipnet::IpNet;
 use kpr_config::{LocalMode, Settings};
-use kpr_host::NodeFacts;
+use kpr_host::{NodeFacts, NodePortAddresses};
 use kpr_mode::{Fatal, Mode};
 use kpr_model::IpFamily;
 
@@ -204,16 +204,14 @@ fn bind_address_family(address: &str) -> Option<IpFamily> {
     (!ip.is_unspecified()).then(|| IpFamily::of(&ip))
 }
 
-/// `nodePortAddresses` as CIDRs, `primary` resolved as the backends resolve it.
+/// `nodePortAddresses` as CIDRs, its keywords expanded as the backends expand them (empty:
+/// every address).
 fn node_port_cidrs(settings: &Settings, node: &NodeFacts) -> Vec<IpNet> {
     let entries = settings.config.node_port_addresses.as_deref().unwrap_or_default();
-    if entries
-        .iter()
-        .any(|e| e == kpr_config::NODE_PORT_ADDRESSES_PRIMARY)
-    {
-        return node.ips.primary_cidrs();
+    match kpr_host::nodeport_addresses(entries, node) {
+        Ok(NodePortAddresses::Cidrs(cidrs)) => cidrs,
+        Ok(NodePortAddresses::All) | Err(_) => Vec::new(),
     }
-    entries.iter().filter_map(|e| e.parse().ok()).collect()
 }
 
 /// The primary family's detector of local traffic detects nothing: logged as upstream does.

@@ -5,15 +5,16 @@
 //! object, as upstream's start-up reads it ([`wait`]: waiting for the Node where upstream
 //! waits), and from `--bind-address` (kpr-host's `NodeIps`: upstream's `detectNodeIPs`). The facts are
 //! fixed at start-up, as upstream fixes them: the families to run, the detectors and the
-//! NodePort addresses are built from them. A change of the pod CIDRs that NodeCIDR mode
-//! depends on ends the process so the DaemonSet restarts it ([`watch`]), as upstream does.
+//! NodePort addresses are built from them. A change of the node IPs, the Node's deletion,
+//! or a change of the pod CIDRs NodeCIDR mode depends on ends the process so the DaemonSet
+//! restarts it ([`watch`]), as upstream's NodeManager does.
 
 mod wait;
 mod watch;
 
 pub use kpr_host::node_host_ips;
 pub use wait::{NODE_IPS_WAIT, NodeWait, POD_CIDRS_WAIT, wait_for_node};
-pub use watch::{PodCidrWatch, forward_events};
+pub use watch::{NodeWatch, forward_events};
 
 /// `--hostname-override`, else the host name, lower-cased as upstream does (Node names are
 /// DNS labels, host names need not be).

@@ -26,7 +26,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::events::{self, ProxyEvents};
 use crate::families::{Support, check_config, choose_families};
 use crate::mode::{self, ServiceHealthDeps};
-use crate::node::{self, NodeWait, PodCidrWatch, node_name};
+use crate::node::{self, NodeWait, NodeWatch, node_name};
 
 /// Upstream's oom_score_adj write, best effort: a proxy killed under memory pressure takes
 /// every service on the node down with it.
@@ -105,11 +105,12 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
         set_conntrack_sysctls(&settings);
         return mode::init_only(chosen, &context, &families);
     }
-    let pod_cidr_watch = (settings.local_mode == LocalMode::NodeCidr).then(|| PodCidrWatch {
+    let node_watch = NodeWatch {
         node_name: node_name.clone(),
-        pod_cidrs: facts.pod_cidrs.clone(),
-    });
-    let (events, restart) = node::forward_events(events, waited.buffered, pod_cidr_watch);
+        node_ips: waited.node.as_ref().map(node::node_host_ips).unwrap_or_default(),
+        pod_cidrs: (settings.local_mode == LocalMode::NodeCidr).then(|| facts.pod_cidrs.clone()),
+    };
+    let (events, restart) = node::forward_events(events, waited.buffered, node_watch);
     if settings.dry_run {
         let states = kpr_sync::initial_states(&proxy_settings, &families, events, metrics, health).await;
         print!("{}", mode::dry_run(chosen, &context, &states)?);

@@ -48,7 +48,8 @@ fn nodeport_addresses_from_config() {
     assert_eq!(cidrs, NodePortAddresses::Cidrs(vec![net("192.168.0.0/16")]));
     let bad = nodeport_addresses(&["eth0".to_string()], &unknown).unwrap_err();
     assert!(
-        bad.0.starts_with("nodePortAddresses: \"eth0\" is not a CIDR"),
+        bad.0
+            .starts_with("nodePortAddresses: \"eth0\" is neither a CIDR nor a keyword"),
         "{bad}"
     );
 }
@@ -66,6 +67,30 @@ fn primary_nodeport_addresses_are_the_node_ips() {
         nodeport_addresses(&primary, &unknown_node()).unwrap(),
         NodePortAddresses::All,
         "no node IP known: every address, as upstream's empty list"
+    );
+}
+
+/// 1.37's keywords, mixed with each other and with CIDRs.
+#[test]
+fn keywords_expand_as_upstream_and_mix_with_cidrs() {
+    let entries = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let dual = node(&["192.168.77.1", "fd00:77::1"], &[]);
+    let cidrs = |list: &[&str]| NodePortAddresses::Cidrs(list.iter().map(|c| net(c)).collect());
+    assert_eq!(
+        nodeport_addresses(&entries(&["primary", "localhost"]), &dual).unwrap(),
+        cidrs(&["192.168.77.1/32", "fd00:77::1/128", "127.0.0.0/8", "::1/128"])
+    );
+    assert_eq!(
+        nodeport_addresses(&entries(&["all", "10.0.0.0/8"]), &dual).unwrap(),
+        cidrs(&["0.0.0.0/0", "::/0", "10.0.0.0/8"])
+    );
+    let v4 = node(&["192.168.77.1"], &[]);
+    let mixed = nodeport_addresses(&entries(&["primary", "localhost"]), &v4).unwrap();
+    assert!(mixed.contains_explicit_loopback(kpr_model::IpFamily::V4));
+    assert!(
+        !nodeport_addresses(&entries(&["all"]), &v4)
+            .unwrap()
+            .contains_explicit_loopback(kpr_model::IpFamily::V4)
     );
 }
 

@@ -113,7 +113,6 @@ impl NodeWatch {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::time::Duration;
 
     use k8s_openapi::api::core::v1::Node;
     use serde_json::json;

@@ -320,7 +320,7 @@ fn service(index: usize) -> Service {
 /// The one slice of service `index`; endpoint `e` lives on node `(index * per_service + e)
 /// % NODES`, so locality does not depend on which address it has.
 fn endpoint_slice(index: usize, addresses: &[Ipv4Addr], per_service: usize) -> EndpointSlice {
-    let endpoints = addresses
+    let endpoints: Vec<Endpoint> = addresses
         .iter()
         .enumerate()
         .map(|(e, ip)| Endpoint {
@@ -334,6 +334,7 @@ fn endpoint_slice(index: usize, addresses: &[Ipv4Addr], per_service: usize) -> E
             ..Endpoint::default()
         })
         .collect();
+    let endpoints = Some(endpoints);
     EndpointSlice {
         metadata: ObjectMeta {
             name: Some(slice_name(index)),
@@ -441,7 +442,12 @@ mod tests {
             endpoints: 2,
         };
         let slice = churned_slice(shape, 1, 7, "2026-11-23T10:00:00.5Z");
-        let addresses: Vec<&str> = slice.endpoints.iter().map(|e| e.addresses[0].as_str()).collect();
+        let addresses: Vec<&str> = slice
+            .endpoints
+            .iter()
+            .flatten()
+            .map(|e| e.addresses[0].as_str())
+            .collect();
         // Service 1's endpoints are 10.64.0.3 and .4; the first moves past all six initial ones.
         assert_eq!(addresses, ["10.64.0.14", "10.64.0.4"]);
         let stamp = kpr_model::last_change_trigger_time(&slice).expect("annotated");
@@ -467,6 +473,7 @@ mod tests {
                 ClusterObject::Slice(s) => Some(
                     s.endpoints
                         .iter()
+                        .flatten()
                         .map(|e| e.addresses[0].clone())
                         .collect::<Vec<_>>(),
                 ),
@@ -474,7 +481,12 @@ mod tests {
             })
             .flatten()
             .collect();
-        let extra: Vec<&str> = slice.endpoints.iter().map(|e| e.addresses[0].as_str()).collect();
+        let extra: Vec<&str> = slice
+            .endpoints
+            .iter()
+            .flatten()
+            .map(|e| e.addresses[0].as_str())
+            .collect();
         assert_eq!(extra, ["10.80.0.3", "10.80.0.4"]);
         assert!(extra.iter().all(|a| !initial.iter().any(|i| i == a)));
         // Far below every address an endpoint change moves to at this shape.

@@ -12,6 +12,7 @@ mod effective;
 mod error;
 mod file;
 mod flags;
+mod gates;
 mod hostport;
 mod load;
 mod logging;
@@ -30,6 +31,7 @@ pub use file::{
     DecodedFile, Strictness, decode_config, from_json_value, read_config_file, to_yaml, write_config_file,
 };
 pub use flags::{Flags, parse_feature_gates, parse_go_bool, parse_port_range, proxy_port_range};
+pub use gates::{FeatureGates, Gate};
 pub use load::{Settings, load, settings_from_flags};
 pub use logging::{LogFormat, UnknownLogFormat};
 pub use mode::{LocalMode, ModeError, ProxyMode};

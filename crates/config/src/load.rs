@@ -16,6 +16,7 @@ use crate::defaults::{HEALTHZ_PORT, METRICS_PORT, apply_defaults, apply_platform
 use crate::error::{ConfigError, FieldError, Origin};
 use crate::file::{Strictness, read_config_file};
 use crate::flags::Flags;
+use crate::gates::FeatureGates;
 use crate::hostport::append_port_if_needed;
 use crate::logging::LogFormat;
 use crate::mode::{LocalMode, ProxyMode};
@@ -56,6 +57,10 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// Things worth logging once logging is up (e.g. unknown fields in the config file).
     pub warnings: Vec<String>,
+    /// The feature gates, as configured.
+    pub gates: FeatureGates,
+    /// No mode was configured: upstream 1.37 warns that the default will change.
+    pub mode_defaulted: bool,
 }
 
 impl Settings {
@@ -84,12 +89,22 @@ pub fn settings_from_flags(flags: Flags) -> Result<Settings, ConfigError> {
     };
     apply_defaults(&mut config);
     let origins = apply_flags(&flags, &mut config)?;
+    let mode_defaulted = config.mode.is_empty();
     apply_platform_defaults(&mut config);
     check(&config, &origins, flags.config.as_deref())?;
     // Validation guarantees these parse.
     let mode = config.proxy_mode().unwrap_or(ProxyMode::Iptables);
     let local_mode = config.local_mode().unwrap_or(LocalMode::ClusterCidr);
+    let gates = FeatureGates::new(&config.feature_gates);
+    let mut warnings = warnings;
+    warnings.extend(
+        gates
+            .ignored()
+            .map(|name| format!("feature gate {name:?}: not one kube-proxy-rs acts on; ignored")),
+    );
     Ok(Settings {
+        gates,
+        mode_defaulted,
         verbosity: config.verbosity(),
         log_format: config.log_format().unwrap_or_default(),
         config,

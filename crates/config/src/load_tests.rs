@@ -368,7 +368,7 @@ fn written_config_reads_back_identically() {
         "--conntrack-udp-timeout=30s",
         "--ipvs-exclude-cidrs=10.9.0.0/16",
         "--kube-api-qps=20.5",
-        "--feature-gates=SomeGate=true",
+        "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true",
         "--hostname-override=node-a",
         "--metrics-bind-address=0.0.0.0:10249",
         "--oom-score-adj=-500",

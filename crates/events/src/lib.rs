@@ -130,6 +130,11 @@ impl ProxyEvent {
         Self::start_up_failure(node_name, "FailedToStartMetricServer", error)
     }
 
+    /// A warning about how the proxy was started (a deprecated mode, a defaulted one).
+    pub fn start_up_warning(node_name: &str, reason: &'static str, note: &str) -> Self {
+        Self::start_up_failure(node_name, reason, note)
+    }
+
     fn start_up_failure(node_name: &str, reason: &'static str, error: &str) -> Self {
         Self {
             regarding: ObjectRef::node(node_name),

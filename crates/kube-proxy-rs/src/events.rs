@@ -41,6 +41,15 @@ impl ProxyEvents {
         Arc::clone(&self.recorder)
     }
 
+    /// The start-up warnings (a deprecated mode, a defaulted one) as Warning Events on the
+    /// Node, as upstream records them.
+    pub fn start_up_warnings(&self, warnings: &[(&'static str, &'static str)]) {
+        for (reason, message) in warnings {
+            self.recorder
+                .record(ProxyEvent::start_up_warning(&self.node_name, reason, message));
+        }
+    }
+
     /// Upstream's "birth cry": `Starting` on the Node once the proxy is up.
     pub fn started(&self) {
         self.recorder.record(ProxyEvent::starting(&self.node_name));

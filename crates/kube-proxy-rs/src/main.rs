@@ -69,6 +69,8 @@ fn run(settings: Settings) -> Result<(), Fatal> {
         return mode::cleanup();
     }
     let chosen = mode::implementation(settings.mode);
+    mode::refuse_gated(chosen, &settings)?;
+    mode::warn_at_start_up(chosen, &settings);
     if !settings.dry_run {
         // Before anything is changed; `--dry-run` changes nothing and needs nothing.
         chosen.check_host(&settings)?;

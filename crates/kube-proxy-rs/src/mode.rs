@@ -31,6 +31,60 @@ pub fn all() -> impl DoubleEndedIterator<Item = &'static dyn Mode> {
     ProxyMode::ALL.into_iter().map(implementation)
 }
 
+/// Upstream 1.37's warning when no mode was configured (k/k #139957, KEP-5343): the default
+/// stays iptables until 1.40, then becomes nftables.
+pub const DEFAULTED_MODE_WARNING: &str = "No proxy mode was configured, so the default, iptables, is used. \
+     Kubernetes will make nftables the default in 1.40: set the mode explicitly (--proxy-mode or the config \
+     file's mode) to keep iptables";
+/// The reason of the Event saying so.
+pub const DEFAULTED_MODE_REASON: &str = "ProxyModeDefaulted";
+
+/// A mode whose feature gate is off is refused, as upstream's validation refuses it (status
+/// 1, upstream's message, with the gate named).
+pub fn refuse_gated(mode: &dyn Mode, settings: &kpr_config::Settings) -> Result<(), Fatal> {
+    let Some(gate) = mode.gate() else {
+        return Ok(());
+    };
+    if settings.gates.enabled(gate) {
+        return Ok(());
+    }
+    Err(Fatal::runtime(format!(
+        "failed validate: KubeProxyConfiguration.Mode.ProxyMode: Invalid value: {:?}: must be iptables, nftables, \
+         userspace or blank (blank means the best-available proxy [currently iptables]) (feature gate {} is false)",
+        mode.name().as_str(),
+        gate.name()
+    )))
+}
+
+/// The warnings said at start-up before anything is checked: the mode's deprecation, and a
+/// mode left to its default. Their Events follow once the API client is up
+/// ([`start_up_warnings`]).
+pub fn warn_at_start_up(mode: &dyn Mode, settings: &kpr_config::Settings) {
+    // Upstream logs its deprecation at error level.
+    if let Some(deprecation) = mode.deprecation() {
+        tracing::error!("{}", deprecation.message);
+    }
+    if settings.mode_defaulted {
+        tracing::warn!("{DEFAULTED_MODE_WARNING}");
+    }
+}
+
+/// (Event reason, message) of each start-up warning.
+pub fn start_up_warnings(
+    mode: &dyn Mode,
+    settings: &kpr_config::Settings,
+) -> Vec<(&'static str, &'static str)> {
+    let mut warnings: Vec<(&'static str, &'static str)> = mode
+        .deprecation()
+        .map(|d| (d.reason, d.message))
+        .into_iter()
+        .collect();
+    if settings.mode_defaulted {
+        warnings.push((DEFAULTED_MODE_REASON, DEFAULTED_MODE_WARNING));
+    }
+    warnings
+}
+
 /// What each family's Service health-check servers report to.
 pub struct ServiceHealthDeps {
     pub health: Arc<ProxyHealth>,
@@ -128,6 +182,47 @@ mod tests {
         for mode in ProxyMode::ALL {
             assert_eq!(implementation(mode).name(), mode);
         }
+    }
+
+    fn settings(args: &[&str]) -> kpr_config::Settings {
+        let mut all = vec!["kube-proxy-rs", "--manifests=x"];
+        all.extend_from_slice(args);
+        kpr_config::load(all).unwrap()
+    }
+
+    #[test]
+    fn ipvs_mode_is_refused_when_its_gate_is_off_with_status_1() {
+        let ipvs = implementation(ProxyMode::Ipvs);
+        assert!(refuse_gated(ipvs, &settings(&["--proxy-mode=ipvs"])).is_ok());
+        let off = settings(&["--proxy-mode=ipvs", "--feature-gates=KubeProxyIPVS=false"]);
+        let error = refuse_gated(ipvs, &off).unwrap_err();
+        assert_eq!(error.code, 1);
+        assert!(
+            error.message.starts_with(
+                "failed validate: KubeProxyConfiguration.Mode.ProxyMode: Invalid value: \"ipvs\""
+            ),
+            "{}",
+            error.message
+        );
+        assert!(error.message.contains("KubeProxyIPVS"), "{}", error.message);
+        let nftables = implementation(ProxyMode::Nftables);
+        assert!(
+            refuse_gated(nftables, &off).is_ok(),
+            "only the gated mode is refused"
+        );
+    }
+
+    #[test]
+    fn start_up_warns_of_ipvs_deprecation_and_a_defaulted_mode() {
+        let ipvs = implementation(ProxyMode::Ipvs);
+        let warnings = start_up_warnings(ipvs, &settings(&["--proxy-mode=ipvs"]));
+        assert_eq!(warnings.len(), 1);
+        assert_eq!(warnings[0].0, "IPVSDeprecation");
+        assert!(warnings[0].1.contains("removed in Kubernetes 1.43"));
+        let iptables = implementation(ProxyMode::Iptables);
+        let defaulted = start_up_warnings(iptables, &settings(&[]));
+        assert_eq!(defaulted, [(DEFAULTED_MODE_REASON, DEFAULTED_MODE_WARNING)]);
+        assert!(start_up_warnings(iptables, &settings(&["--proxy-mode=iptables"])).is_empty());
     }
 
     #[test]

@@ -65,6 +65,7 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     let chosen = mode::implementation(settings.mode);
     let (sources, api_recorder) = start_sources(&settings, chosen, &node_name, rescan).await?;
     let proxy_events = ProxyEvents::new(api_recorder, &node_name);
+    proxy_events.start_up_warnings(&mode::start_up_warnings(chosen, &settings));
     for source in sources {
         proxy_settings.sources.push(source.name());
         tokio::spawn(source.run(events_tx.clone()));

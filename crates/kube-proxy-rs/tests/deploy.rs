@@ -88,7 +88,7 @@ fn the_config_map_holds_a_configuration_the_binary_accepts() {
 fn the_daemon_set_runs_on_the_host_network_with_only_the_privileges_it_needs() {
     let ds: DaemonSet = one("DaemonSet");
     let account: ServiceAccount = one("ServiceAccount");
-    let pod = ds.spec.unwrap().template.spec.unwrap();
+    let pod = ds.spec.template.spec.unwrap();
     assert_eq!(pod.host_network, Some(true));
     assert_eq!(pod.service_account_name, account.metadata.name);
     let main = &pod.containers[0];

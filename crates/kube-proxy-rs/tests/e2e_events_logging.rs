@@ -226,3 +226,81 @@ fn a_bad_logging_format_exits_2_naming_the_flag() {
         "{stderr}"
     );
 }
+
+/// Upstream 1.37 warns, in its log and with an Event on the Node, when the mode was left to
+/// its default (k/k #139957); a mode given explicitly is not warned about.
+#[test]
+fn a_mode_left_to_its_default_is_warned_of_in_the_log_and_an_event() {
+    let mut lab = ApiLab::new();
+    lab.start_proxy(&[]);
+    let events = lab.wait_events("ProxyModeDefaulted");
+    let event = &events[0];
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.action.as_deref(), Some("StartKubeProxy"));
+    let note = event.note.as_deref().unwrap();
+    assert!(note.contains("nftables the default in 1.40"), "{note}");
+    assert!(
+        lab.cluster.proxy_logs().contains("No proxy mode was configured"),
+        "{}",
+        lab.cluster.proxy_logs()
+    );
+
+    let mut explicit = ApiLab::new();
+    explicit.start_proxy(&["--proxy-mode=iptables"]);
+    explicit.wait_events("Starting");
+    assert!(
+        explicit
+            .api
+            .list::<ApiEvent>()
+            .iter()
+            .all(|e| e.reason.as_deref() != Some("ProxyModeDefaulted")),
+        "an explicit mode is not warned about"
+    );
+}
+
+/// The binary run in the node namespace of a fresh lab on a manifest, with `args`.
+fn run_once(args: &[&str]) -> std::process::Output {
+    let cluster = Cluster::new(1);
+    let manifests = format!("--manifests={}", cluster.manifest_path().display());
+    cluster
+        .node()
+        .command(proxy_binary())
+        .args(["--hostname-override=node1", &manifests])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// ipvs mode's gate (1.37, KEP-5495): off, the mode is refused as upstream's validation
+/// refuses it, with status 1, before anything is checked or changed.
+#[test]
+fn ipvs_mode_is_refused_when_its_feature_gate_is_off() {
+    let out = run_once(&["--proxy-mode=ipvs", "--feature-gates=KubeProxyIPVS=false"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        logs.contains("failed validate: KubeProxyConfiguration.Mode.ProxyMode: Invalid value: \"ipvs\""),
+        "{logs}"
+    );
+    assert!(logs.contains("feature gate KubeProxyIPVS is false"), "{logs}");
+    assert!(
+        !logs.contains("can't use the IPVS proxier"),
+        "refused before the kernel check: {logs}"
+    );
+}
+
+/// ipvs mode says it is deprecated first thing, before the kernel check that fails on this
+/// host (no ip_vs), so even a node that cannot run it learns why it should move.
+#[test]
+fn ipvs_mode_warns_of_its_deprecation_before_the_kernel_check() {
+    let out = run_once(&["--proxy-mode=ipvs"]);
+    let logs = String::from_utf8_lossy(&out.stderr);
+    let warned = logs
+        .find("The ipvs proxier has been deprecated and will be disabled by default in Kubernetes 1.40")
+        .unwrap_or_else(|| panic!("no deprecation warning: {logs}"));
+    let refused = logs
+        .find("can't use the IPVS proxier")
+        .unwrap_or_else(|| panic!("this host has no IPVS: {logs}"));
+    assert!(warned < refused, "{logs}");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+}

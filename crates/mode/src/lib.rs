@@ -8,7 +8,7 @@
 //!
 //! | when | method |
 //! |---|---|
-//! | before anything is changed | [`Mode::check_host`] (the mode cannot run here at all), [`Mode::supports`] per IP family, with [`Mode::requirement`] for the error |
+//! | before anything is changed | [`Mode::gate`] (a feature gate it needs), [`Mode::deprecation`] (said first), [`Mode::check_host`] (the mode cannot run here at all), [`Mode::supports`] per IP family, with [`Mode::requirement`] for the error |
 //! | building the process | [`Mode::uses_service_cidrs`] (the API source watches them), [`Mode::register_metrics`] (the metrics only it has) |
 //! | per IP family, options built once | [`Mode::family`] -> [`FamilyMode`]: [`FamilyMode::prepare_host`] (`--init-only`), [`FamilyMode::dry_run`] (`--dry-run`), [`FamilyMode::into_backend`] (the kpr-state `Backend` the sync loop drives) |
 //! | another mode starts, or `--cleanup` | [`Mode::remove_leftovers`]: what this mode leaves, removed ([`Leftovers`]) |
@@ -26,7 +26,7 @@
 //! ```
 //! use kpr_config::ProxyMode;
 //! use kpr_explain::Explainer;
-//! use kpr_mode::{Fatal, FamilyMode, Leftovers, Mode, ModeContext};
+//! use kpr_mode::{Deprecation, Fatal, FamilyMode, Gate, Leftovers, Mode, ModeContext};
 //! use kpr_model::IpFamily;
 //! use kpr_state::{Backend, BackendError, DesiredState, SyncReport, SyncRequest};
 //! use prometheus_client::registry::Registry;
@@ -39,6 +39,12 @@
 //!     }
 //!     fn requirement(&self) -> &'static str {
 //!         "nothing"
+//!     }
+//!     fn gate(&self) -> Option<Gate> {
+//!         None
+//!     }
+//!     fn deprecation(&self) -> Option<Deprecation> {
+//!         None
 //!     }
 //!     fn check_host(&self, _settings: &kpr_config::Settings) -> Result<(), Fatal> {
 //!         Ok(())
@@ -93,7 +99,7 @@ mod leftovers;
 use std::time::Duration;
 
 pub use fatal::Fatal;
-pub use kpr_config::{ProxyMode, Settings};
+pub use kpr_config::{Gate, ProxyMode, Settings};
 use kpr_explain::Explainer;
 use kpr_host::{HostFacts, NodeFacts};
 use kpr_model::IpFamily;
@@ -108,6 +114,14 @@ pub trait Mode: Sync {
 
     /// What the host must offer the mode for one IP family, said when it does not.
     fn requirement(&self) -> &'static str;
+
+    /// The feature gate that must be on for the mode to run (ipvs mode: `KubeProxyIPVS`);
+    /// with it off the mode is refused at start-up, as upstream's validation refuses it.
+    fn gate(&self) -> Option<Gate>;
+
+    /// Said at start-up when the mode is deprecated, before anything else is checked: an
+    /// error-level log line and a Warning Event on the Node.
+    fn deprecation(&self) -> Option<Deprecation>;
 
     /// Fails, before anything is changed, when this host cannot run the mode at all (ipvs
     /// mode needs IPVS: upstream's `CanUseIPVSProxier`). Not called for `--dry-run`, which
@@ -139,6 +153,15 @@ pub trait Mode: Sync {
 
     /// The reader of this mode's own objects for `kube-proxy-rs explain`, if it has one.
     fn explainer(&self) -> Option<&dyn Explainer>;
+}
+
+/// What a deprecated mode says at start-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deprecation {
+    /// The Event's reason (upstream's `IPVSDeprecation`).
+    pub reason: &'static str,
+    /// The log line and the Event's note.
+    pub message: &'static str,
 }
 
 /// One IP family of a mode, its options built.

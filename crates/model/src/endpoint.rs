@@ -24,7 +24,7 @@ use crate::ident::{IpFamily, NamespacedName, ObjectKind, Protocol};
 use crate::ignored::{Converted, IgnoredValue};
 use crate::rejection::{RejectReason, Rejecter, Rejection, shown};
 use crate::service::object_id;
-use crate::syntax::{dns1035_label, dns1123_label, dns1123_subdomain, endpoint_ip, parse_ip_sloppy};
+use crate::syntax::{dns1123_label, dns1123_subdomain, endpoint_ip, parse_ip_sloppy, service_name};
 
 /// The metric label of dropped endpoint addresses.
 const ADDRESSES: &str = "endpoints.addresses";
@@ -180,7 +180,7 @@ pub fn slice_view(
     rejecter.name("metadata.name", &id.name, dns1123_subdomain)?;
     rejecter.name("metadata.namespace", &id.namespace, dns1123_label)?;
     let label_field = format!("metadata.labels[{SERVICE_NAME_LABEL:?}]");
-    let service_name = slice
+    let owner = slice
         .metadata
         .labels
         .as_ref()
@@ -194,7 +194,7 @@ pub fn slice_view(
             )
         })?;
     // It names a Service, so it must be a Service name (which is also a valid label value).
-    rejecter.name(&label_field, service_name, dns1035_label)?;
+    rejecter.name(&label_field, owner, service_name)?;
     let slice_family = match slice.address_type.as_str() {
         "IPv4" => IpFamily::V4,
         "IPv6" => IpFamily::V6,
@@ -217,7 +217,7 @@ pub fn slice_view(
         view: Some(SliceView {
             service: NamespacedName {
                 namespace: id.namespace.clone(),
-                name: service_name.as_str().into(),
+                name: owner.as_str().into(),
             },
             id,
             ports,
@@ -296,8 +296,10 @@ fn slice_addresses(
     rejecter: &Rejecter,
     ignored: &mut Vec<IgnoredValue>,
 ) -> Vec<SliceAddress> {
-    let mut out = Vec::with_capacity(slice.endpoints.len());
-    for (i, endpoint) in slice.endpoints.iter().enumerate() {
+    // Optional since the 1.37 API (an empty slice may leave the list out).
+    let endpoints = slice.endpoints.as_deref().unwrap_or_default();
+    let mut out = Vec::with_capacity(endpoints.len());
+    for (i, endpoint) in endpoints.iter().enumerate() {
         // Like upstream, only the first address is used; the API guarantees they are the same pod.
         let Some(raw) = endpoint.addresses.first() else {
             ignored.push(rejecter.ignore(
@@ -683,7 +685,7 @@ mod tests {
             ),
             (json!({"name": "s"}), "b/c", label_field),
             (json!({"name": "s"}), "Web", label_field),
-            (json!({"name": "s"}), "1web", label_field),
+            (json!({"name": "s"}), "-web", label_field),
         ];
         for (mut metadata, service, field) in cases {
             metadata["labels"] = json!({"kubernetes.io/service-name": service});

@@ -47,7 +47,16 @@ pub fn dns1123_label(value: &str) -> Result<(), String> {
     })
 }
 
-/// A DNS-1035 label: like a DNS-1123 label, but starting with a letter (Service names).
+/// A Service name: since Kubernetes 1.37 (KEP-5311, RelaxedServiceNameValidation locked on)
+/// the API server takes any DNS-1123 label, so a name may start with a digit; before, it had
+/// to be a DNS-1035 label (starting with a letter). A proxy reading a 1.37 API server must
+/// take what it stores.
+pub fn service_name(value: &str) -> Result<(), String> {
+    dns1123_label(value)
+}
+
+/// A DNS-1035 label: like a DNS-1123 label, but starting with a letter (Service names before
+/// 1.37).
 pub fn dns1035_label(value: &str) -> Result<(), String> {
     if let Some(why) = too_long(value, DNS1123_LABEL_MAX) {
         return Err(why);
@@ -268,6 +277,8 @@ mod tests {
         }
         assert!(dns1035_label("web").is_ok());
         assert!(dns1035_label("1web").is_err(), "must start with a letter");
+        assert!(service_name("1web").is_ok(), "1.37 takes DNS-1123 labels");
+        assert!(service_name("Web").is_err() && service_name("-web").is_err());
         assert!(dns1035_label("we/b").is_err());
     }
 

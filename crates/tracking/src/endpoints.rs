@@ -403,17 +403,18 @@ mod tests {
     fn duplicate_prefers_the_copy_that_is_not_terminating() {
         let running = || {
             let mut s = slice("unused", "web", &["10.0.0.7"], 80);
-            s.endpoints[0].node_name = Some("other".into());
+            s.endpoints.as_mut().unwrap()[0].node_name = Some("other".into());
             s
         };
         let terminating = || {
             let mut s = slice("unused", "web", &["10.0.0.7"], 80);
-            s.endpoints[0].node_name = Some("me".into());
-            s.endpoints[0].conditions = Some(k8s_openapi::api::discovery::v1::EndpointConditions {
-                ready: Some(false),
-                serving: Some(true),
-                terminating: Some(true),
-            });
+            s.endpoints.as_mut().unwrap()[0].node_name = Some("me".into());
+            s.endpoints.as_mut().unwrap()[0].conditions =
+                Some(k8s_openapi::api::discovery::v1::EndpointConditions {
+                    ready: Some(false),
+                    serving: Some(true),
+                    terminating: Some(true),
+                });
             s
         };
         for (first, second) in [(running(), terminating()), (terminating(), running())] {
@@ -454,11 +455,12 @@ mod tests {
         for terminating_first in [true, false] {
             let mut s = slice("web-a", "web", &["10.0.0.7", "10.0.0.7"], 80);
             let at = usize::from(!terminating_first);
-            s.endpoints[at].conditions = Some(k8s_openapi::api::discovery::v1::EndpointConditions {
-                ready: Some(false),
-                serving: Some(true),
-                terminating: Some(true),
-            });
+            s.endpoints.as_mut().unwrap()[at].conditions =
+                Some(k8s_openapi::api::discovery::v1::EndpointConditions {
+                    ready: Some(false),
+                    serving: Some(true),
+                    terminating: Some(true),
+                });
             let mut t = EndpointsTracker::new(IpFamily::V4, "me");
             t.update(NamespacedName::new("default", "web-a"), Some(&s))
                 .unwrap();
@@ -480,11 +482,11 @@ mod tests {
         assert!(t.record(id.clone(), Some(&base)).changed);
         t.take();
         let mut moved = base.clone();
-        moved.endpoints[0].node_name = Some("yet-another".into());
-        moved.endpoints[0].zone = Some("z9".into());
+        moved.endpoints.as_mut().unwrap()[0].node_name = Some("yet-another".into());
+        moved.endpoints.as_mut().unwrap()[0].zone = Some("z9".into());
         assert!(!t.record(id.clone(), Some(&moved)).changed);
         let mut local = base;
-        local.endpoints[0].node_name = Some("me".into());
+        local.endpoints.as_mut().unwrap()[0].node_name = Some("me".into());
         assert!(t.record(id, Some(&local)).changed);
         assert!(endpoints_for(&t.take().snapshot, &port())[0].is_local);
     }
@@ -495,12 +497,13 @@ mod tests {
         let mut t = EndpointsTracker::new(IpFamily::V4, "me");
         for (name, node) in [("web-a", "me"), ("web-b", "other")] {
             let mut s = slice(name, "web", &["10.0.0.7"], 80);
-            s.endpoints[0].node_name = Some(node.into());
-            s.endpoints[0].conditions = Some(k8s_openapi::api::discovery::v1::EndpointConditions {
-                ready: Some(false),
-                serving: Some(true),
-                terminating: Some(true),
-            });
+            s.endpoints.as_mut().unwrap()[0].node_name = Some(node.into());
+            s.endpoints.as_mut().unwrap()[0].conditions =
+                Some(k8s_openapi::api::discovery::v1::EndpointConditions {
+                    ready: Some(false),
+                    serving: Some(true),
+                    terminating: Some(true),
+                });
             t.update(NamespacedName::new("default", name), Some(&s)).unwrap();
         }
         let snap = t.take().snapshot;

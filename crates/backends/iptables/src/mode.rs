@@ -8,7 +8,7 @@ use std::time::Duration;
 use kpr_conntrack::Reconciler;
 use kpr_explain::Explainer;
 use kpr_host::{InterfaceAddresses, ProcSysctl};
-use kpr_mode::{FamilyMode, Fatal, Leftovers, Mode, ModeContext, ProxyMode, Settings};
+use kpr_mode::{Deprecation, FamilyMode, Fatal, Gate, Leftovers, Mode, ModeContext, ProxyMode, Settings};
 use kpr_model::IpFamily;
 use kpr_state::{Backend, DesiredState};
 use prometheus_client::registry::Registry;
@@ -42,6 +42,14 @@ impl Mode for IptablesMode {
 
     fn requirement(&self) -> &'static str {
         "its iptables can list the nat table"
+    }
+
+    fn gate(&self) -> Option<Gate> {
+        None
+    }
+
+    fn deprecation(&self) -> Option<Deprecation> {
+        None
     }
 
     fn check_host(&self, _settings: &Settings) -> Result<(), Fatal> {

@@ -16,7 +16,7 @@ use kpr_explain::Explainer;
 use kpr_host::{ProcSysctl, Sysctl};
 use kpr_iptables::{Iptables, IptablesCli, Variant, nat_table_works, restore_tool};
 use kpr_ipvs_netlink::{Ipvs, Protocol, Scheduler, Service, ServiceKey, Timeouts};
-use kpr_mode::{FamilyMode, Fatal, Leftovers, Mode, ModeContext, ProxyMode, Settings};
+use kpr_mode::{Deprecation, FamilyMode, Fatal, Gate, Leftovers, Mode, ModeContext, ProxyMode, Settings};
 use kpr_model::IpFamily;
 use kpr_state::{Backend, DesiredState};
 use prometheus_client::registry::Registry;
@@ -26,6 +26,10 @@ use crate::explain::IpvsExplainer;
 use crate::ipset::IpsetNetlink;
 use crate::plan::{PlanInputs, plan};
 use crate::rules::{RuleOptions, ruleset};
+
+/// Upstream 1.37's words, in its log and in the `IPVSDeprecation` Event.
+pub const IPVS_DEPRECATION: &str = "The ipvs proxier has been deprecated and will be disabled by default in Kubernetes 1.40 \
+     and removed in Kubernetes 1.43. Migrate to the 'nftables' proxier instead.";
 
 /// ipvs mode.
 #[derive(Clone, Copy, Debug, Default)]
@@ -38,6 +42,18 @@ impl Mode for IpvsMode {
 
     fn requirement(&self) -> &'static str {
         "its iptables can list the nat table (IPVS itself is checked next)"
+    }
+
+    /// Upstream's gate since 1.37 (default on; off in 1.40; the mode goes in 1.43, KEP-5495).
+    fn gate(&self) -> Option<Gate> {
+        Some(Gate::KubeProxyIPVS)
+    }
+
+    fn deprecation(&self) -> Option<Deprecation> {
+        Some(Deprecation {
+            reason: "IPVSDeprecation",
+            message: IPVS_DEPRECATION,
+        })
     }
 
     /// Upstream's `CanUseIPVSProxier`.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use kpr_conntrack::Reconciler;
 use kpr_explain::Explainer;
 use kpr_host::InterfaceAddresses;
-use kpr_mode::{FamilyMode, Fatal, Leftovers, Mode, ModeContext, ProxyMode, Settings};
+use kpr_mode::{Deprecation, FamilyMode, Fatal, Gate, Leftovers, Mode, ModeContext, ProxyMode, Settings};
 use kpr_model::IpFamily;
 use kpr_state::{Backend, DesiredState};
 use prometheus_client::registry::Registry;
@@ -35,6 +35,14 @@ impl Mode for NftablesMode {
 
     fn requirement(&self) -> &'static str {
         "nf_tables with every feature nftables mode uses (the log names the missing one)"
+    }
+
+    fn gate(&self) -> Option<Gate> {
+        None
+    }
+
+    fn deprecation(&self) -> Option<Deprecation> {
+        None
     }
 
     fn check_host(&self, _settings: &Settings) -> Result<(), Fatal> {

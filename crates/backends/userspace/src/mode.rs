@@ -12,7 +12,7 @@ use kpr_explain::Explainer;
 use kpr_iptables::{
     IptablesCli, Variant, cleanup_footprint, nat_table_works, remove_everywhere, restore_tool,
 };
-use kpr_mode::{FamilyMode, Fatal, Leftovers, Mode, ModeContext, ProxyMode, Settings};
+use kpr_mode::{Deprecation, FamilyMode, Fatal, Gate, Leftovers, Mode, ModeContext, ProxyMode, Settings};
 use kpr_model::IpFamily;
 use kpr_state::{Backend, DesiredState};
 use prometheus_client::registry::Registry;
@@ -40,6 +40,14 @@ impl Mode for UserspaceMode {
 
     fn requirement(&self) -> &'static str {
         "its iptables can list the nat table"
+    }
+
+    fn gate(&self) -> Option<Gate> {
+        None
+    }
+
+    fn deprecation(&self) -> Option<Deprecation> {
+        None
     }
 
     fn check_host(&self, _settings: &Settings) -> Result<(), Fatal> {

@@ -13,7 +13,7 @@ use super::{ServicePort, ServiceType, ServiceView, SkipReason};
 use crate::ident::{IpFamily, NamespacedName, ObjectKind, Protocol, ServicePortName};
 use crate::ignored::Converted;
 use crate::rejection::{RejectReason, Rejecter, Rejection, shown};
-use crate::syntax::{dns1035_label, dns1123_label};
+use crate::syntax::{dns1123_label, service_name};
 
 /// Converts a Service into its ports for `family`, or says why it is skipped or rejected.
 /// List entries dropped on the way come back in [`Converted::ignored`].
@@ -23,7 +23,7 @@ pub fn service_view(service: &Service, family: IpFamily) -> Result<Converted<Ser
     if id.name.is_empty() {
         return Err(rejecter.reject("metadata.name", RejectReason::MissingField, "required"));
     }
-    rejecter.name("metadata.name", &id.name, dns1035_label)?;
+    rejecter.name("metadata.name", &id.name, service_name)?;
     rejecter.name("metadata.namespace", &id.namespace, dns1123_label)?;
     let Some(spec) = &service.spec else {
         return Err(rejecter.reject("spec", RejectReason::MissingField, "required"));

@@ -32,6 +32,17 @@ fn ip(text: &str) -> IpAddr {
     text.parse().unwrap()
 }
 
+/// Since 1.37 the API server stores Service names that start with a digit (KEP-5311).
+#[test]
+fn a_service_name_may_start_with_a_digit() {
+    let view = service_view(
+        &service(json!({"metadata": {"name": "1web", "namespace": "default"},
+                       "spec": {"clusterIP": "10.0.0.1", "ports": [{"port": 80}]}})),
+        IpFamily::V4,
+    );
+    assert!(view.is_ok(), "{view:?}");
+}
+
 #[test]
 fn cluster_ip_service_converts_each_port() {
     let converted = convert(json!({
@@ -451,7 +462,7 @@ fn names_that_could_inject_or_collide_are_rejected() {
         (json!({"name": "a/b", "namespace": "c"}), "metadata.name"),
         (json!({"name": "c", "namespace": "a/b"}), "metadata.namespace"),
         (json!({"name": "Web"}), "metadata.name"),
-        (json!({"name": "1web"}), "metadata.name"),
+        (json!({"name": "-web"}), "metadata.name"),
         (json!({"name": "web", "namespace": "Shop"}), "metadata.namespace"),
         (
             json!({"name": "web", "namespace": "shop.v1"}),

@@ -639,10 +639,12 @@ impl SliceInput {
                 .ports
                 .as_ref()
                 .map(|ports| ports.iter().map(|p| p.to_api(&owner_ports)).collect()),
-            endpoints: std::iter::once(&self.endpoints.0)
-                .chain(&self.endpoints.1)
-                .map(|e| e.to_api(ipv6))
-                .collect(),
+            endpoints: Some(
+                std::iter::once(&self.endpoints.0)
+                    .chain(&self.endpoints.1)
+                    .map(|e| e.to_api(ipv6))
+                    .collect(),
+            ),
         };
         (id, slice)
     }

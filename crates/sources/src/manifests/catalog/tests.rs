@@ -55,7 +55,12 @@ fn describe(event: &Event) -> String {
         }
         Event::Service { id, object: None } => format!("-Service {id}"),
         Event::EndpointSlice { id, object: Some(s) } => {
-            let addresses: Vec<_> = s.endpoints.iter().flat_map(|e| e.addresses.clone()).collect();
+            let addresses: Vec<_> = s
+                .endpoints
+                .iter()
+                .flatten()
+                .flat_map(|e| e.addresses.clone())
+                .collect();
             format!("+EndpointSlice {id} {}", addresses.join(","))
         }
         Event::EndpointSlice { id, object: None } => format!("-EndpointSlice {id}"),

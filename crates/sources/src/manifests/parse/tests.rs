@@ -68,8 +68,9 @@ fn kubectl_list_fixture_loads_service_and_slice() {
     assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.41.7"));
     assert_eq!(spec.ports.as_ref().unwrap()[1].port, 9090);
     let slice = slice(&file, "shop", "web-8xk2p");
-    assert_eq!(slice.endpoints.len(), 2);
-    assert_eq!(slice.endpoints[1].addresses, ["10.244.2.31"]);
+    let endpoints = slice.endpoints.as_deref().unwrap();
+    assert_eq!(endpoints.len(), 2);
+    assert_eq!(endpoints[1].addresses, ["10.244.2.31"]);
     assert_eq!(
         slice.metadata.labels.as_ref().unwrap()["kubernetes.io/service-name"],
         "web"

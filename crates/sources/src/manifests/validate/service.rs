@@ -33,7 +33,7 @@ impl Type {
 }
 
 pub(super) fn check(check: &Check<'_>, service: &Service, rules: &ValidationRules) -> Result<(), Rejection> {
-    check.name("metadata.name", syntax::dns1035_label)?;
+    check.name("metadata.name", syntax::service_name)?;
     check.namespace()?;
     let Some(spec) = &service.spec else {
         return Err(check.fail("spec", RejectReason::MissingField, "required"));

@@ -31,8 +31,9 @@ pub(super) fn check(check: &Check<'_>, slice: &EndpointSlice) -> Result<(), Reje
             ));
         }
     }
-    check.at_most("endpoints", slice.endpoints.len(), MAX_ENDPOINTS, "endpoints")?;
-    for (i, endpoint) in slice.endpoints.iter().enumerate() {
+    let endpoints = slice.endpoints.as_deref().unwrap_or_default();
+    check.at_most("endpoints", endpoints.len(), MAX_ENDPOINTS, "endpoints")?;
+    for (i, endpoint) in endpoints.iter().enumerate() {
         self::endpoint(check, &format!("endpoints[{i}]"), endpoint)?;
     }
     ports(check, slice)
@@ -50,7 +51,7 @@ fn service_name_label(check: &Check<'_>, slice: &EndpointSlice) -> Result<(), Re
     if service.is_empty() {
         return Ok(());
     }
-    check.syntax(field, service, syntax::dns1035_label)
+    check.syntax(field, service, syntax::service_name)
 }
 
 fn endpoint(check: &Check<'_>, field: &str, endpoint: &Endpoint) -> Result<(), Rejection> {

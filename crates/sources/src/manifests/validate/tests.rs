@@ -151,7 +151,7 @@ fn service_names_and_namespaces() {
             InvalidValue,
         ),
         (
-            json!({"metadata": {"name": "1web"}}),
+            json!({"metadata": {"name": "-web"}}),
             "metadata.name",
             InvalidValue,
         ),
@@ -191,6 +191,8 @@ fn service_names_and_namespaces() {
         &[
             json!({}),
             json!({"metadata": {"name": "a".repeat(63), "namespace": "1-team"}}),
+            // Since 1.37 a Service name may start with a digit (KEP-5311).
+            json!({"metadata": {"name": "1web"}}),
         ],
         base_service,
         default_service_rules,
@@ -651,7 +653,7 @@ fn slice_identity_and_service_label() {
         ),
         (service("a/b"), label, InvalidValue),
         (service("web_1"), label, InvalidValue),
-        (service("1web"), label, InvalidValue),
+        (service("-web"), label, InvalidValue),
         (service(&"w".repeat(64)), label, InvalidValue),
         (json!({"addressType": ""}), "addressType", MissingField),
         (json!({"addressType": "IP"}), "addressType", InvalidValue),
@@ -662,6 +664,10 @@ fn slice_identity_and_service_label() {
             json!({}),
             json!({"metadata": {"name": "web.abc-12"}}),
             json!({"addressType": "FQDN"}),
+            // Since 1.37 a Service name may start with a digit (KEP-5311).
+            json!({"metadata": {"labels": {"kubernetes.io/service-name": "1web"}}}),
+            // Optional since the 1.37 API.
+            json!({"endpoints": null}),
         ],
         base_slice,
         slice_rules,

@@ -513,3 +513,59 @@ impl<K> Drop for Relay<K> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Limits;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A TCP address a port holds is refused to another port of the relay, on it or on
+    /// every address of its family, and free again once the port closed; the other family
+    /// and UDP are not affected (loopback of the test's own namespace).
+    #[test]
+    fn an_address_a_tcp_port_holds_is_refused_until_it_closes() {
+        let rt = runtime();
+        let mut relay: Relay<&str> = Relay::new(
+            RelayOptions::new("IPv4"),
+            &Budget::new(Limits::default()),
+            rt.handle().clone(),
+        );
+        let bound = relay
+            .bind(Transport::Tcp, SocketAddr::from(([127, 0, 0, 1], 0)))
+            .unwrap();
+        let port = bound.port();
+        relay
+            .open("web", bound, "default/web:http".into(), PortStats::default())
+            .unwrap();
+        assert_eq!(relay.listener_descriptors(), 1);
+        let at = |ip: IpAddr| SocketAddr::new(ip, port);
+        let loopback = IpAddr::from([127, 0, 0, 1]);
+        for taken in [loopback, IpAddr::from([0, 0, 0, 0])] {
+            let refused = relay.bind(Transport::Tcp, at(taken)).unwrap_err();
+            assert_eq!(refused.kind(), io::ErrorKind::AddrInUse, "{taken}");
+        }
+        assert!(
+            relay
+                .bind(Transport::Tcp, at(IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1])))
+                .is_ok()
+        );
+        assert!(relay.bind(Transport::Udp, at(loopback)).is_ok());
+
+        assert_eq!(relay.close(&"web"), Some(port));
+        assert_eq!(relay.close(&"web"), None);
+        assert!(relay.tcp_addresses.is_empty());
+        assert_eq!(relay.listener_descriptors(), 0);
+        assert!(relay.bind(Transport::Tcp, at(loopback)).is_ok());
+        assert!(matches!(
+            relay.set_endpoints(&"web", Vec::new(), None),
+            Err(RelayError::NotOpen)
+        ));
+    }
+}

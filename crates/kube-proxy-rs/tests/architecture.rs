@@ -7,6 +7,8 @@
 //!   under `crates/backends/` and name no mode, by string or by `ProxyMode`;
 //! - kpr-config, kpr-host, kpr-mode and kpr-explain depend on no backend crate either;
 //! - nftables mode does not depend on kpr-iptables;
+//! - kpr-relay, the data path of the modes that carry traffic themselves, depends on no
+//!   other backend crate and names no mode;
 //! - outside kpr-config, only the binary's `mode.rs` matches on `ProxyMode`, and each
 //!   backend crate names only its own mode.
 
@@ -28,6 +30,8 @@ const GENERIC_LAYERS: [&str; 6] = [
 ];
 const MODE_FREE: [&str; 4] = ["kpr-config", "kpr-host", "kpr-mode", "kpr-explain"];
 const MODE_NAMES: [&str; 5] = ["iptables", "nftables", "ipvs", "userspace", "ebpf"];
+/// The in-process data path (listeners, balancer, TCP threads) more than one mode drives.
+const RELAY: &str = "kpr-relay";
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -133,6 +137,30 @@ fn nftables_mode_does_not_build_on_iptables_mode() {
         "kpr-nftables builds on kpr-iptables: {:?}",
         reached["kpr-iptables"]
     );
+}
+
+/// Every mode that carries traffic itself builds on the relay, so whatever it builds on,
+/// they all would: one backend crate under it (kpr-iptables, say) would put iptables mode's
+/// machinery under nftables mode. It needs none: rule and object names (kpr-naming) belong
+/// to the rules that lead to it, and conntrack cleanups (kpr-conntrack) to the mode whose
+/// rules leave flows behind.
+#[test]
+fn the_relay_builds_on_no_other_backend_and_names_no_mode() {
+    let workspace = Workspace::read();
+    assert!(
+        workspace.is_backend(RELAY),
+        "{RELAY} moved out of crates/backends"
+    );
+    let found = workspace.backends_under(RELAY);
+    assert!(found.is_empty(), "{RELAY} builds on backend crates: {found:?}");
+    let mut offenders = Vec::new();
+    for file in production_sources(&workspace.folders[RELAY]) {
+        let found = mode_names_in(&production_text(&file));
+        if !found.is_empty() {
+            offenders.push(format!("{}: {found:?}", file.display()));
+        }
+    }
+    assert!(offenders.is_empty(), "{RELAY} naming a mode: {offenders:#?}");
 }
 
 /// Production sources of `folder`: `src/**/*.rs` without the files that hold only tests.

@@ -6,7 +6,11 @@
 //! the mode removes a port's series when it closes the port's listener
 //! ([`UserspaceMetrics::forget`]), so the label sets follow the Services and never grow with
 //! churn.
+//!
+//! kpr-relay carries the traffic and counts into handles ([`PortStats`]) and a
+//! [`LimitObserver`]; the names and labels they are counted under are this mode's, here.
 
+use kpr_relay::{Kind, LimitObserver, PortStats};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -115,6 +119,31 @@ impl UserspaceMetrics {
         m
     }
 
+    /// The handles one service port's relay counts into, created (so its series exist)
+    /// when the port opens.
+    pub fn port_stats(&self, labels: &PortLabels) -> PortStats {
+        let bytes = |direction| {
+            self.bytes_total
+                .get_or_create(&BytesLabels {
+                    ip_family: labels.ip_family,
+                    service_port: labels.service_port.clone(),
+                    protocol: labels.protocol,
+                    direction,
+                })
+                .clone()
+        };
+        PortStats {
+            active_connections: self.active_connections.get_or_create(labels).clone(),
+            connections: self.connections_total.get_or_create(labels).clone(),
+            to_endpoint_bytes: bytes("to_endpoint"),
+            from_endpoint_bytes: bytes("from_endpoint"),
+            connect_failures: self.connect_failures_total.get_or_create(labels).clone(),
+            endpoint_retries: self.endpoint_retries_total.get_or_create(labels).clone(),
+            active_udp_sessions: self.active_udp_sessions.get_or_create(labels).clone(),
+            udp_sessions: self.udp_sessions_total.get_or_create(labels).clone(),
+        }
+    }
+
     /// Removes every series of one service port (its listener closed).
     pub fn forget(&self, port: &PortLabels) {
         self.active_connections.remove(port);
@@ -131,6 +160,28 @@ impl UserspaceMetrics {
                 direction,
             });
         }
+    }
+}
+
+/// Counts one family's relay's refusals in `kubeproxy_userspace_limit_reached_total`; the
+/// series appears with the first one.
+#[derive(Debug)]
+pub struct LimitsReached {
+    pub metrics: UserspaceMetrics,
+    pub ip_family: &'static str,
+}
+
+impl LimitObserver for LimitsReached {
+    fn limit_reached(&self, kind: Kind) {
+        let limit = match kind {
+            Kind::Connections => "connections",
+            Kind::UdpSessions => "udp_sessions",
+        };
+        let labels = LimitLabels {
+            ip_family: self.ip_family,
+            limit,
+        };
+        self.metrics.limit_reached_total.get_or_create(&labels).inc();
     }
 }
 
@@ -163,5 +214,37 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap_or_default();
         assert!(!text.contains("default/web"), "{text}");
+    }
+
+    #[test]
+    fn a_refusal_makes_its_series_and_counts_under_family_and_limit() {
+        let mut registry = Registry::default();
+        let m = UserspaceMetrics::register(&mut registry);
+        let text = || {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap_or_default();
+            text
+        };
+        assert!(!text().contains("limit_reached_total{"), "{}", text());
+        let observer = LimitsReached {
+            metrics: m.clone(),
+            ip_family: "IPv6",
+        };
+        observer.limit_reached(Kind::UdpSessions);
+        observer.limit_reached(Kind::UdpSessions);
+        observer.limit_reached(Kind::Connections);
+        let text = text();
+        assert!(
+            text.contains(
+                "kubeproxy_userspace_limit_reached_total{ip_family=\"IPv6\",limit=\"udp_sessions\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "kubeproxy_userspace_limit_reached_total{ip_family=\"IPv6\",limit=\"connections\"} 1"
+            ),
+            "{text}"
+        );
     }
 }

@@ -17,10 +17,10 @@ use kpr_model::IpFamily;
 use kpr_state::{Backend, DesiredState};
 use prometheus_client::registry::Registry;
 
-use crate::limits::{Budget, Limits};
 use crate::metrics::UserspaceMetrics;
 use crate::portals::{Portal, PortalFootprint, PortalTargets, render};
 use crate::proxier::{UserspaceBackend, UserspaceOptions};
+use kpr_relay::{Budget, Limits};
 
 /// The one set of `kubeproxy_userspace_*` metrics, shared by both families' backends.
 static METRICS: OnceLock<UserspaceMetrics> = OnceLock::new();
@@ -168,8 +168,8 @@ fn options(context: &ModeContext<'_>, family: IpFamily) -> Result<UserspaceOptio
             max_udp_sessions: limit(settings.userspace_max_udp_sessions, defaults.max_udp_sessions),
             max_listener_descriptors: defaults.max_listener_descriptors,
         },
-        copy: crate::CopyMethod::default(),
-        tcp_threads: crate::workers::default_count(),
+        copy: kpr_relay::CopyMethod::default(),
+        tcp_threads: kpr_relay::workers::default_count(),
     })
 }
 

@@ -12,12 +12,11 @@
 //! the proxy's back, and the jumps into them are ensured (checking them reads the whole
 //! nat table).
 //!
-//! `sync` runs on a blocking thread of the sync loop; UDP listeners run on the proxy's
-//! tokio runtime, reached through a [`Handle`], TCP listeners and connections on the
-//! backend's own TCP threads ([`crate::workers`], started with the first TCP port, in the
-//! syncing thread's network namespace, each running an event loop of its own:
-//! [`crate::reactor`]). Sockets are bound synchronously here, so a sync
-//! that returns has every listener it wrote a portal for.
+//! The listeners, their connections and UDP sessions are the backend's [`Relay`]
+//! (kpr-relay): `sync` runs on a blocking thread of the sync loop, and the relay binds its
+//! sockets synchronously, so a sync that returns has every listener it wrote a portal for.
+//! UDP listeners run on the proxy's tokio runtime, reached through a [`Handle`], TCP ones on
+//! the relay's own threads, started in the syncing thread's network namespace.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
@@ -27,26 +26,20 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::metrics::{PortLabels, ProtocolLabels, UserspaceMetrics};
+use crate::metrics::{LimitsReached, PortLabels, ProtocolLabels, UserspaceMetrics};
 use kpr_conntrack::{ConntrackTable, Scope};
 use kpr_iptables::{ChainHashes, ExecError, FULL_SYNC_PERIOD, Iptables, RefusedPort, cleanup_footprint};
 use kpr_model::{IpFamily, Protocol, ServicePort, ServicePortName, Sizes};
+use kpr_relay::{Budget, CopyMethod, Limits, PortStats, Relay, RelayError, RelayOptions, Transport, workers};
 use kpr_state::{
     Backend, BackendError, DesiredState, FailedStep, ObjectCount, SyncKind, SyncReport, SyncRequest,
 };
 use tokio::runtime::Handle;
 
-use crate::balancer::PortBalancer;
 use crate::conntrack::remove_stale;
-use crate::copy::CopyMethod;
-use crate::limits::{Budget, Kind, Limits, ListenerDescriptors, Slots};
-use crate::port::{PortState, PortStats};
 use crate::portals::PortalFootprint;
 use crate::portals::{Portal, PortalTargets, checked_name, jump_rules, render, superseded_jump_rules};
-use crate::ports::{PortAllocator, PortSource};
-use crate::tcp::{self, Listener};
-use crate::udp::{self, UdpListener};
-use crate::workers::{self, Worker, Workers};
+use crate::ports::{AllocError, PortAllocator, PortSource};
 
 /// Service ports a sync logs one by one when it leaves them out; the rest are counted in
 /// one line (past a descriptor limit, thousands fail at every retry).
@@ -68,7 +61,7 @@ pub struct UserspaceOptions {
     pub limits: Limits,
     /// How TCP bytes are moved (splice unless a measurement says otherwise).
     pub copy: CopyMethod,
-    /// TCP threads ([`crate::workers`]); one per core by default.
+    /// TCP threads ([`kpr_relay::workers`]); one per core by default.
     pub tcp_threads: NonZeroUsize,
 }
 
@@ -94,37 +87,24 @@ impl UserspaceOptions {
             IpFamily::V6 => IpAddr::from([0u16; 8]),
         })
     }
-}
 
-/// A service port's socket.
-#[derive(Debug)]
-enum Socket {
-    Tcp(Listener),
-    Udp(UdpListener),
-}
-
-impl Socket {
-    fn port(&self) -> u16 {
-        match self {
-            Socket::Tcp(listener) => listener.port(),
-            Socket::Udp(listener) => listener.port(),
-        }
-    }
-
-    fn descriptors(&self) -> usize {
-        match self {
-            Socket::Tcp(listener) => listener.descriptors(),
-            Socket::Udp(_) => 1,
+    /// How the relay carries this family's traffic.
+    fn relay(&self) -> RelayOptions {
+        RelayOptions {
+            ip_family: self.family.label(),
+            udp_timeout: self.udp_timeout,
+            copy: self.copy,
+            tcp_threads: self.tcp_threads,
         }
     }
 }
 
-/// One open service port.
+/// What this mode keeps of an open service port beside the relay's listener.
 #[derive(Debug)]
 struct OpenPort {
     protocol: Protocol,
-    state: Arc<PortState>,
-    socket: Socket,
+    /// The listener's port, taken from the allocator.
+    listening: u16,
     labels: PortLabels,
     /// UDP: where its flows are found in conntrack (empty for TCP).
     flows: Vec<Scope>,
@@ -133,14 +113,12 @@ struct OpenPort {
 pub struct UserspaceBackend {
     options: UserspaceOptions,
     runtime: Handle,
-    /// Started with the first TCP port.
-    workers: Option<Workers>,
+    /// The listeners: one for each entry of `open`, under the same name.
+    relay: Relay<ServicePortName>,
     iptables: Box<dyn Iptables>,
     ports: PortAllocator,
     open: HashMap<ServicePortName, OpenPort>,
     metrics: Option<UserspaceMetrics>,
-    connections: Arc<Slots>,
-    udp_sessions: Arc<Slots>,
     /// Ports already reported as unsafe or unsupported (each is reported once).
     reported_refusals: HashSet<RefusedPort>,
     reported_sctp: HashSet<ServicePortName>,
@@ -154,11 +132,6 @@ pub struct UserspaceBackend {
     full_synced: Option<Instant>,
     /// The portal chains as the last restore left them (empty: unknown, all are written).
     written: ChainHashes,
-    /// The limits' counters, shared with the other family's backend when
-    /// [`UserspaceBackend::sharing`] says so.
-    budget: Budget,
-    /// Descriptors the open ports' sockets hold (see [`Limits::max_listener_descriptors`]).
-    listener_descriptors: ListenerDescriptors,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -167,26 +140,23 @@ pub enum SyncError {
     Listen {
         port: String,
         #[source]
-        source: crate::ports::AllocError,
+        source: AllocError,
     },
-    #[error("cannot start the TCP threads: {0}")]
-    Threads(#[source] std::io::Error),
+    /// What the relay could not do but for a listener: start its TCP threads.
+    #[error(transparent)]
+    Relay(RelayError),
     #[error(transparent)]
     Exec(#[from] ExecError),
 }
 
 impl UserspaceBackend {
     pub fn new(options: UserspaceOptions, iptables: Box<dyn Iptables>, runtime: Handle) -> Self {
-        let budget = Budget::new(options.limits);
+        let relay = Relay::new(options.relay(), &Budget::new(options.limits), runtime.clone());
         Self {
             ports: PortAllocator::new(PortSource::of(options.port_range.clone())),
-            connections: slots(&budget, Kind::Connections, &options, None),
-            udp_sessions: slots(&budget, Kind::UdpSessions, &options, None),
-            listener_descriptors: budget.listener_descriptors(),
-            budget,
+            relay,
             options,
             runtime,
-            workers: None,
             iptables,
             open: HashMap::new(),
             metrics: None,
@@ -204,9 +174,8 @@ impl UserspaceBackend {
     /// family's backend in the same process does too. Before the first sync.
     pub fn sharing(mut self, budget: &Budget) -> Self {
         self.options.limits = budget.limits();
-        self.budget = budget.clone();
-        self.listener_descriptors = budget.listener_descriptors();
-        self.rebuild_slots();
+        self.relay = Relay::new(self.options.relay(), budget, self.runtime.clone());
+        self.observe_limits();
         self
     }
 
@@ -220,53 +189,52 @@ impl UserspaceBackend {
     /// Reports to `metrics` (`kubeproxy_userspace_*`).
     pub fn with_metrics(mut self, metrics: UserspaceMetrics) -> Self {
         self.metrics = Some(metrics);
-        self.rebuild_slots();
+        self.observe_limits();
         self
     }
 
-    fn rebuild_slots(&mut self) {
-        let metrics = self.metrics.as_ref();
-        self.connections = slots(&self.budget, Kind::Connections, &self.options, metrics);
-        self.udp_sessions = slots(&self.budget, Kind::UdpSessions, &self.options, metrics);
+    /// The relay's refusals counted in the metrics, if there are any.
+    fn observe_limits(&mut self) {
+        if let Some(metrics) = &self.metrics {
+            self.relay.observe_limits(Arc::new(LimitsReached {
+                metrics: metrics.clone(),
+                ip_family: self.options.family.label(),
+            }));
+        }
     }
 
     /// The port each open service port listens on (tests, `explain`).
     pub fn listeners(&self) -> HashMap<ServicePortName, u16> {
         self.open
             .iter()
-            .map(|(name, open)| (name.clone(), open.socket.port()))
+            .map(|(name, open)| (name.clone(), open.listening))
             .collect()
     }
 
     /// Entry counts of everything kept between syncs (see `kpr_model::Sizes`).
     pub fn footprint(&self) -> Sizes {
-        let sticky = self
-            .open
-            .values()
-            .map(|open| open.state.balancer(|b| b.sticky_clients()))
-            .sum();
         Sizes::new()
             .with("open_ports", self.open.len())
             .with("allocated_ports", self.ports.in_use())
-            .with("sticky_clients", sticky)
+            .with("sticky_clients", self.relay.sticky_clients())
             .with("reported_refusals", self.reported_refusals.len())
             .with("reported_sctp", self.reported_sctp.len())
-            .with("listener_descriptors", self.listener_descriptors.own())
+            .with("listener_descriptors", self.relay.listener_descriptors())
     }
 
     /// TCP connections carried now, over all ports.
     pub fn active_connections(&self) -> usize {
-        self.connections.in_use()
+        self.relay.active_connections()
     }
 
     /// Listeners and connections the TCP threads hold (tests: nothing may leak).
     pub fn tcp_held(&self) -> usize {
-        self.workers.as_ref().map_or(0, Workers::held)
+        self.relay.tcp_held()
     }
 
     /// UDP sessions held now, over all ports.
     pub fn active_udp_sessions(&self) -> usize {
-        self.udp_sessions.in_use()
+        self.relay.active_udp_sessions()
     }
 
     /// Closes every port and removes the portals (shutdown).
@@ -297,8 +265,6 @@ impl UserspaceBackend {
         for name in &gone {
             self.close(name);
         }
-        let held = self.open.values().map(|open| open.socket.descriptors()).sum();
-        self.listener_descriptors.set(held);
         // A port that cannot get a listener (no free port in the range, no descriptor left)
         // does not hold back the others, nor fail the sync: as upstream's userspace proxy,
         // which logged such a port and went on, it is logged, counted, and tried again at
@@ -332,7 +298,7 @@ impl UserspaceBackend {
                 let open = self.open.get(&port.name)?;
                 Some(Portal {
                     port,
-                    proxy_port: open.socket.port(),
+                    proxy_port: open.listening,
                 })
             })
             .collect();
@@ -353,10 +319,7 @@ impl UserspaceBackend {
             self.full_synced = Some(Instant::now());
         }
         self.remove_stale_flows();
-        let now = Instant::now();
-        for open in self.open.values() {
-            open.state.balancer(|b| b.prune(now));
-        }
+        self.relay.prune(Instant::now());
         if let Some(error) = failed {
             return Err(error);
         }
@@ -464,73 +427,41 @@ impl UserspaceBackend {
         {
             self.close(&port.name);
         }
-        let start = self.random_start();
         if !self.open.contains_key(&port.name) {
-            self.open_port(port, affinity)?;
+            self.open_port(port)?;
         }
-        if port.name.protocol != Protocol::Udp {
-            self.start_tcp_threads()?;
-        }
-        let Some(mut open) = self.open.remove(&port.name) else {
-            return Ok(());
-        };
-        let has_endpoints = !endpoints.is_empty();
-        open.state.balancer(|b| {
-            b.set_affinity(affinity);
-            b.set_endpoints(endpoints, start);
-        });
-        if let Socket::Tcp(listener) = open.socket {
-            let before = listener.descriptors();
-            let listening_port = listener.port();
-            let bind_ip = self.options.bind_ip();
-            let threads = self.accepting_threads(listening_port);
-            // Held until the descriptors can be spared: refused, as without endpoints. (The
-            // held socket becomes the first thread's listener.)
-            let accept = has_endpoints
-                && (listener.is_accepting() || self.spare_descriptors(threads.len().saturating_sub(1)));
-            match tcp::retarget(listener, accept, bind_ip, &open.state, &self.connections, threads) {
-                Ok(listener) => {
-                    let held = self.listener_descriptors.own() - before + listener.descriptors();
-                    self.listener_descriptors.set(held);
-                    open.socket = Socket::Tcp(listener);
+        match self.relay.set_endpoints(&port.name, endpoints, affinity) {
+            Ok(()) => Ok(()),
+            Err(RelayError::Closed { source, .. }) => {
+                tracing::error!(service = %port.name, error = %source, "cannot change the listener; the port is opened anew at the next sync");
+                if let Some(open) = self.open.remove(&port.name) {
+                    self.release(&port.name, &open);
                 }
-                Err(error) => {
-                    tracing::error!(service = %open.state.name, %error, "cannot change the listener; the port is opened anew at the next sync");
-                    let held = self.listener_descriptors.own() - before;
-                    self.listener_descriptors.set(held);
-                    self.release(&open.state, listening_port, &open.labels);
-                    return Ok(());
-                }
+                Ok(())
             }
-            let held_for_want_of_descriptors = has_endpoints && !accept;
-            self.open.insert(port.name.clone(), open);
-            if held_for_want_of_descriptors {
-                return Err(self.out_of_descriptors(port));
-            }
-            return Ok(());
+            Err(error) => Err(self.relay_error(port, error)),
         }
-        self.open.insert(port.name.clone(), open);
-        Ok(())
     }
 
-    /// Whether the listeners (of every backend of the budget) may take `more` descriptors.
-    fn spare_descriptors(&self, more: usize) -> bool {
-        self.listener_descriptors.spare(more)
-    }
-
-    /// The error for a port past the listeners' descriptor budget (counted, see
-    /// [`UserspaceBackend::refused`]).
-    fn out_of_descriptors(&self, port: &ServicePort) -> SyncError {
-        let source = crate::ports::AllocError::Descriptors {
-            used: self.listener_descriptors.total(),
-            limit: self.listener_descriptors.limit(),
-        };
-        self.refused(port.name.to_string(), source)
+    /// What a sync makes of the relay's `error` for `port`: a port left out for want of
+    /// descriptors is counted as that limit (see [`UserspaceBackend::refused`]).
+    fn relay_error(&self, port: &ServicePort, error: RelayError) -> SyncError {
+        let name = port.name.to_string();
+        match error {
+            RelayError::Descriptors { used, limit } => {
+                self.refused(name, AllocError::Descriptors { used, limit })
+            }
+            RelayError::Serve { port, source } | RelayError::Closed { port, source } => SyncError::Listen {
+                port: name,
+                source: AllocError::Bind { port, source },
+            },
+            error @ (RelayError::Threads(_) | RelayError::NotOpen) => SyncError::Relay(error),
+        }
     }
 
     /// The error for a port that gets no listener; one that hit a limit is counted in
     /// `kubeproxy_userspace_limit_reached_total` under that limit's label.
-    fn refused(&self, port: String, source: crate::ports::AllocError) -> SyncError {
+    fn refused(&self, port: String, source: AllocError) -> SyncError {
         if let (Some(metrics), Some(limit)) = (&self.metrics, source.limit()) {
             let labels = crate::metrics::LimitLabels {
                 ip_family: self.options.family.label(),
@@ -541,34 +472,9 @@ impl UserspaceBackend {
         SyncError::Listen { port, source }
     }
 
-    /// The TCP threads a listener that starts accepting accepts on: every thread while the
-    /// listeners hold at most an eighth of the descriptors set aside for them (each thread
-    /// then takes its share of every port's connections), else one, chosen by the port
-    /// number, so that a node with many Services needs one descriptor per port, not one
-    /// per port and thread, and the ports still spread over the threads.
-    fn accepting_threads(&self, port: u16) -> &[Worker] {
-        let all = self.workers.as_ref().map_or(&[][..], Workers::threads);
-        let eighth = self.listener_descriptors.limit() / 8;
-        if all.len() <= 1 || self.listener_descriptors.total() + all.len() <= eighth {
-            return all;
-        }
-        let one = usize::from(port) % all.len();
-        &all[one..=one]
-    }
-
-    /// Starts the TCP threads unless they run.
-    fn start_tcp_threads(&mut self) -> Result<(), SyncError> {
-        if self.workers.is_none() {
-            let workers = Workers::start(self.options.tcp_threads).map_err(SyncError::Threads)?;
-            tracing::info!(threads = workers.threads().len(), "started the TCP threads");
-            self.workers = Some(workers);
-        }
-        Ok(())
-    }
-
-    fn open_port(&mut self, port: &ServicePort, affinity: Option<Duration>) -> Result<(), SyncError> {
-        if !self.spare_descriptors(1) {
-            return Err(self.out_of_descriptors(port));
+    fn open_port(&mut self, port: &ServicePort) -> Result<(), SyncError> {
+        if let Err(error) = self.relay.room_for_listener() {
+            return Err(self.relay_error(port, error));
         }
         let name = port.name.to_string();
         let labels = PortLabels {
@@ -577,56 +483,40 @@ impl UserspaceBackend {
             protocol: port.name.protocol.api(),
         };
         let stats = match &self.metrics {
-            Some(metrics) => PortStats::registered(metrics, &labels),
+            Some(metrics) => metrics.port_stats(&labels),
             None => PortStats::default(),
         };
-        let state = PortState::new(
-            name.clone(),
-            PortBalancer::new(affinity),
-            stats,
-            self.options.copy,
-        );
         let ip = self.options.bind_ip();
         let start = self.random_start();
-        let mut flows = Vec::new();
-        let socket = match port.name.protocol {
-            Protocol::Udp => {
-                flows = crate::conntrack::scopes(port);
-                let (socket, bound) = self
-                    .ports
-                    .allocate(start, |p| udp::bind(ip, p))
-                    .map_err(|source| self.refused(name.clone(), source))?;
-                let served = udp::serve(
-                    socket,
-                    bound,
-                    state.clone(),
-                    self.udp_sessions.clone(),
-                    self.options.udp_timeout,
-                    &self.runtime,
-                );
-                self.flow_cleanups.push((flows.clone(), Some(bound)));
-                Socket::Udp(served.map_err(|source| SyncError::Listen {
-                    port: name.clone(),
-                    source: crate::ports::AllocError::Bind { port: bound, source },
-                })?)
-            }
-            _ => {
-                let (socket, bound) = self
-                    .ports
-                    .allocate(start, |p| tcp::bind(ip, p))
-                    .map_err(|source| self.refused(name.clone(), source))?;
-                Socket::Tcp(Listener::Held { port: bound, socket })
-            }
+        let transport = match port.name.protocol {
+            Protocol::Udp => Transport::Udp,
+            _ => Transport::Tcp,
         };
-        tracing::info!(service = %name, port = socket.port(), "opened the service port's listener");
-        let held = self.listener_descriptors.own() + socket.descriptors();
-        self.listener_descriptors.set(held);
+        let relay = &self.relay;
+        let (bound, listening) = self
+            .ports
+            .allocate(start, |p| {
+                let bound = relay.bind(transport, SocketAddr::new(ip, p))?;
+                let got = bound.port();
+                Ok((bound, got))
+            })
+            .map_err(|source| self.refused(name.clone(), source))?;
+        let mut flows = Vec::new();
+        if transport == Transport::Udp {
+            flows = crate::conntrack::scopes(port);
+            self.flow_cleanups.push((flows.clone(), Some(listening)));
+        }
+        if let Err(error) = self.relay.open(port.name.clone(), bound, name.clone(), stats) {
+            // The socket is gone with the error: its port is free again.
+            self.ports.release(listening);
+            return Err(self.relay_error(port, error));
+        }
+        tracing::info!(service = %name, port = listening, "opened the service port's listener");
         self.open.insert(
             port.name.clone(),
             OpenPort {
                 protocol: port.name.protocol,
-                state,
-                socket,
+                listening,
                 labels,
                 flows,
             },
@@ -640,21 +530,19 @@ impl UserspaceBackend {
             if !open.flows.is_empty() {
                 self.flow_cleanups.push((open.flows.clone(), None));
             }
-            self.release(&open.state, open.socket.port(), &open.labels);
+            self.relay.close(name);
+            self.release(name, &open);
         }
     }
 
-    /// What closing a port gives back; its socket is dropped by the caller.
-    fn release(&mut self, state: &Arc<PortState>, port: u16, labels: &PortLabels) {
-        state.close();
-        if let Some(workers) = &self.workers {
-            workers.close_port(state);
-        }
-        self.ports.release(port);
+    /// What closing a port gives back besides the relay's listener: its port and its
+    /// metric series.
+    fn release(&mut self, name: &ServicePortName, open: &OpenPort) {
+        self.ports.release(open.listening);
         if let Some(metrics) = &self.metrics {
-            metrics.forget(labels);
+            metrics.forget(&open.labels);
         }
-        tracing::info!(service = %state.name, port, "closed the service port's listener");
+        tracing::info!(service = %name, port = open.listening, "closed the service port's listener");
     }
 
     fn random_start(&self) -> usize {
@@ -672,16 +560,6 @@ impl UserspaceBackend {
         self.reported_refusals = current;
         reported
     }
-}
-
-/// A backend's slots of one kind, shared by its listeners, drawn from `budget`.
-fn slots(
-    budget: &Budget,
-    kind: Kind,
-    options: &UserspaceOptions,
-    metrics: Option<&UserspaceMetrics>,
-) -> Arc<Slots> {
-    Arc::new(budget.slots(kind, options.family.label(), metrics.cloned()))
 }
 
 impl Backend for UserspaceBackend {
@@ -702,13 +580,5 @@ impl Backend for UserspaceBackend {
             };
             BackendError::new(SyncKind::Full, step, error)
         })
-    }
-}
-
-impl Drop for UserspaceBackend {
-    fn drop(&mut self) {
-        for open in self.open.values() {
-            open.state.close();
-        }
     }
 }

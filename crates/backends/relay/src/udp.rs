@@ -4,11 +4,11 @@
 //! The first datagram of a client picks an endpoint and opens a socket connected to it;
 //! the client's later datagrams go through that socket, and a task relays the endpoint's
 //! replies back through the service port's socket, so the client hears from the address
-//! and port it sent to (the portal's NAT is undone by conntrack on the way out). A session
-//! ends when neither side sent for `--udp-timeout` (upstream's idle deadline, refreshed by
-//! every datagram), when its endpoint's socket fails, or when the Service port is removed.
-//! Sessions count against the backend's UDP session limit; a datagram that would open one
-//! past it is dropped.
+//! and port it sent to (the NAT of a rule that redirected the client here, such as a
+//! portal, is undone by conntrack on the way out). A session ends when neither side sent
+//! for `--udp-timeout` (upstream's idle deadline, refreshed by every datagram), when its
+//! endpoint's socket fails, or when the Service port is removed. Sessions count against the
+//! relay's UDP session limit; a datagram that would open one past it is dropped.
 
 use std::collections::HashMap;
 use std::io;

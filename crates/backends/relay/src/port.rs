@@ -1,16 +1,19 @@
-//! What one service port's listener and its connections share with the proxier: the
-//! balancer (the proxier swaps endpoints in it, the connections pick from it), the metric
-//! handles, and the signal that the Service port is gone.
+//! What one service port's listener and its connections share with whoever syncs it
+//! ([`crate::Relay`]): the balancer (the sync swaps endpoints in it, the connections pick
+//! from it), the metric handles, and the signal that the Service port is gone.
 //!
 //! Endpoint changes go through the balancer only, so a connection already carried never
 //! notices them; removal is the one event that ends connections ([`PortState::close`] for
 //! UDP sessions, [`crate::workers::Workers::close_port`] for TCP connections).
+//!
+//! The counts are metric handles ([`PortStats`]) the caller makes and registers under its
+//! own names, not calls out to the caller: a connection counts its bytes at every write, and
+//! a handle's count is one atomic add, what the data path paid before it had a second user.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use crate::metrics::{BytesLabels, PortLabels, UserspaceMetrics};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
@@ -19,7 +22,7 @@ use crate::balancer::PortBalancer;
 use crate::copy::CopyMethod;
 
 /// The metric handles of one service port, looked up once: a connection only increments.
-/// Without registered metrics (tests, tools) they count into the void.
+/// Default handles (tests, tools, a caller that counts nothing) count into the void.
 #[derive(Clone, Debug, Default)]
 pub struct PortStats {
     pub active_connections: Gauge,
@@ -32,33 +35,7 @@ pub struct PortStats {
     pub udp_sessions: Counter,
 }
 
-impl PortStats {
-    pub fn registered(metrics: &UserspaceMetrics, labels: &PortLabels) -> Self {
-        let bytes = |direction| {
-            metrics
-                .bytes_total
-                .get_or_create(&BytesLabels {
-                    ip_family: labels.ip_family,
-                    service_port: labels.service_port.clone(),
-                    protocol: labels.protocol,
-                    direction,
-                })
-                .clone()
-        };
-        Self {
-            active_connections: metrics.active_connections.get_or_create(labels).clone(),
-            connections: metrics.connections_total.get_or_create(labels).clone(),
-            to_endpoint_bytes: bytes("to_endpoint"),
-            from_endpoint_bytes: bytes("from_endpoint"),
-            connect_failures: metrics.connect_failures_total.get_or_create(labels).clone(),
-            endpoint_retries: metrics.endpoint_retries_total.get_or_create(labels).clone(),
-            active_udp_sessions: metrics.active_udp_sessions.get_or_create(labels).clone(),
-            udp_sessions: metrics.udp_sessions_total.get_or_create(labels).clone(),
-        }
-    }
-}
-
-/// One service port, shared by its listener task, its connections and the proxier.
+/// One service port, shared by its listeners, its connections and the relay.
 #[derive(Debug)]
 pub struct PortState {
     /// `namespace/name:port`, for logs.

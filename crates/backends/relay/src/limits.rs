@@ -1,33 +1,36 @@
 //! Bounded resources: at most so many TCP connections and UDP sessions at once, for all
-//! service ports of a backend together.
+//! service ports of a relay together.
 //!
 //! Every carried connection holds two file descriptors (and a pipe per direction while it
 //! splices) and an entry of its thread's table; without a bound, a flood of clients takes
 //! the process to its descriptor limit, and then upstream's proxy panicked ("too many open
 //! files"). Here a connection beyond the limit is closed at once
-//! (a UDP packet that would open a session is dropped), the metric counts it, and one log
+//! (a UDP packet that would open a session is dropped), the caller counts it, and one log
 //! line says the limit was reached, once per episode: the next line comes only after the
 //! load fell below the limit again.
 //!
-//! The limits bound the process, not a backend: a dual-stack proxy runs a backend per IP
+//! The limits bound the process, not a relay: a dual-stack proxy runs a relay per IP
 //! family, both drawing on the one descriptor limit the defaults were fitted to, so they
-//! share one [`Budget`] (each with its own log line and metric labels).
+//! share one [`Budget`] (each with its own log line and its own [`LimitObserver`]).
+//!
+//! A refusal is counted through a [`LimitObserver`], not a counter handle: the caller names
+//! the metric, and its series appears only once a limit is first reached, as it always did
+//! in userspace mode's `/metrics`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use crate::metrics::{LimitLabels, UserspaceMetrics};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Upstream raised its descriptor limit to 64000 for this mode.
+/// Upstream raised its descriptor limit to 64000 for its userspace mode.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 32_000;
 pub const DEFAULT_MAX_UDP_SESSIONS: usize = 16_000;
 /// Descriptors a carried connection may hold: its two sockets and, once it splices, a pipe
 /// (two descriptors) per direction.
 pub const DESCRIPTORS_PER_CONNECTION: usize = 6;
 /// Descriptors kept for everything else (API watches, HTTP servers, the pipes of each
-/// `iptables-restore`): a sync must still be able to write the portals when everything
-/// else is at its limit.
+/// `iptables-restore`): a sync must still be able to write its rules when everything else
+/// is at its limit.
 pub const DESCRIPTORS_RESERVED: usize = 1024;
 
 /// The configured bounds.
@@ -69,7 +72,7 @@ impl Default for Limits {
     }
 }
 
-/// The limits' counters, for every backend of a process: connections and UDP sessions
+/// The limits' counters, for every relay of a process: connections and UDP sessions
 /// carried, and the descriptors the service ports' listeners hold.
 #[derive(Clone, Debug)]
 pub struct Budget {
@@ -93,9 +96,14 @@ impl Budget {
         self.limits
     }
 
-    /// One backend's slots of `kind`, drawn from this budget, logged and counted as
-    /// `ip_family`'s.
-    pub fn slots(&self, kind: Kind, ip_family: &'static str, metrics: Option<UserspaceMetrics>) -> Slots {
+    /// One relay's slots of `kind`, drawn from this budget, logged as `ip_family`'s and
+    /// their refusals told to `observer`.
+    pub fn slots(
+        &self,
+        kind: Kind,
+        ip_family: &'static str,
+        observer: Option<Arc<dyn LimitObserver>>,
+    ) -> Slots {
         let (semaphore, max) = match kind {
             Kind::Connections => (&self.connections, self.limits.max_connections),
             Kind::UdpSessions => (&self.udp_sessions, self.limits.max_udp_sessions),
@@ -106,11 +114,11 @@ impl Budget {
             semaphore: Arc::clone(semaphore),
             at_limit: AtomicBool::new(false),
             ip_family,
-            metrics,
+            observer,
         }
     }
 
-    /// One backend's count of listener descriptors, added into this budget's total.
+    /// One relay's count of listener descriptors, added into this budget's total.
     pub fn listener_descriptors(&self) -> ListenerDescriptors {
         ListenerDescriptors {
             own: 0,
@@ -120,10 +128,10 @@ impl Budget {
     }
 }
 
-/// The descriptors one backend's listeners hold, kept in the budget's total as well; a
-/// backend dropped gives its share back.
+/// The descriptors one relay's listeners hold, kept in the budget's total as well; a
+/// relay dropped gives its share back.
 ///
-/// Backends check for room and then open sockets without a lock between them: two
+/// Relays check for room and then open sockets without a lock between them: two
 /// families syncing at the same moment can pass the limit by a listener's descriptors,
 /// which [`DESCRIPTORS_RESERVED`] absorbs.
 #[derive(Debug)]
@@ -134,12 +142,12 @@ pub struct ListenerDescriptors {
 }
 
 impl ListenerDescriptors {
-    /// This backend's.
+    /// This relay's.
     pub fn own(&self) -> usize {
         self.own
     }
 
-    /// Every backend's of the budget.
+    /// Every relay's of the budget.
     pub fn total(&self) -> usize {
         self.total.load(Ordering::Relaxed)
     }
@@ -148,12 +156,12 @@ impl ListenerDescriptors {
         self.limit
     }
 
-    /// Whether the listeners of all backends together may take `more`.
+    /// Whether the listeners of all relays together may take `more`.
     pub fn spare(&self, more: usize) -> bool {
         self.total() + more <= self.limit
     }
 
-    /// This backend's listeners hold `own` now.
+    /// This relay's listeners hold `own` now.
     pub fn set(&mut self, own: usize) {
         if own >= self.own {
             self.total.fetch_add(own - self.own, Ordering::Relaxed);
@@ -178,7 +186,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn label(self) -> &'static str {
+    /// How logs name it.
+    pub fn label(self) -> &'static str {
         match self {
             Kind::Connections => "connections",
             Kind::UdpSessions => "udp_sessions",
@@ -186,7 +195,13 @@ impl Kind {
     }
 }
 
-/// Slots of one kind, shared by every listener of a backend and drawn from the process's
+/// Told when a connection or UDP session is refused because its limit is reached (see the
+/// module docs for why a trait).
+pub trait LimitObserver: Send + Sync + std::fmt::Debug {
+    fn limit_reached(&self, kind: Kind);
+}
+
+/// Slots of one kind, shared by every listener of a relay and drawn from the process's
 /// [`Budget`]; a permit is one slot, freed when dropped (the connection or session ended).
 #[derive(Debug)]
 pub struct Slots {
@@ -196,7 +211,7 @@ pub struct Slots {
     /// Set when the limit was hit and not yet logged as over.
     at_limit: AtomicBool,
     ip_family: &'static str,
-    metrics: Option<UserspaceMetrics>,
+    observer: Option<Arc<dyn LimitObserver>>,
 }
 
 impl Slots {
@@ -213,12 +228,8 @@ impl Slots {
                 Some(permit)
             }
             Err(_) => {
-                if let Some(metrics) = &self.metrics {
-                    let labels = LimitLabels {
-                        ip_family: self.ip_family,
-                        limit: self.kind.label(),
-                    };
-                    metrics.limit_reached_total.get_or_create(&labels).inc();
+                if let Some(observer) = &self.observer {
+                    observer.limit_reached(self.kind);
                 }
                 if !self.at_limit.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
@@ -234,7 +245,7 @@ impl Slots {
         }
     }
 
-    /// Slots in use now, by every backend of the budget.
+    /// Slots in use now, by every relay of the budget.
     pub fn in_use(&self) -> usize {
         self.max - self.semaphore.available_permits()
     }
@@ -242,7 +253,25 @@ impl Slots {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
+
+    /// Counts refusals by kind.
+    #[derive(Debug, Default)]
+    struct Refusals(Mutex<Vec<Kind>>);
+
+    impl LimitObserver for Refusals {
+        fn limit_reached(&self, kind: Kind) {
+            self.0.lock().unwrap().push(kind);
+        }
+    }
+
+    impl Refusals {
+        fn of(&self, kind: Kind) -> usize {
+            self.0.lock().unwrap().iter().filter(|k| **k == kind).count()
+        }
+    }
 
     #[test]
     fn defaults_fit_the_descriptor_limit() {
@@ -270,21 +299,17 @@ mod tests {
 
     #[test]
     fn slots_run_out_at_the_limit_count_it_and_come_back() {
-        let metrics = UserspaceMetrics::default();
+        let refusals = Arc::new(Refusals::default());
         let budget = Budget::new(Limits {
             max_connections: 2,
             ..Limits::default()
         });
-        let slots = budget.slots(Kind::Connections, "IPv4", Some(metrics.clone()));
+        let slots = budget.slots(Kind::Connections, "IPv4", Some(refusals.clone()));
         let a = slots.try_take().unwrap();
         let _b = slots.try_take().unwrap();
         assert!(slots.try_take().is_none());
         assert!(slots.try_take().is_none());
-        let labels = LimitLabels {
-            ip_family: "IPv4",
-            limit: "connections",
-        };
-        assert_eq!(metrics.limit_reached_total.get_or_create(&labels).get(), 2);
+        assert_eq!(refusals.of(Kind::Connections), 2);
         assert_eq!(slots.in_use(), 2);
         drop(a);
         assert_eq!(slots.in_use(), 1);
@@ -293,25 +318,21 @@ mod tests {
 
     #[test]
     fn both_families_draw_on_one_budget() {
-        let metrics = UserspaceMetrics::default();
+        let (refused4, refused6) = (Arc::new(Refusals::default()), Arc::new(Refusals::default()));
         let budget = Budget::new(Limits {
             max_connections: 2,
             max_udp_sessions: 1,
             max_listener_descriptors: 5,
         });
-        let v4 = budget.slots(Kind::Connections, "IPv4", Some(metrics.clone()));
-        let v6 = budget.slots(Kind::Connections, "IPv6", Some(metrics.clone()));
+        let v4 = budget.slots(Kind::Connections, "IPv4", Some(refused4.clone()));
+        let v6 = budget.slots(Kind::Connections, "IPv6", Some(refused6.clone()));
         let _a = v4.try_take().unwrap();
         let b = v6.try_take().unwrap();
         assert!(v4.try_take().is_none(), "the other family holds the second slot");
-        let refused = |ip_family| {
-            let labels = LimitLabels {
-                ip_family,
-                limit: "connections",
-            };
-            metrics.limit_reached_total.get_or_create(&labels).get()
-        };
-        assert_eq!((refused("IPv4"), refused("IPv6")), (1, 0));
+        assert_eq!(
+            (refused4.of(Kind::Connections), refused6.of(Kind::Connections)),
+            (1, 0)
+        );
         drop(b);
         assert!(v4.try_take().is_some());
         let sessions = budget.slots(Kind::UdpSessions, "IPv6", None);
@@ -328,6 +349,6 @@ mod tests {
         v4.set(1);
         assert_eq!((v4.own(), v6.own(), v6.total()), (1, 2, 3));
         drop(v6);
-        assert_eq!(v4.total(), 1, "a backend dropped gives its descriptors back");
+        assert_eq!(v4.total(), 1, "a relay dropped gives its descriptors back");
     }
 }

@@ -141,7 +141,7 @@ fn listener_socket(ip: IpAddr) -> io::Result<OwnedFd> {
     setsockopt(&socket, sockopt::ReuseAddr, &true)?;
     // The port's other listeners join it (see the module docs). The kernel still never
     // picks a port for port 0 that another socket holds, reuse-port or not, and the
-    // allocator never hands out a port twice.
+    // caller never asks for a port it already has (userspace mode's allocator, say).
     setsockopt(&socket, sockopt::ReusePort, &true)?;
     // Inherited by every accepted connection (see the module docs).
     setsockopt(&socket, sockopt::TcpNoDelay, &true)?;

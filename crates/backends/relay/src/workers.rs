@@ -48,7 +48,7 @@ impl Worker {
     }
 }
 
-/// The TCP threads of one backend.
+/// The TCP threads of one relay.
 #[derive(Debug)]
 pub struct Workers {
     workers: Vec<Worker>,
@@ -70,7 +70,7 @@ impl Workers {
         Ok(workers)
     }
 
-    /// Every thread: a listener accepts on each (or on one, see the proxier).
+    /// Every thread: a listener accepts on each (or on one, see [`crate::Relay`]).
     pub fn threads(&self) -> &[Worker] {
         &self.workers
     }

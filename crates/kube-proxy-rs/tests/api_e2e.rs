@@ -306,8 +306,13 @@ fn programming_latency(cluster: &Cluster) -> Latency {
     let mut count = 0;
     for line in body.lines().filter(|l| l.starts_with(name)) {
         let value: u64 = line.rsplit(' ').next().unwrap().parse().unwrap_or(0);
-        if let Some(rest) = line.strip_prefix(&format!("{name}_bucket{{le=\"")) {
-            let le = rest.split('"').next().unwrap();
+        if let Some(labels) = line.strip_prefix(&format!("{name}_bucket{{")) {
+            // `le` is the last label in the text format, as upstream writes it.
+            let le = labels
+                .split(',')
+                .find_map(|pair| pair.strip_prefix("le=\""))
+                .and_then(|rest| rest.split('"').next())
+                .unwrap();
             buckets.push((le.parse().unwrap_or(f64::INFINITY), value));
         } else if line.starts_with(&format!("{name}_count")) {
             count = value;

@@ -226,6 +226,7 @@ fn health_turns_503_while_syncs_fail_and_recovers() {
     assert!(!rules.contains(&svc_chain), "{svc_chain} still there:\n{rules}");
 }
 
+/// `/metrics`, `/metrics/slis` and `/proxyMode` on the metrics port, as upstream serves them.
 #[test]
 fn metrics_and_proxy_mode_answer_on_the_metrics_port() {
     let mut cluster = web_cluster(&[0], 1, None);
@@ -244,6 +245,77 @@ fn metrics_and_proxy_mode_answer_on_the_metrics_port() {
     }
     let (status, livez) = cluster.get(HEALTHZ, "/livez").unwrap();
     assert_eq!(status, 200, "{livez}");
+
+    // Upstream's text format 0.0.4 unless OpenMetrics is asked for; the health-check SLIs
+    // on /metrics/slis.
+    let (status, content_type, body) = http(&cluster, "GET", "/metrics", &[]);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+    for line in [
+        "# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_total counter",
+        "# HELP kubeproxy_sync_proxy_rules_duration_seconds [ALPHA] SyncProxyRules latency in seconds",
+        "# TYPE kubeproxy_sync_proxy_rules_iptables_total gauge",
+    ] {
+        assert!(body.lines().any(|l| l == line), "{line:?} missing:\n{body}");
+    }
+    assert!(!body.contains("# EOF") && !body.contains("_created"), "{body}");
+
+    let (_, content_type, body) = http(
+        &cluster,
+        "GET",
+        "/metrics",
+        &["Accept: application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3"],
+    );
+    assert_eq!(
+        content_type,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert!(body.ends_with("# EOF\n"), "{body}");
+
+    for _ in 0..3 {
+        assert_eq!(cluster.get(METRICS, "/healthz").unwrap(), (200, "ok".to_string()));
+    }
+    let (status, content_type, slis) = http(&cluster, "GET", "/metrics/slis", &[]);
+    assert_eq!(
+        (status, content_type.as_str()),
+        (200, "text/plain; version=0.0.4; charset=utf-8")
+    );
+    assert!(
+        slis.contains("kubernetes_healthchecks_total{name=\"ping\",status=\"success\",type=\"healthz\"} 3\n"),
+        "{slis}"
+    );
+    let (status, _, reset) = http(&cluster, "DELETE", "/metrics/slis", &[]);
+    assert_eq!((status, reset.as_str()), (200, "metrics reset\n"));
+    assert_eq!(http(&cluster, "GET", "/metrics/slis", &[]).2, "");
+}
+
+/// One HTTP/1.1 request from the node namespace, with extra header lines: status, the
+/// `Content-Type` and the body (answers here carry a Content-Length, never chunks).
+fn http(cluster: &Cluster, method: &str, path: &str, headers: &[&str]) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {METRICS}\r\nConnection: close\r\n");
+    for header in headers {
+        request.push_str(header);
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    let raw = cluster.node().run(move || {
+        let mut stream = std::net::TcpStream::connect(METRICS).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).unwrap();
+        raw
+    });
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let content_type = head
+        .lines()
+        .filter_map(|line| line.split_once(':'))
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+        .map(|(_, value)| value.trim().to_string())
+        .unwrap_or_default();
+    (status, content_type, body.to_string())
 }
 
 #[test]

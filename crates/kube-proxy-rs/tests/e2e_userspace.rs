@@ -39,7 +39,7 @@ fn cluster_ip_from_a_pod_and_the_node_and_node_port_from_outside() {
     assert_eq!((status, mode.as_str()), (200, "userspace"));
     let carried = cluster
         .metric(
-            "kubeproxy_userspace_connections_total{ip_family=\"IPv4\",service_port=\"default/web:p\",protocol=\"TCP\"}",
+            "kubeproxy_userspace_connections_total{ip_family=\"IPv4\",protocol=\"TCP\",service_port=\"default/web:p\"}",
         )
         .unwrap_or_default();
     assert!(

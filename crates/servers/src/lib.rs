@@ -2,8 +2,10 @@
 //!
 //! Load balancers, kubelet probes and Prometheus already point at upstream's ports and paths,
 //! so the healthz server (default `0.0.0.0:10256`: `/healthz`, `/livez`) and the metrics
-//! server (default `127.0.0.1:10249`: `/metrics`, `/proxyMode`, `/configz`, `/healthz`) keep
-//! upstream's paths, status codes, headers and bodies. A port that is busy is retried every
+//! server (default `127.0.0.1:10249`: `/metrics`, `/metrics/slis`, `/proxyMode`, `/configz`,
+//! `/healthz`) keep upstream's paths, status codes, headers and bodies. The metrics are
+//! written in the Prometheus text format, as upstream writes them, unless a scraper asks for
+//! OpenMetrics ([`Format`]). A port that is busy is retried every
 //! 5 s as upstream does ([`BindPolicy`]), or, with `--bind-address-hard-fail`, reported as an
 //! error before serving starts; serving runs on a spawned task until its [`ServerHandle`] is
 //! shut down or dropped.
@@ -11,17 +13,20 @@
 //! The Service health-check servers ([`ServiceHealthServers`]) come and go with the Services
 //! that need them, on the same listening and serving machinery.
 
+mod exposition;
 mod handle;
 mod healthz;
 mod listen;
 mod metrics_server;
 mod ping;
 mod service_health;
+mod slis;
 
+pub use exposition::{Format, OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, encode as encode_metrics};
 pub use handle::{ServeError, ServerHandle};
 pub use healthz::serve_healthz;
 pub use listen::{BindPolicy, UPSTREAM_RETRY_INTERVAL};
-pub use metrics_server::{CONFIGZ_GROUP, OPENMETRICS_CONTENT_TYPE, serve_metrics};
+pub use metrics_server::{CONFIGZ_GROUP, serve_metrics};
 pub use service_health::{
     FAILED_EVENT_ACTION, FAILED_EVENT_REASON, HealthCheckAddresses, OpenError, ServiceHealthConfig,
     ServiceHealthServers,

@@ -7,19 +7,28 @@
 //! `healthz check passed`; `?exclude=<check>` marks a check as excluded and warns about names
 //! that match no check. `/healthz/ping` answers the single check. The headers are the
 //! handler's (`text/plain; charset=utf-8`, `nosniff`), for any method.
+//!
+//! Each `/healthz` request runs the check unless excluded, and records the run in the SLI
+//! registry ([`HealthcheckSlis`]) as upstream's handler does; `/healthz/ping` records
+//! nothing, as there.
 
 use std::collections::BTreeSet;
 
-use axum::extract::RawQuery;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
+
+use crate::slis::{HEALTHZ, HealthcheckSlis};
 
 /// The only check upstream's metrics-port `/healthz` has.
 const PING: &str = "ping";
 
-/// `/healthz` on the metrics port.
-pub(crate) async fn healthz(RawQuery(query): RawQuery) -> Response {
-    let query = Query::parse(query.as_deref().unwrap_or(""));
+/// `/healthz` on the metrics port, for the request's raw query; check runs go to `slis`.
+pub(crate) fn healthz(query: Option<&str>, slis: &HealthcheckSlis) -> Response {
+    let query = Query::parse(query.unwrap_or(""));
+    if !query.excluded.contains(PING) {
+        // `ping` always passes.
+        slis.observe(PING, HEALTHZ, true);
+    }
     let body = if query.verbose {
         verbose_body(&query.excluded)
     } else {

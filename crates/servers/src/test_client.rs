@@ -1,4 +1,5 @@
-//! A minimal HTTP/1.1 GET for tests: enough to check status, headers and body.
+//! A minimal HTTP/1.1 client for tests: enough to check status, headers and body, and to
+//! send requests no well-behaved client would.
 
 use std::net::SocketAddr;
 
@@ -25,22 +26,39 @@ pub(crate) async fn get(addr: SocketAddr, path: &str) -> Reply {
 }
 
 pub(crate) async fn request(addr: SocketAddr, method: &str, path: &str) -> Reply {
+    request_with(addr, method, path, &[]).await
+}
+
+/// `method path` with extra header lines (`name: value`, written as given).
+pub(crate) async fn request_with(addr: SocketAddr, method: &str, path: &str, headers: &[&str]) -> Reply {
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n");
+    for header in headers {
+        request.push_str(header);
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    raw(addr, request.as_bytes()).await.expect("the server answered")
+}
+
+/// Sends `request` as is; `None` when the server closed the connection without an answer.
+pub(crate) async fn raw(addr: SocketAddr, request: &[u8]) -> Option<Reply> {
     let mut stream = TcpStream::connect(addr).await.unwrap();
-    let request =
-        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    // The server may answer and close before reading all of an oversized request.
+    let _ = stream.write_all(request).await;
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw).await;
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, body) = raw.split_once("\r\n\r\n")?;
     let mut lines = head.lines();
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
     let headers = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
         .collect();
-    Reply {
+    Some(Reply {
         status,
         headers,
         body: body.to_string(),
-    }
+    })
 }

@@ -128,7 +128,7 @@ fn addresses(port: &ServicePort) -> impl Iterator<Item = SocketAddr> + '_ {
 /// Where entries of the UDP ports of `services` (those a sync changed) can be: each
 /// service address with its port, and each NodePort. Services that no longer exist have no
 /// frontend in `state`: what they had is [`Frontends::retire`]d by the reconciler, which
-/// remembers it ([`udp_scopes_by_service`]).
+/// remembers it (`udp_scopes_by_service`).
 pub fn scopes_of(state: &DesiredState, services: &BTreeSet<NamespacedName>) -> BTreeSet<Scope> {
     let by_service = udp_scopes_by_service(state);
     services

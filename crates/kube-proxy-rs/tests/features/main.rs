@@ -19,6 +19,14 @@
 //! a virtual server without real servers refusing instead of dropping, persistence outliving
 //! the affinity timeout), a file lists its modes with [`in_mode!`] and says why; ipvs mode's
 //! scenarios play inside a throw-away guest (see [`mode::play`]).
+//!
+//! The suite also plays upstream's own e2e scenarios for a node proxy, each test named after
+//! its upstream `It(...)`, and upstream's bugs as regression tests (`services`, `conntrack`,
+//! `traffic_distribution`, `upstream_bugs`, and additions to the files above; the map is
+//! docs/upstream-e2e.md). They build their objects in code ([`objects`]), as each upstream
+//! test creates its own, and play in the modes on this host ([`host_modes!`]); ipvs mode
+//! plays a few of them in one guest ([`in_one_ipvs_guest!`]). A module lists each mode's
+//! scenarios once: a mode's tests are one `mod` per file.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic fails the test
 

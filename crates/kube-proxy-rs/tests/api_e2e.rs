@@ -320,3 +320,58 @@ fn programming_latency(cluster: &Cluster) -> Latency {
     }
     Latency { count, buckets }
 }
+
+/// Waits until `n` connections from `ns` to `addr` all fail (the Service is not served:
+/// its cluster IP has no rule left, so nothing answers).
+fn wait_down(ns: &kpr_netns::Netns, addr: std::net::SocketAddr) {
+    eventually(CONVERGE, POLL, || {
+        let counts = kpr_netns::spread(ns, addr, 1);
+        if counts.keys().all(|reply| reply.starts_with("error")) {
+            Ok(())
+        } else {
+            Err(format!("{addr} should be down: {counts:?}"))
+        }
+    });
+}
+
+/// Upstream's `service.kubernetes.io/<label>` scenarios (service.go): a Service created with
+/// `label` is never served; a Service created without it is served, then not while it has
+/// the label, then again. The proxy's watches leave labelled objects out, and the API server
+/// reports an object that gains the label as deleted and one that loses it as added.
+fn a_labelled_service_is_left_to_another_proxy(label: serde_json::Value) {
+    let mut c = ApiCluster::new(3);
+    c.cluster.tcp_backends(&[0, 1], 8080);
+    c.api
+        .apply(&web_service(label.clone(), "disabled", "10.96.0.98"))
+        .unwrap();
+    c.api.apply(&web_slice("disabled", &[0])).unwrap();
+    c.api
+        .apply(&web_service(json!({}), "toggled", "10.96.0.99"))
+        .unwrap();
+    c.api.apply(&web_slice("toggled", &[1])).unwrap();
+    c.start_proxy(&[]);
+    let (client, disabled, toggled) = (c.cluster.lab.pod(2), sock("10.96.0.98:80"), sock("10.96.0.99:80"));
+    wait_spread(client, toggled, 10, &["pod1"]);
+    wait_down(client, disabled);
+
+    c.api.apply(&web_service(label, "toggled", "10.96.0.99")).unwrap();
+    wait_down(client, toggled);
+
+    c.api
+        .apply(&web_service(json!({}), "toggled", "10.96.0.99"))
+        .unwrap();
+    wait_spread(client, toggled, 10, &["pod1"]);
+    wait_down(client, disabled);
+}
+
+#[test]
+fn should_implement_service_kubernetes_io_service_proxy_name() {
+    a_labelled_service_is_left_to_another_proxy(
+        json!({"service.kubernetes.io/service-proxy-name": "foo-bar"}),
+    );
+}
+
+#[test]
+fn should_implement_service_kubernetes_io_headless() {
+    a_labelled_service_is_left_to_another_proxy(json!({"service.kubernetes.io/headless": ""}));
+}

@@ -410,6 +410,11 @@ impl ObjectType {
             _ => return None,
         })
     }
+
+    /// The type nft's `keyword` names (as [`ObjectType::keyword`] spells it).
+    pub fn from_keyword(keyword: &str) -> Option<Self> {
+        (1..=10).map(Self).find(|kind| kind.keyword() == Some(keyword))
+    }
 }
 
 impl std::fmt::Display for ObjectType {

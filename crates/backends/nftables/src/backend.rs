@@ -8,7 +8,8 @@
 //!   recomputed; the [`Ledger`] turns their difference into one batch. The kernel is not
 //!   listed on this path.
 //! - **Reconcile**: the table is read back (without elements) and compared with what we
-//!   wrote: chain and set names (the live entry sets and endpoint maps included), rule counts (the dispatch
+//!   wrote: chain, set and object names (the live entry sets and endpoint maps, the named
+//!   counters, included), rule counts (the dispatch
 //!   chains': one per live entry set), and the rules' text against the last listing that
 //!   matched (a partial sync that rewrote a dispatch chain updates that chain's text).
 //!   Any difference makes this sync full, which removes foreign rules and restores ours.
@@ -305,7 +306,7 @@ impl NftablesBackend {
             .map(|(name, rules)| (name.clone(), rules.len()))
             .collect();
         let sets_ok = listing.sets
-            == crate::build::declared_sets()
+            == crate::build::declared_sets(&self.opts)
                 .into_iter()
                 .chain(applied.ledger.entry_sets())
                 .chain(applied.ledger.endpoint_maps())
@@ -317,7 +318,11 @@ impl NftablesBackend {
                 .iter()
                 .all(|(name, rules)| listing.chains.get(name).is_none_or(|now| now == rules))
         });
-        if shape != expected || !sets_ok || !rules_ok {
+        let objects_ok = listing.objects.keys().eq(crate::batch::counters(&self.opts)
+            .map(|c| (kpr_nfnetlink::ObjectType::COUNTER, c.to_string()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .iter());
+        if shape != expected || !sets_ok || !rules_ok || !objects_ok {
             tracing::warn!(family = ?self.opts.family, "table kube-proxy differs from what was written; rebuilding it");
             return Ok(false);
         }

@@ -228,7 +228,9 @@ pub use model::{
     ELEMENT_COMMENT_MAX_BYTES, ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt, element_comment,
 };
 pub use netlink::{GenerationLog, NetlinkTransport, lower as lower_batch, rule_exprs};
-pub use options::{DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, NftablesOptions, OptionsError};
+pub use options::{
+    DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, LocalhostNodePorts, NftablesOptions, OptionsError,
+};
 pub use render::{TABLE, render_text, rule_text};
 pub use slots::{SlotOrder, assign as assign_slots};
 pub use support::{MissingFeature, check_support};

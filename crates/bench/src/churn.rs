@@ -65,8 +65,19 @@ pub struct ChurnRow {
     pub changes: usize,
     pub churn_time: Duration,
     pub latency: Outcome<Latency>,
+    /// The proxy's CPU time while the changes were written (and settled): what the
+    /// coalescing of changes costs, so a short min sync period cannot hide a hot loop.
+    pub churn_cpu: Option<Duration>,
     /// The proxy's memory at the end.
     pub memory: Memory,
+}
+
+impl ChurnRow {
+    /// The proxy's share of one core while churning, in percent.
+    pub fn cpu_percent(&self) -> Option<f64> {
+        let cpu = self.churn_cpu?;
+        (!self.churn_time.is_zero()).then(|| 100.0 * cpu.as_secs_f64() / self.churn_time.as_secs_f64())
+    }
 }
 
 /// One run: lab, proxy, first sync, churn, settle, read.
@@ -100,14 +111,20 @@ pub fn measure(plan: &ChurnPlan<'_>) -> Result<ChurnRow, String> {
         changes: 0,
         churn_time: Duration::ZERO,
         latency: Outcome::NotAvailable("no first sync".to_string()),
+        churn_cpu: None,
         memory: Memory::default(),
     };
     if row.first_sync.done().is_some() {
         let started = Instant::now();
+        let cpu_before = proxy.cpu_time();
         match churn(&lab, &mut proxy, plan) {
             Ok(changes) => {
                 row.changes = changes;
                 row.churn_time = started.elapsed();
+                row.churn_cpu = proxy
+                    .cpu_time()
+                    .zip(cpu_before)
+                    .map(|(after, before)| after.saturating_sub(before));
                 row.latency = settle(&proxy, changes);
             }
             Err(why) => row.latency = Outcome::Failed(why),

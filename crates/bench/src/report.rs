@@ -175,8 +175,8 @@ fn signed_heap(bytes: i128) -> String {
 /// The real binary under churn.
 fn churn_table(out: &mut String, rows: &[ChurnRow]) {
     out.push_str(
-        "| services × endpoints | mode | min sync period | first sync (from the API) | changes written | latency p50 / p99 | samples | peak RSS (VmHWM) | RSS at the end (VmRSS) |\n\
-         |---|---|---|---:|---:|---:|---:|---:|---:|\n",
+        "| services × endpoints | mode | min sync period | first sync (from the API) | changes written | latency p50 / p99 | samples | proxy CPU while churning | peak RSS (VmHWM) | RSS at the end (VmRSS) |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for row in rows {
         let changes = if row.changes == 0 {
@@ -195,7 +195,7 @@ fn churn_table(out: &mut String, rows: &[ChurnRow]) {
         };
         let _ = writeln!(
             out,
-            "| {} × {} | {} | {} | {} | {changes} | {} | {samples} | {} | {} |",
+            "| {} × {} | {} | {} | {} | {changes} | {} | {samples} | {} | {} | {} |",
             count(row.shape.services),
             row.shape.endpoints,
             row.mode,
@@ -206,6 +206,8 @@ fn churn_table(out: &mut String, rows: &[ChurnRow]) {
                 duration(l.p50),
                 duration(l.p99)
             )),
+            row.cpu_percent()
+                .map_or_else(|| "n/a".to_string(), |p| format!("{p:.1} % of a core")),
             kib_cell(row.memory.peak_kib),
             kib_cell(row.memory.rss_kib),
         );
@@ -628,6 +630,7 @@ pub(crate) mod tests {
                 p99: Duration::from_millis(p99_ms),
                 samples,
             }),
+            churn_cpu: Some(Duration::from_millis(3_001)),
             memory: crate::proxy::Memory {
                 peak_kib: Some(400 << 10),
                 rss_kib: None,
@@ -744,7 +747,7 @@ pub(crate) mod tests {
             l4: None,
         });
         assert!(
-            text.contains("| 10,000 × 10 | nftables | 1s | 2.10 s | 6,000 in 60.0 s | 12.0 ms / 80.0 ms | 6,000 | 400 MiB | n/a |"),
+            text.contains("| 10,000 × 10 | nftables | 1s | 2.10 s | 6,000 in 60.0 s | 12.0 ms / 80.0 ms | 6,000 | 5.0 % of a core | 400 MiB | n/a |"),
             "{text}"
         );
         assert!(text.contains("| **5,990 of 6,000 changes** |"), "{text}");

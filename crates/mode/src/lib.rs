@@ -11,7 +11,7 @@
 //! | before anything is changed | [`Mode::gate`] (a feature gate it needs), [`Mode::deprecation`] (said first), [`Mode::check_host`] (the mode cannot run here at all), [`Mode::supports`] per IP family, with [`Mode::requirement`] for the error |
 //! | building the process | [`Mode::uses_service_cidrs`] (the API source watches them), [`Mode::register_metrics`] (the metrics only it has) |
 //! | per IP family, options built once | [`Mode::family`] -> [`FamilyMode`]: [`FamilyMode::prepare_host`] (`--init-only`), [`FamilyMode::dry_run`] (`--dry-run`), [`FamilyMode::into_backend`] (the kpr-state `Backend` the sync loop drives) |
-//! | another mode starts, or `--cleanup` | [`Mode::remove_leftovers`]: what this mode leaves, removed ([`Leftovers`]) |
+//! | another mode starts, or `--cleanup` | [`Mode::remove_leftovers`]: what this mode leaves, removed ([`Leftovers`]); [`Mode::adopts`]: the modes whose objects it programs too |
 //! | a clean shutdown | [`Mode::on_shutdown`] |
 //! | `kube-proxy-rs explain` | [`Mode::explainer`]: the reader of the mode's own objects |
 //!
@@ -62,6 +62,9 @@
 //!     fn on_shutdown(&self, _families: &[IpFamily]) {}
 //!     fn remove_leftovers(&self) -> Leftovers {
 //!         Leftovers::default()
+//!     }
+//!     fn adopts(&self) -> &'static [ProxyMode] {
+//!         &[]
 //!     }
 //!     fn explainer(&self) -> Option<&dyn Explainer> {
 //!         None
@@ -150,6 +153,11 @@ pub trait Mode: Sync {
     /// tools): when another mode starts (upstream's platform cleanup), and for `--cleanup`.
     /// Best effort: what fails is reported, and the rest is still removed.
     fn remove_leftovers(&self) -> Leftovers;
+
+    /// The other modes whose kernel objects this mode programs too (a mode built on
+    /// another's rules): their leftovers are this mode's to adopt, not to remove, when it
+    /// starts.
+    fn adopts(&self) -> &'static [ProxyMode];
 
     /// The reader of this mode's own objects for `kube-proxy-rs explain`, if it has one.
     fn explainer(&self) -> Option<&dyn Explainer>;

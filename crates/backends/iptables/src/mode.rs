@@ -85,6 +85,10 @@ impl Mode for IptablesMode {
         remove_everywhere(&IptablesFootprint)
     }
 
+    fn adopts(&self) -> &'static [ProxyMode] {
+        &[]
+    }
+
     fn explainer(&self) -> Option<&dyn Explainer> {
         Some(&IptablesExplainer)
     }

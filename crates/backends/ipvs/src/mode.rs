@@ -88,6 +88,10 @@ impl Mode for IpvsMode {
         crate::leftovers::remove_all()
     }
 
+    fn adopts(&self) -> &'static [ProxyMode] {
+        &[]
+    }
+
     fn explainer(&self) -> Option<&dyn Explainer> {
         Some(&IpvsExplainer)
     }

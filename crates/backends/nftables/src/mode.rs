@@ -118,6 +118,10 @@ impl Mode for NftablesMode {
         leftovers
     }
 
+    fn adopts(&self) -> &'static [ProxyMode] {
+        &[]
+    }
+
     fn explainer(&self) -> Option<&dyn Explainer> {
         Some(&NftablesExplainer)
     }

@@ -90,6 +90,10 @@ impl Mode for UserspaceMode {
     }
 
     /// The portals only redirect; what the proxy does with a connection is in the process.
+    fn adopts(&self) -> &'static [ProxyMode] {
+        &[]
+    }
+
     fn explainer(&self) -> Option<&dyn Explainer> {
         None
     }

@@ -27,6 +27,7 @@ use kpr_host::{AddressError, InterfaceAddresses, LocalAddresses};
 use kpr_model::{IpFamily, NamespacedName, ServicePortName, Sizes};
 use kpr_state::{Backend, BackendError, FailedStep, ObjectCount, SyncKind, SyncReport, SyncRequest};
 
+use crate::localhost::LocalhostProxy;
 use crate::metrics::NftablesMetrics;
 
 use crate::batch::{Batch, BatchCounts, FullStart, Ledger, Op, stream_full};
@@ -118,6 +119,8 @@ pub struct NftablesBackend {
     last_full_reason: Option<FullSyncReason>,
     /// The mode's own metrics; `None` records nothing (tests, benchmarks).
     metrics: Option<NftablesMetrics>,
+    /// Localhost NodePorts' TCP listeners, when this family serves them.
+    localhost: Option<LocalhostProxy>,
 }
 
 impl std::fmt::Debug for NftablesBackend {
@@ -144,7 +147,21 @@ impl NftablesBackend {
             last_batches: Vec::new(),
             last_full_reason: None,
             metrics: None,
+            localhost: None,
         })
+    }
+
+    /// Serves this family's TCP NodePorts on its loopback address through `proxy`,
+    /// reconciled after every sync (the options should say
+    /// [`crate::LocalhostNodePorts::Proxied`], so the rules leave TCP to it).
+    pub fn with_localhost_proxy(mut self, proxy: LocalhostProxy) -> Self {
+        self.localhost = Some(proxy);
+        self
+    }
+
+    /// The localhost NodePort proxy, when this family runs one.
+    pub fn localhost_proxy(&self) -> Option<&LocalhostProxy> {
+        self.localhost.as_ref()
     }
 
     pub fn with_local_addresses(mut self, source: Box<dyn LocalAddresses>) -> Self {
@@ -190,7 +207,10 @@ impl NftablesBackend {
     /// What the backend keeps between syncs (kpr_model::Sizes): the ledger, the bundles and
     /// ports per owner, the read-back baseline. Guarded by tests/churn.rs.
     pub fn footprint(&self) -> Sizes {
-        let sizes = Sizes::new().with("last_batches", self.last_batches.len());
+        let mut sizes = Sizes::new().with("last_batches", self.last_batches.len());
+        if let Some(proxy) = &self.localhost {
+            sizes = sizes.nested("localhost", proxy.footprint());
+        }
         let Some(applied) = &self.applied else {
             return sizes;
         };
@@ -218,7 +238,10 @@ impl NftablesBackend {
         self.last_full_reason
     }
 
-    /// Syncs the kernel with `request.state`; on error the next sync is full.
+    /// Syncs the kernel with `request.state`; on error the next sync is full. Then the
+    /// localhost NodePort listeners, whatever the rules' fate (they do not depend on each
+    /// other): the changed Services' NodePorts, or every one after a full sync or a failed
+    /// one.
     pub fn sync_rules(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, SyncError> {
         let result = self.try_sync(request);
         if result.is_err() {
@@ -228,6 +251,11 @@ impl NftablesBackend {
             }
         }
         self.synced_once = true;
+        if let Some(proxy) = &mut self.localhost {
+            let all =
+                request.force_full || result.as_ref().is_ok_and(|report| report.full) || result.is_err();
+            proxy.sync(request, all);
+        }
         result
     }
 

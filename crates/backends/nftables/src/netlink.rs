@@ -245,7 +245,7 @@ fn nl_family(family: IpFamily) -> Family {
     }
 }
 
-fn table(family: IpFamily) -> Table {
+pub(crate) fn table(family: IpFamily) -> Table {
     Table::new(nl_family(family), TABLE)
 }
 

@@ -300,6 +300,102 @@ fn without_the_proxy_tcp_to_a_loopback_node_port_is_rejected_and_counted(via: Vi
     });
 }
 
+/// IPv6: the listener is on `[::1]`, the pods are reached over IPv6, and UDP to `[::1]` at
+/// a NodePort is counted under `ip_family="IPv6"` (netlink only: the two transports write
+/// the same objects, `kernel.rs` proves it).
+#[test]
+fn ipv6_tcp_on_loopback_reaches_the_pods_and_udp_is_rejected_and_counted() {
+    use kpr_netns::{CLUSTER_CIDR_V6, pod_ip_v6};
+    let lab = Lab::new(2).unwrap();
+    let _servers: Vec<Server> = (0..2)
+        .map(|i| {
+            lab.pod(i)
+                .tcp_backend(sock(pod_ip_v6(i), 8080), &format!("pod{i}"))
+                .unwrap()
+        })
+        .collect();
+    let node = lab.node();
+    let mut world = World::with_family(IpFamily::V6);
+    let v6 = |ip: &str, protocol: &str, node_port: u16| {
+        json!({"type": "NodePort", "clusterIP": ip, "ipFamilies": ["IPv6"],
+               "ports": [{"name": "p", "port": 80, "protocol": protocol, "targetPort": 8080, "nodePort": node_port}]})
+    };
+    world
+        .service("web", v6("fd00:96::10", "TCP", WEB))
+        .slice(
+            "web",
+            slice_port("TCP"),
+            vec![ep(&pod_ip_v6(0).to_string()), ep(&pod_ip_v6(1).to_string())],
+        )
+        .service("dns", v6("fd00:96::11", "UDP", DNS))
+        .slice("dns", slice_port("UDP"), vec![ep(&pod_ip_v6(0).to_string())]);
+    node.run(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut registry = Registry::default();
+        let metrics = NftablesMetrics::register(&mut registry)
+            .register_localhost(&mut registry, Arc::new(NetlinkRejectedPackets));
+        let budget = kpr_relay::Budget::new(kpr_relay::Limits::default());
+        let proxy = LocalhostProxy::new(IpFamily::V6, &budget, runtime.handle().clone())
+            .with_metrics(metrics.localhost().unwrap().clone());
+        let addresses = NodePortAddresses::Cidrs(vec!["::1/128".parse().unwrap()]);
+        let opts = NftablesOptions {
+            family: IpFamily::V6,
+            local_detector: LocalDetector::ClusterCidr(vec![CLUSTER_CIDR_V6.parse().unwrap()]),
+            service_cidrs: vec!["fd00:96::/112".parse().unwrap()],
+            localhost_nodeports: LocalhostNodePorts::decide(true, &addresses, IpFamily::V6),
+            nodeport_addresses: addresses,
+            ..NftablesOptions::default()
+        };
+        assert_eq!(opts.localhost_nodeports, LocalhostNodePorts::Proxied);
+        let mut backend = NftablesBackend::new(
+            opts.clone(),
+            transport(node, Via::Netlink, opts.affinity_capacity),
+        )
+        .unwrap()
+        .with_localhost_proxy(proxy);
+        backend.sync(&world.pending().request(false)).unwrap();
+        assert_eq!(backend.localhost_proxy().unwrap().ports(), [WEB]);
+
+        let loopback = IpAddr::V6(std::net::Ipv6Addr::LOCALHOST);
+        // Retries only cover IPv6 neighbour discovery on the first connections.
+        kpr_netns::eventually(Duration::from_secs(20), Duration::from_millis(200), || {
+            let counts = spread(node, sock(loopback, WEB), 40);
+            match answered(&counts)[..] {
+                ["pod0", "pod1"] => Ok(()),
+                _ => Err(format!("[::1]:{WEB}: {counts:?}")),
+            }
+        });
+        let udp = spread_udp(node, sock(loopback, DNS), 4);
+        assert_eq!(
+            udp,
+            BTreeMap::from([("error: connection refused".to_owned(), 4)]),
+            "{udp:?}"
+        );
+        let text = metrics_text(&registry);
+        let rejected = "kubeproxy_nftables_localhost_nodeport_rejected_packets_total";
+        assert_eq!(
+            sample(
+                &text,
+                &format!("{rejected}{{ip_family=\"IPv6\",protocol=\"UDP\"}}")
+            ),
+            Some(4.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "kubeproxy_nftables_localhost_nodeport_listeners{ip_family=\"IPv6\"}"
+            ),
+            Some(1.0),
+            "{text}"
+        );
+    });
+}
+
 through_both_transports!(
     tcp_on_loopback_reaches_the_pods_and_udp_is_rejected_and_counted,
     without_the_proxy_tcp_to_a_loopback_node_port_is_rejected_and_counted,

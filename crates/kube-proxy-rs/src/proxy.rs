@@ -74,7 +74,7 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
-    chosen.register_metrics(&mut registry);
+    chosen.register_metrics(&settings, &mut registry);
     // Upstream's healthTimeout: two sync periods without applying a queued change.
     let health = Arc::new(ProxyHealth::new(sync_period * 2));
     // Serving before the Node is read (upstream serves after): a proxy waiting for its Node

@@ -55,7 +55,7 @@
 //!     fn uses_service_cidrs(&self) -> bool {
 //!         false
 //!     }
-//!     fn register_metrics(&self, _registry: &mut Registry) {}
+//!     fn register_metrics(&self, _settings: &kpr_config::Settings, _registry: &mut Registry) {}
 //!     fn family(&self, _context: &ModeContext<'_>, family: IpFamily) -> Result<Box<dyn FamilyMode>, Fatal> {
 //!         Ok(Box::new(NullFamily(family)))
 //!     }
@@ -138,9 +138,10 @@ pub trait Mode: Sync {
     /// IPs), so the API source must watch them.
     fn uses_service_cidrs(&self) -> bool;
 
-    /// Registers the metrics only this mode has (upstream's per-mode `RegisterMetrics`);
-    /// called once, before any backend is built.
-    fn register_metrics(&self, registry: &mut Registry);
+    /// Registers the metrics only this mode has (upstream's per-mode `RegisterMetrics`,
+    /// which also asks the feature gates: nftables mode's localhost NodePort metrics exist
+    /// only with theirs on); called once, before any backend is built.
+    fn register_metrics(&self, settings: &Settings, registry: &mut Registry);
 
     /// The mode's options for `family`, built once from the settings and the node's facts.
     fn family(&self, context: &ModeContext<'_>, family: IpFamily) -> Result<Box<dyn FamilyMode>, Fatal>;

@@ -64,7 +64,7 @@ impl Mode for UserspaceMode {
     }
 
     /// `kubeproxy_userspace_*` (once per process).
-    fn register_metrics(&self, registry: &mut Registry) {
+    fn register_metrics(&self, _settings: &Settings, registry: &mut Registry) {
         METRICS.get_or_init(|| UserspaceMetrics::register(registry));
     }
 

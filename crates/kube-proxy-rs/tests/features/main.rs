@@ -113,6 +113,7 @@ mod external_ips;
 mod external_traffic_policy;
 mod internal_traffic_policy;
 mod load_balancer;
+mod localhost_node_ports;
 mod session_affinity;
 mod terminating_endpoints;
 mod topology;

@@ -66,6 +66,7 @@ impl Harness {
             family,
             node_name: "node-a".into(),
             addresses,
+            limits: HttpLimits::SERVICE_HEALTH,
         };
         Self {
             manager: Manager::new(config, health.clone(), metrics, events.clone()),
@@ -320,6 +321,7 @@ async fn the_running_set_follows_each_synced_state() {
         family: IpFamily::V4,
         node_name: kpr_world::NODE.into(),
         addresses: HealthCheckAddresses::Ips(vec![LOCALHOST]),
+        limits: HttpLimits::SERVICE_HEALTH,
     };
     let servers = ServiceHealthServers::start(
         config,

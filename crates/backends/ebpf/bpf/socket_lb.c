@@ -32,6 +32,14 @@
 #define PROTO_TCP 6
 #define PROTO_UDP 17
 #define NS_PER_SECOND 1000000000ULL
+#define AF_INET_NUMBER 2
+
+// ::ffff:0:0/96's third 32-bit word (0x0000ffff in network order), as the host loads it.
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define MAPPED_PREFIX 0xffff0000
+#else
+#define MAPPED_PREFIX 0x0000ffff
+#endif
 
 // The kernel helpers used, by their stable numbers (include/uapi/linux/bpf.h).
 static void *(*map_lookup)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
@@ -67,11 +75,14 @@ struct backend_key {
 	__u32 slot;
 };
 
-// ClientIP affinity: the client is its network namespace (a pod, or the node).
+// ClientIP affinity: the client is its network namespace (a pod, or the node) and the
+// source address its socket is bound to, if any (IPv4-mapped; zero when unbound: the
+// namespace's own address will be chosen).
 struct affinity_key {
 	__u64 client;
 	__u32 id;
 	__u32 pad;
+	__u32 source[4];
 };
 
 struct affinity_value {
@@ -92,7 +103,7 @@ _Static_assert(sizeof(struct addr_port) == 20, "addr_port");
 _Static_assert(sizeof(struct service_key) == 20, "service_key");
 _Static_assert(sizeof(struct service_value) == 16, "service_value");
 _Static_assert(sizeof(struct backend_key) == 8, "backend_key");
-_Static_assert(sizeof(struct affinity_key) == 16, "affinity_key");
+_Static_assert(sizeof(struct affinity_key) == 32, "affinity_key");
 _Static_assert(sizeof(struct affinity_value) == 32, "affinity_value");
 _Static_assert(sizeof(struct revnat_key) == 32, "revnat_key");
 
@@ -166,6 +177,21 @@ INLINE struct addr_port *pick(struct bpf_sock_addr *ctx, struct service_value *s
 	}
 
 	struct affinity_key akey = { .client = netns_cookie(ctx), .id = svc->id };
+	struct bpf_sock *sk = ctx->sk;
+	if (sk) {
+		if (ctx->user_family == AF_INET_NUMBER) {
+			__u32 source = sk->src_ip4;
+			if (source) {
+				akey.source[2] = MAPPED_PREFIX;
+				akey.source[3] = source;
+			}
+		} else {
+			akey.source[0] = sk->src_ip6[0];
+			akey.source[1] = sk->src_ip6[1];
+			akey.source[2] = sk->src_ip6[2];
+			akey.source[3] = sk->src_ip6[3];
+		}
+	}
 	__u64 now = ktime_get_ns();
 	struct affinity_value *held = map_lookup(&kpr_affinity, &akey);
 	if (held && now - held->last_used_ns <= (__u64)svc->affinity_seconds * NS_PER_SECOND &&
@@ -219,12 +245,6 @@ INLINE struct addr_port *service_of(struct bpf_sock_addr *ctx, struct addr_port 
 	return map_lookup(&kpr_revnat, &rkey);
 }
 
-// ::ffff:0:0/96's third 32-bit word (0x0000ffff in network order), as the host loads it.
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define MAPPED_PREFIX 0xffff0000
-#else
-#define MAPPED_PREFIX 0x0000ffff
-#endif
 
 INLINE void set_v4_key(struct service_key *key, __u32 addr)
 {

@@ -62,13 +62,15 @@ pub struct BackendKey {
     pub slot: u32,
 }
 
-/// `struct affinity_key`: a client (network namespace cookie) and an endpoint set.
+/// `struct affinity_key`: a client (network namespace cookie, and the source address its
+/// socket was bound to, zero if none) and an endpoint set.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AffinityKey {
     pub client: u64,
     pub id: u32,
     pub pad: u32,
+    pub source: [u8; 16],
 }
 
 /// `struct affinity_value`.
@@ -93,7 +95,7 @@ const _: () = assert!(size_of::<AddrPort>() == 20);
 const _: () = assert!(size_of::<ServiceKey>() == 20);
 const _: () = assert!(size_of::<ServiceValue>() == 16);
 const _: () = assert!(size_of::<BackendKey>() == 8);
-const _: () = assert!(size_of::<AffinityKey>() == 16);
+const _: () = assert!(size_of::<AffinityKey>() == 32);
 const _: () = assert!(size_of::<AffinityValue>() == 32);
 const _: () = assert!(std::mem::offset_of!(AffinityValue, last_used_ns) == 24);
 const _: () = assert!(size_of::<RevnatKey>() == 32);

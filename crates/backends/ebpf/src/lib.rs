@@ -25,6 +25,6 @@ mod mode;
 pub mod table;
 
 pub use backend::{EbpfBackend, SharedLayer};
-pub use explain::EbpfExplainer;
+pub use explain::{EbpfExplainer, explain_at};
 pub use layer::{Capacities, DEFAULT_PIN_ROOT, Pins, SocketLayer};
 pub use mode::EbpfMode;

@@ -241,6 +241,26 @@ fn connections_to_a_cluster_ip_are_translated_at_connect_without_nat() {
     let mut v6 = Driver::new(IpFamily::V6, Adopted::default(), Ids::above([100]));
     v6.service("web6", "fd96::10", &["fd99::2 ready"], None);
     v6.sync(&mut layer, true);
+    // explain reads the pinned maps: which endpoints the cluster IP goes to.
+    let query = kpr_explain::Query::parse("10.96.0.10:80").unwrap();
+    let section = kpr_ebpf::explain_at(&pins.0, &query)
+        .unwrap()
+        .expect("maps pinned");
+    let endpoints: Vec<SocketAddr> = section.findings[0].groups[0]
+        .endpoints
+        .iter()
+        .map(|e| e.addr)
+        .collect();
+    assert_eq!(endpoints, ["10.99.0.2:8080".parse::<SocketAddr>().unwrap()]);
+    let none = kpr_explain::Query::parse("10.96.0.11:80").unwrap();
+    assert!(
+        kpr_ebpf::explain_at(&pins.0, &none)
+            .unwrap()
+            .unwrap()
+            .findings
+            .is_empty(),
+        "no endpoints, no entry"
+    );
     cgroup.join();
 
     // TCP: the endpoint answers, the application sees the Service address, and conntrack

@@ -71,6 +71,9 @@ struct Programmed {
 pub struct Table {
     family: IpFamily,
     services: HashMap<NamespacedName, BTreeMap<SetName, Programmed>>,
+    /// How many programmed sets use each Service key (an address moving between Services
+    /// is used by two for a moment), so a deletion never scans every Service.
+    owners: HashMap<ServiceKey, u32>,
     adopted: Option<Adopted>,
     service_entries: usize,
     backend_entries: usize,
@@ -87,6 +90,7 @@ impl Table {
         Self {
             family,
             services: HashMap::new(),
+            owners: HashMap::new(),
             adopted: Some(adopted),
             service_entries: 0,
             backend_entries: 0,
@@ -128,6 +132,16 @@ impl Table {
                 None => ServiceEntries::new(),
             };
             let mut old = self.services.remove(name).unwrap_or_default();
+            for programmed in old.values() {
+                for (key, _) in &programmed.set.addresses {
+                    if let Some(count) = self.owners.get_mut(key) {
+                        *count -= 1;
+                        if *count == 0 {
+                            self.owners.remove(key);
+                        }
+                    }
+                }
+            }
             let mut programmed = BTreeMap::new();
             for (set_name, set) in desired {
                 let previous = old.remove(&set_name);
@@ -188,6 +202,11 @@ impl Table {
                 self.backend_entries -= gone.set.endpoints.len();
                 freed.push(gone.id);
             }
+            for p in programmed.values() {
+                for (key, _) in &p.set.addresses {
+                    *self.owners.entry(*key).or_default() += 1;
+                }
+            }
             if !programmed.is_empty() {
                 self.services.insert(name.clone(), programmed);
             }
@@ -210,7 +229,6 @@ impl Table {
                 Op::PutService(k, _) => Some(*k),
                 _ => None,
             })
-            .chain(self.programmed_keys())
             .collect();
         let written_backends: BTreeSet<BackendKey> = put_backends
             .iter()
@@ -219,7 +237,9 @@ impl Table {
                 _ => None,
             })
             .collect();
-        delete_services.retain(|op| !matches!(op, Op::DeleteService(k) if written_services.contains(k)));
+        delete_services.retain(
+            |op| !matches!(op, Op::DeleteService(k) if written_services.contains(k) || self.owners.contains_key(k)),
+        );
         delete_backends.retain(|op| !matches!(op, Op::DeleteBackend(k) if written_backends.contains(k)));
         // An id is reused in a later sync only, never within the batch that frees it.
         ids.free.extend(freed);
@@ -228,14 +248,6 @@ impl Table {
         ops.append(&mut delete_services);
         ops.append(&mut delete_backends);
         Batch { ops }
-    }
-
-    /// Every Service key this table has programmed.
-    fn programmed_keys(&self) -> impl Iterator<Item = ServiceKey> + '_ {
-        self.services
-            .values()
-            .flat_map(|sets| sets.values())
-            .flat_map(|p| p.set.addresses.iter().map(|(k, _)| *k))
     }
 
     /// After a failed apply: what the maps hold is unknown, so everything programmed is
@@ -251,6 +263,7 @@ impl Table {
             }
         }
         self.services.clear();
+        self.owners.clear();
         self.service_entries = 0;
         self.backend_entries = 0;
         self.adopted = Some(adopted);

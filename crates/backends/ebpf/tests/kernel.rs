@@ -485,3 +485,77 @@ fn a_full_map_is_reported_as_capacity_exceeded() {
         "{error}"
     );
 }
+
+/// Control-plane cost at scale: loading N Services x 10 endpoints into the maps (pure diff
+/// plus writes), then single-endpoint changes one at a time. N is 10,000, or
+/// `KPR_EBPF_SERVICES`. The figures are printed; the assertions are about what was written.
+#[test]
+fn loading_many_services_and_changing_one_endpoint() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let services: u32 = std::env::var("KPR_EBPF_SERVICES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(10_000);
+    let cgroup = TestCgroup::create("scale");
+    let pins = TestPins::new("scale");
+    let mut layer = SocketLayer::start(pins.0.clone(), &cgroup.path, Capacities::default()).unwrap();
+    let ip = |base: u32, n: u32| std::net::Ipv4Addr::from(base + n).to_string();
+    let mut world = World::with_family(IpFamily::V4);
+    let endpoints_of = |i: u32, shift: u32| -> Vec<serde_json::Value> {
+        (0..10)
+            .map(|e| ep(&format!("{} ready", ip(0x0a80_0000, i * 16 + e + shift))))
+            .collect()
+    };
+    for i in 0..services {
+        let name = format!("s{i}");
+        world.service(
+            &name,
+            json!({"clusterIP": ip(0x0a40_0000, i + 1), "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+        );
+        world.slice(&name, json!([{"name": "http", "port": 8080}]), endpoints_of(i, 0));
+    }
+    let mut table = Table::new(IpFamily::V4, Adopted::default());
+    let mut ids = Ids::default();
+    let started = std::time::Instant::now();
+    let (state, _) = world.take();
+    let batch = table.sync(&state, None, &[], &mut ids);
+    let computed = started.elapsed();
+    layer.apply(&batch.ops).unwrap();
+    let loaded = started.elapsed();
+    let writes = batch.ops.len();
+    assert_eq!(table.sizes(), (services as usize, services as usize * 10));
+    let mut changes = Vec::new();
+    for round in 0..200u32 {
+        let i = round * 37 % services;
+        world.slice(
+            &format!("s{i}"),
+            json!([{"name": "http", "port": 8080}]),
+            endpoints_of(i, 1 + round % 2),
+        );
+        let (state, changed) = world.take();
+        let started = std::time::Instant::now();
+        let batch = table.sync(&state, Some(&changed), &[], &mut ids);
+        layer.apply(&batch.ops).unwrap();
+        changes.push(started.elapsed());
+        assert!(
+            batch.ops.len() <= 12,
+            "one endpoint change is a few writes: {}",
+            batch.ops.len()
+        );
+    }
+    changes.sort();
+    let rss = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .unwrap_or_default()
+        .to_owned();
+    eprintln!(
+        "{services} Services x 10 endpoints: diff {computed:?}, diff + {} map writes {loaded:?}; \
+         one endpoint change: p50 {:?}, p99 {:?}, max {:?}; test process {rss}",
+        writes,
+        changes[changes.len() / 2],
+        changes[changes.len() * 99 / 100],
+        changes[changes.len() - 1]
+    );
+}

@@ -154,6 +154,16 @@ impl SocketLayer {
     /// them to `cgroup` and pins the links, replacing a previous process's links only once
     /// every new one is attached. The pin directory must be on a bpffs.
     pub fn start(pins: Pins, cgroup: &Path, capacities: Capacities) -> Result<Self, LayerError> {
+        if !pinned_maps_fit(&pins, capacities) {
+            // Another layout (an upgrade) or other capacities: new maps. The old programs
+            // keep the old maps and translate until their links are replaced below; the
+            // first full sync fills the new ones.
+            tracing::warn!(
+                pins = %pins.root().display(),
+                "pinned socket maps have another layout or capacity: replaced by new ones"
+            );
+            unpin_maps(&pins);
+        }
         let adopted = ALL_MAPS.iter().all(|name| pins.map(name).exists());
         let created_maps = !ALL_MAPS.iter().any(|name| pins.map(name).exists());
         let pin_error = |path: &Path, e: &dyn std::fmt::Display| LayerError::Pin {
@@ -244,6 +254,50 @@ impl SocketLayer {
     pub fn pins(&self) -> &Pins {
         &self.pins
     }
+}
+
+/// Whether every pinned map (if any) has this build's key and value sizes and the wanted
+/// capacity: the loader reuses a pinned map by name without comparing them.
+fn pinned_maps_fit(pins: &Pins, capacities: Capacities) -> bool {
+    let expected = [
+        (
+            SERVICES,
+            size_of::<ServiceKey>(),
+            size_of::<ServiceValue>(),
+            capacities.services,
+        ),
+        (
+            BACKENDS,
+            size_of::<BackendKey>(),
+            size_of::<AddrPort>(),
+            capacities.backends,
+        ),
+        (
+            AFFINITY,
+            size_of::<AffinityKey>(),
+            size_of::<AffinityValue>(),
+            capacities.affinity,
+        ),
+        (
+            REVNAT,
+            size_of::<RevnatKey>(),
+            size_of::<AddrPort>(),
+            capacities.revnat,
+        ),
+    ];
+    expected.iter().all(|&(name, key, value, capacity)| {
+        let path = pins.map(name);
+        if !path.exists() {
+            return true;
+        }
+        MapData::from_pin(&path)
+            .and_then(|map| map.info())
+            .is_ok_and(|info| {
+                info.key_size() as usize == key
+                    && info.value_size() as usize == value
+                    && info.max_entries() == capacity
+            })
+    })
 }
 
 fn load(pins: &Pins, capacities: Capacities) -> Result<Ebpf, LayerError> {

@@ -140,34 +140,36 @@ struct EbpfFamily {
     nodeport_addresses: NodePortAddresses,
 }
 
-impl EbpfFamily {
-    /// The socket layer, started by the first family: programs verified, attached, pinned.
-    fn shared(&self) -> Result<(Arc<Mutex<SharedLayer>>, Adopted), Fatal> {
-        let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
-        if started.is_none() {
-            let cgroup = match &self.settings_cgroup {
-                Some(path) => path.clone(),
-                None => cgroup2_root().map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?,
-            };
-            check_cgroup2(&cgroup).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
-            let pins = self.pins.clone();
-            ensure_bpffs(pins.root()).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
-            let layer = SocketLayer::start(pins, &cgroup, Capacities::default())
-                .map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
-            let (shared, v4, v6) =
-                SharedLayer::new(layer).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
-            *started = Some(Started {
-                shared,
-                adopted: [Some(v4), Some(v6)],
-            });
-        }
-        let Some(started) = started.as_mut() else {
-            return Err(Fatal::runtime("ebpf mode: the socket layer did not start"));
+/// The process's socket layer, started by the first family's backend (programs verified,
+/// attached, pinned), and what `family` adopts from it.
+fn start_layer(
+    family: IpFamily,
+    settings_cgroup: Option<&std::path::Path>,
+    pins: &Pins,
+) -> Result<(Arc<Mutex<SharedLayer>>, Adopted), Fatal> {
+    let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
+    if started.is_none() {
+        let cgroup = match settings_cgroup {
+            Some(path) => path.to_owned(),
+            None => cgroup2_root().map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?,
         };
-        let index = usize::from(self.family == IpFamily::V6);
-        let adopted = started.adopted[index].take().unwrap_or_default();
-        Ok((started.shared.clone(), adopted))
+        check_cgroup2(&cgroup).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
+        ensure_bpffs(pins.root()).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
+        let layer = SocketLayer::start(pins.clone(), &cgroup, Capacities::default())
+            .map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
+        let (shared, v4, v6) =
+            SharedLayer::new(layer).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
+        *started = Some(Started {
+            shared,
+            adopted: [Some(v4), Some(v6)],
+        });
     }
+    let Some(started) = started.as_mut() else {
+        return Err(Fatal::runtime("ebpf mode: the socket layer did not start"));
+    };
+    let index = usize::from(family == IpFamily::V6);
+    let adopted = started.adopted[index].take().unwrap_or_default();
+    Ok((started.shared.clone(), adopted))
 }
 
 impl FamilyMode for EbpfFamily {
@@ -194,16 +196,24 @@ impl FamilyMode for EbpfFamily {
         Ok(out)
     }
 
+    /// nftables' backend first: the socket layer is the last thing that can fail.
     fn into_backend(self: Box<Self>) -> Result<Box<dyn Backend>, Fatal> {
-        let (shared, adopted) = self.shared()?;
-        let nftables = self.nftables.into_backend()?;
-        let table = crate::table::Table::new(self.family, adopted);
+        let EbpfFamily {
+            family,
+            nftables,
+            settings_cgroup,
+            pins,
+            nodeport_addresses,
+        } = *self;
+        let nftables = nftables.into_backend()?;
+        let (shared, adopted) = start_layer(family, settings_cgroup.as_deref(), &pins)?;
+        let table = crate::table::Table::new(family, adopted);
         Ok(Box::new(EbpfBackend::new(
-            self.family,
+            family,
             nftables,
             shared,
             table,
-            self.nodeport_addresses,
+            nodeport_addresses,
         )))
     }
 }

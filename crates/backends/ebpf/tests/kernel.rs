@@ -559,3 +559,85 @@ fn loading_many_services_and_changing_one_endpoint() {
         changes[changes.len() - 1]
     );
 }
+
+/// Pinned maps of another size (another build's layout, other capacities) are not adopted:
+/// the loader would reuse them by name without comparing; they are replaced by new maps.
+#[test]
+fn pinned_maps_of_another_capacity_are_replaced_not_adopted() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let cgroup = TestCgroup::create("replace");
+    let pins = TestPins::new("replace");
+    let mut first = start(&pins, &cgroup);
+    let mut v4 = Driver::new(IpFamily::V4, Adopted::default(), Ids::default());
+    v4.service("web", "10.96.0.50", &["10.99.0.2 ready"], None);
+    v4.sync(&mut first, true);
+    drop(first);
+    let same = start(&pins, &cgroup);
+    assert!(
+        !same.adopted_entries().unwrap().0.is_empty(),
+        "same capacities: adopted"
+    );
+    drop(same);
+    let other = SocketLayer::start(
+        pins.0.clone(),
+        &cgroup.path,
+        Capacities {
+            services: 2048,
+            ..capacities()
+        },
+    )
+    .unwrap();
+    assert!(
+        other.adopted_entries().unwrap().0.is_empty(),
+        "other capacities: new maps"
+    );
+    assert_eq!(std::fs::read_dir(pins.0.links()).unwrap().count(), 8);
+}
+
+/// What the programs cost a connection: sequential connect + one answer + close, to the
+/// Service address (translated, with affinity and without) and straight to the endpoint,
+/// alternating in rounds inside one namespace. Printed; asserted only that all answered.
+#[test]
+fn connects_through_the_socket_layer_and_direct() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let cgroup = TestCgroup::create("cost");
+    let pins = TestPins::new("cost");
+    let ns = lab();
+    tcp_endpoint(&ns, "10.99.0.2:8080");
+    let mut layer = start(&pins, &cgroup);
+    let mut v4 = Driver::new(IpFamily::V4, Adopted::default(), Ids::default());
+    v4.service("plain", "10.96.0.60", &["10.99.0.2 ready"], None);
+    v4.service("sticky", "10.96.0.61", &["10.99.0.2 ready"], Some(600));
+    v4.sync(&mut layer, true);
+    cgroup.join();
+    let rate = |to: &str| -> f64 {
+        let to: SocketAddr = to.parse().unwrap();
+        ns.run(|| {
+            let started = std::time::Instant::now();
+            for _ in 0..2000 {
+                let mut stream = TcpStream::connect(to).unwrap();
+                let mut answer = [0u8; 64];
+                let _ = stream.read(&mut answer).unwrap();
+            }
+            2000.0 / started.elapsed().as_secs_f64()
+        })
+    };
+    let (mut direct, mut service, mut sticky) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        direct.push(rate("10.99.0.2:8080"));
+        service.push(rate("10.96.0.60:80"));
+        sticky.push(rate("10.96.0.61:80"));
+    }
+    cgroup.leave();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[1]
+    };
+    let (d, s, a) = (median(&mut direct), median(&mut service), median(&mut sticky));
+    eprintln!(
+        "sequential connects/s, median of 3 rounds of 2000: direct {d:.0}, Service {s:.0} ({:.2}x), \
+         Service with affinity {a:.0} ({:.2}x)",
+        s / d,
+        a / d
+    );
+}

@@ -205,6 +205,12 @@ pub struct Flags {
     /// Userspace mode: UDP client sessions held at once (both IP families together); datagrams that would open more are dropped. [default: 16000, lowered to fit the open-file limit]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub userspace_max_udp_sessions: Option<u32>,
+    /// ebpf mode: the cgroup v2 directory whose processes' connections the socket programs translate. [default: the node's cgroup v2 root, mounted at /run/kube-proxy-rs/cgroupv2 when none is]
+    #[arg(long, value_name = "PATH")]
+    pub cgroup_root: Option<PathBuf>,
+    /// ebpf mode: the bpffs directory its maps and links are pinned in (a restart adopts them there). [default: /sys/fs/bpf/kube-proxy-rs]
+    #[arg(long, value_name = "PATH")]
+    pub ebpf_pin_root: Option<PathBuf>,
     /// Largest manifest file read; a larger one is rejected and what it defined before is kept. [default: 134217728 (128 MiB)]
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     pub manifests_max_file_bytes: Option<u64>,

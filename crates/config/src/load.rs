@@ -49,6 +49,12 @@ pub struct Settings {
     /// bounds; `None` leaves the mode's defaults. Not part of `KubeProxyConfiguration`.
     pub userspace_max_connections: Option<u32>,
     pub userspace_max_udp_sessions: Option<u32>,
+    /// `--cgroup-root`: the cgroup v2 directory ebpf mode attaches to; `None` is the node's
+    /// cgroup v2 root. Not part of `KubeProxyConfiguration`.
+    pub cgroup_root: Option<PathBuf>,
+    /// `--ebpf-pin-root`: where ebpf mode pins its maps and links; `None` is
+    /// `/sys/fs/bpf/kube-proxy-rs`. `--cleanup` and other modes remove the default one.
+    pub ebpf_pin_root: Option<PathBuf>,
     /// `--master`: overrides the API server address from the kubeconfig.
     pub master: Option<String>,
     /// The `-v` level (from the flag, else the file's `logging.verbosity`).
@@ -120,6 +126,8 @@ pub fn settings_from_flags(flags: Flags) -> Result<Settings, ConfigError> {
         manifests_max_file_bytes: flags.manifests_max_file_bytes,
         userspace_max_connections: flags.userspace_max_connections,
         userspace_max_udp_sessions: flags.userspace_max_udp_sessions,
+        cgroup_root: flags.cgroup_root,
+        ebpf_pin_root: flags.ebpf_pin_root,
         master: flags.master.filter(|m| !m.is_empty()),
         warnings,
     })

@@ -15,13 +15,20 @@ pub enum ProxyMode {
     Ipvs,
     /// Removed upstream in 1.26; this project keeps it.
     Userspace,
+    /// kube-proxy-rs only: nftables mode plus cgroup socket programs that translate local
+    /// connections at `connect()` (kpr-ebpf).
+    Ebpf,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ModeError {
-    #[error("proxy mode \"kernelspace\" is Windows only; on Linux use iptables, nftables, ipvs or userspace")]
+    #[error(
+        "proxy mode \"kernelspace\" is Windows only; on Linux use iptables, nftables, ipvs, userspace or ebpf"
+    )]
     WindowsOnly,
-    #[error("unknown proxy mode {0:?}: must be iptables, nftables, ipvs, userspace or blank (iptables)")]
+    #[error(
+        "unknown proxy mode {0:?}: must be iptables, nftables, ipvs, userspace, ebpf or blank (iptables)"
+    )]
     UnknownProxyMode(String),
     #[error(
         "unknown detect-local mode {0:?}: must be ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix or blank (ClusterCIDR)"
@@ -33,7 +40,14 @@ impl ProxyMode {
     /// Every mode. iptables mode comes first because modes after it may write into its
     /// chains (ipvs mode does): whoever removes every mode's leftovers goes from the last to
     /// the first, so a shared chain is no longer referenced when its owner removes it.
-    pub const ALL: [Self; 4] = [Self::Iptables, Self::Nftables, Self::Ipvs, Self::Userspace];
+    /// ebpf mode comes after nftables mode, whose tables it writes too.
+    pub const ALL: [Self; 5] = [
+        Self::Iptables,
+        Self::Nftables,
+        Self::Ipvs,
+        Self::Userspace,
+        Self::Ebpf,
+    ];
 
     /// Parses upstream's mode string; blank means iptables, as on upstream's Linux build.
     pub fn parse(text: &str) -> Result<Self, ModeError> {
@@ -42,6 +56,7 @@ impl ProxyMode {
             "nftables" => Ok(Self::Nftables),
             "ipvs" => Ok(Self::Ipvs),
             "userspace" => Ok(Self::Userspace),
+            "ebpf" => Ok(Self::Ebpf),
             "kernelspace" => Err(ModeError::WindowsOnly),
             other => Err(ModeError::UnknownProxyMode(other.to_string())),
         }
@@ -54,7 +69,7 @@ impl ProxyMode {
         match self {
             Self::Iptables | Self::Userspace => Section::Iptables,
             Self::Ipvs => Section::Ipvs,
-            Self::Nftables => Section::Nftables,
+            Self::Nftables | Self::Ebpf => Section::Nftables,
         }
     }
 
@@ -62,7 +77,7 @@ impl ProxyMode {
     /// NodePorts on the node's primary IPs only, the others on every local address.
     pub const fn default_node_port_addresses(self) -> Option<&'static str> {
         match self {
-            Self::Nftables => Some(crate::NODE_PORT_ADDRESSES_PRIMARY),
+            Self::Nftables | Self::Ebpf => Some(crate::NODE_PORT_ADDRESSES_PRIMARY),
             Self::Iptables | Self::Ipvs | Self::Userspace => None,
         }
     }
@@ -74,6 +89,7 @@ impl ProxyMode {
             Self::Nftables => "nftables",
             Self::Ipvs => "ipvs",
             Self::Userspace => "userspace",
+            Self::Ebpf => "ebpf",
         }
     }
 }
@@ -142,6 +158,7 @@ mod tests {
             ProxyMode::Nftables => 1,
             ProxyMode::Ipvs => 2,
             ProxyMode::Userspace => 3,
+            ProxyMode::Ebpf => 4,
         };
         for (index, mode) in ProxyMode::ALL.into_iter().enumerate() {
             assert_eq!(position(mode), index, "{mode}");

@@ -609,12 +609,8 @@ mod tests {
             "mode",
             "Windows only",
         );
-        assert_single(
-            &errors_for(|c| c.mode = "ebpf".into()),
-            "mode",
-            "must be iptables",
-        );
-        for mode in ["", "iptables", "nftables", "ipvs", "userspace"] {
+        assert_single(&errors_for(|c| c.mode = "bpf".into()), "mode", "must be iptables");
+        for mode in ["", "iptables", "nftables", "ipvs", "userspace", "ebpf"] {
             assert!(errors_for(|c| c.mode = mode.into()).is_empty(), "{mode}");
         }
     }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kpr_netns::{Backend, Lab, Netns, ProcessGuard, pod_ip};
+use kpr_netns::{Backend, Lab, Netns, ProcessGuard, SocketCgroup, pod_ip};
 
 use crate::failure::Failure;
 use crate::interrupt::Interrupt;
@@ -117,6 +117,9 @@ pub struct Cluster {
     proxy: ProcessGuard,
     _backends: Vec<Backend>,
     pub lab: Lab,
+    /// ebpf mode: the cgroup the node's and the pods' threads join (the programs attach
+    /// there, not to the machine's cgroup root), and the pin directory; removed last.
+    _sockets: Option<SocketCgroup>,
 }
 
 impl Cluster {
@@ -124,7 +127,22 @@ impl Cluster {
     /// proxy in its node namespace.
     pub fn start(lab: Lab, proxy: &Path, manifests: &Path, mode: &str) -> Result<Self, Failure> {
         let backends = start_backends(&lab)?;
-        let command = proxy_command(proxy, manifests, mode);
+        let mut command = proxy_command(proxy, manifests, mode);
+        let sockets = if mode == "ebpf" {
+            let mut chosen: Vec<&Netns> = vec![lab.node()];
+            chosen.extend(lab.pods());
+            let sockets = SocketCgroup::create("demo", &chosen).map_err(|err| {
+                Failure::io(
+                    "cannot create the ebpf mode's cgroup",
+                    std::io::Error::other(err.to_string()),
+                )
+            })?;
+            command.arg("--cgroup-root").arg(sockets.path());
+            command.arg("--ebpf-pin-root").arg(sockets.pins());
+            Some(sockets)
+        } else {
+            None
+        };
         println!("starting  {}", describe(&command));
         let proxy = lab
             .spawn(lab.node(), command)
@@ -133,6 +151,7 @@ impl Cluster {
             proxy,
             _backends: backends,
             lab,
+            _sockets: sockets,
         })
     }
 

@@ -46,7 +46,7 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 200, value_parser = at_least_one)]
     datagrams: usize,
     /// The proxy mode kube-proxy-rs runs in (`--proxy-mode`).
-    #[arg(long, value_name = "MODE", default_value = "iptables", value_parser = ["iptables", "nftables", "userspace"])]
+    #[arg(long, value_name = "MODE", default_value = "iptables", value_parser = ["iptables", "nftables", "userspace", "ebpf"])]
     proxy_mode: String,
     /// How long kube-proxy-rs gets to serve /healthz and route the ClusterIP.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
@@ -177,7 +177,7 @@ fn show_proxy_view(cluster: &Cluster, args: &Args) {
         Err(err) => println!("          cannot read: {err}"),
     }
     let (dump, count): (&str, fn(&str) -> usize) = match args.proxy_mode.as_str() {
-        "nftables" => ("nft list table ip kube-proxy", report::nft_element_count),
+        "nftables" | "ebpf" => ("nft list table ip kube-proxy", report::nft_element_count),
         _ => ("iptables-save -t nat", report::kube_line_count),
     };
     match cluster.node().sh(dump) {
@@ -191,7 +191,7 @@ fn show_proxy_view(cluster: &Cluster, args: &Args) {
 
 fn count_text(mode: &str, count: usize) -> String {
     match mode {
-        "nftables" => format!("{count} map/set elements"),
+        "nftables" | "ebpf" => format!("{count} map/set elements"),
         _ => format!("{count} lines mention a KUBE- chain"),
     }
 }

@@ -23,6 +23,7 @@ pub fn implementation(mode: ProxyMode) -> &'static dyn Mode {
         ProxyMode::Nftables => &kpr_nftables::NftablesMode,
         ProxyMode::Ipvs => &kpr_ipvs::IpvsMode,
         ProxyMode::Userspace => &kpr_userspace::UserspaceMode,
+        ProxyMode::Ebpf => &kpr_ebpf::EbpfMode,
     }
 }
 
@@ -229,11 +230,11 @@ mod tests {
     }
 
     #[test]
-    fn only_nftables_uses_service_cidrs() {
+    fn only_nftables_rules_use_service_cidrs() {
         let users: Vec<ProxyMode> = all()
             .filter(|mode| mode.uses_service_cidrs())
             .map(|mode| mode.name())
             .collect();
-        assert_eq!(users, [ProxyMode::Nftables]);
+        assert_eq!(users, [ProxyMode::Nftables, ProxyMode::Ebpf]);
     }
 }

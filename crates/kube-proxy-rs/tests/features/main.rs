@@ -48,12 +48,14 @@ macro_rules! kernel_modes {
     };
 }
 
-/// The modes whose translation is netfilter NAT rules (iptables, nftables), for scenarios
-/// where upstream's ipvs mode differs by design; the caller lists ipvs mode's own.
+/// The modes whose translation is netfilter NAT rules (iptables, nftables, and ebpf, which
+/// is nftables mode's rules plus socket programs for local clients), for scenarios where
+/// upstream's ipvs mode differs by design; the caller lists ipvs mode's own.
 macro_rules! netfilter_modes {
     ($($scenario:ident),+ $(,)?) => {
         in_mode!(iptables, $crate::mode::Mode::Iptables; $($scenario),+);
         in_mode!(nftables, $crate::mode::Mode::Nftables; $($scenario),+);
+        in_mode!(ebpf, $crate::mode::Mode::Ebpf; $($scenario),+);
     };
 }
 
@@ -115,6 +117,7 @@ mod internal_traffic_policy;
 mod load_balancer;
 mod localhost_node_ports;
 mod session_affinity;
+mod socket_layer;
 mod terminating_endpoints;
 mod topology;
 

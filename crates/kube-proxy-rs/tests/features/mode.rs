@@ -21,6 +21,9 @@ pub enum Mode {
     Userspace,
     /// IPVS virtual servers, played inside a guest (see the module docs).
     Ipvs,
+    /// nftables mode's rules plus socket programs attached to the test's own cgroup, which
+    /// the pods' and the node's threads join (kpr-netns' `SocketCgroup`).
+    Ebpf,
 }
 
 impl Mode {
@@ -31,6 +34,7 @@ impl Mode {
             Mode::Nftables => "nftables",
             Mode::Userspace => "userspace",
             Mode::Ipvs => "ipvs",
+            Mode::Ebpf => "ebpf",
         }
     }
 
@@ -45,7 +49,7 @@ impl Mode {
         let dump = match self {
             Mode::Iptables | Mode::Userspace => "iptables-save",
             // Map elements hold the addresses in this mode, and the listing shows them.
-            Mode::Nftables => "nft list ruleset",
+            Mode::Nftables | Mode::Ebpf => "nft list ruleset",
             // Virtual servers hold the addresses, the sets their ports; the rules match sets.
             Mode::Ipvs => "ipvsadm -Ln && ipset list && iptables-save",
         };

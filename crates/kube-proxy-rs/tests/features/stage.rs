@@ -6,7 +6,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use kpr_netns::{Backend, Lab, eventually, pod_ip};
+use kpr_netns::{Backend, Lab, SocketCgroup, eventually, pod_ip};
 
 use crate::manifests::Manifests;
 use crate::mode::Mode;
@@ -25,6 +25,9 @@ pub struct Stage {
     _pods: Vec<Backend>,
     /// Servers started later ([`Stage::serve_udp`], [`Stage::serve_tcp`]).
     servers: Vec<Backend>,
+    /// ebpf mode: the cgroup the pods' and the node's threads join, and the programs'
+    /// pin directory; dropped last, after the proxy.
+    _sockets: Option<SocketCgroup>,
 }
 
 impl Stage {
@@ -56,6 +59,15 @@ impl Stage {
             .collect();
         cluster.write(manifests.file(), &manifests.yaml());
         let mut flags = mode.flags();
+        let sockets = (mode == Mode::Ebpf).then(|| {
+            let lab = &cluster.lab;
+            let mut chosen: Vec<&kpr_netns::Netns> = vec![lab.node()];
+            chosen.extend(lab.pods());
+            let sockets = SocketCgroup::create(lab.node().name(), &chosen).unwrap();
+            flags.push(format!("--cgroup-root={}", sockets.path().display()));
+            flags.push(format!("--ebpf-pin-root={}", sockets.pins().display()));
+            sockets
+        });
         flags.extend(extra.iter().map(|flag| (*flag).to_owned()));
         Self {
             mode,
@@ -63,6 +75,7 @@ impl Stage {
             flags,
             _pods: serving,
             servers: Vec::new(),
+            _sockets: sockets,
         }
     }
 

@@ -175,7 +175,9 @@ fn a_foreign_table_of_a_newer_nft_breaks_no_sync_read_or_conntrack_cleanup(mode:
         String::from_utf8_lossy(&explained.stderr)
     );
     let failures = match mode {
-        Mode::Nftables => "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"}",
+        Mode::Nftables | Mode::Ebpf => {
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"}"
+        }
         _ => "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}",
     };
     assert_eq!(

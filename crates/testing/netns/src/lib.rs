@@ -10,6 +10,7 @@
 
 mod addressing;
 mod backend;
+mod cgroup;
 mod client;
 mod client_addresses;
 mod error;
@@ -31,6 +32,7 @@ pub use addressing::{
     POD_SUBNET, POD_SUBNET_V6, pod_ip, pod_ip_v6,
 };
 pub use backend::{Backend, split_peer_reply};
+pub use cgroup::SocketCgroup;
 pub use client::{SPREAD_TIMEOUT, spread, spread_from, spread_udp};
 pub use client_addresses::{FIRST_EXTRA_CLIENT_HOST, MAX_EXTRA_CLIENT_ADDRESSES, extra_client_ip};
 pub use error::{Error, Result};

@@ -71,6 +71,9 @@ impl Netns {
                 if let Err(err) = enter(&path) {
                     panic!("{err}");
                 }
+                if let Err(err) = crate::cgroup::join_if_chosen(&path) {
+                    panic!("{err}");
+                }
                 f()
             });
             worker

@@ -1,0 +1,172 @@
+//! One IP family of ebpf mode: nftables mode's backend for the family, then the socket
+//! layer's maps, from the same sync request.
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kpr_host::{InterfaceAddresses, LocalAddresses, NodePortAddresses, NodePortTargets};
+use kpr_model::IpFamily;
+use kpr_state::{Backend, BackendError, FailedStep, ObjectCount, SyncKind, SyncReport, SyncRequest};
+
+use crate::layer::{LayerError, SocketLayer};
+use crate::table::{Adopted, Ids, Table, adopted_of};
+
+/// The socket layer both families' backends write to (one set of maps), with the endpoint
+/// set ids they share.
+#[derive(Debug)]
+pub struct SharedLayer {
+    layer: SocketLayer,
+    ids: Ids,
+    /// Entries per family in the maps: the capacities bound their sum.
+    sizes: [(usize, usize); 2],
+}
+
+impl SharedLayer {
+    pub fn new(layer: SocketLayer) -> Result<(Arc<Mutex<Self>>, Adopted, Adopted), LayerError> {
+        let (services, backends) = layer.adopted_entries()?;
+        let ids = Ids::above(backends.iter().map(|(k, _)| k.id));
+        let v4 = adopted_of(IpFamily::V4, &services, &backends);
+        let v6 = adopted_of(IpFamily::V6, &services, &backends);
+        if !services.is_empty() {
+            tracing::info!(
+                services = services.len(),
+                backends = backends.len(),
+                "adopted the socket maps of a previous process"
+            );
+        }
+        Ok((
+            Arc::new(Mutex::new(Self {
+                layer,
+                ids,
+                sizes: [(0, 0); 2],
+            })),
+            v4,
+            v6,
+        ))
+    }
+
+    pub fn layer(&self) -> &SocketLayer {
+        &self.layer
+    }
+}
+
+/// Locks the shared layer; a panic in the other family's sync does not poison this one's
+/// (the table is rebuilt by a full sync anyway).
+fn lock(shared: &Mutex<SharedLayer>) -> MutexGuard<'_, SharedLayer> {
+    shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// ebpf mode's backend for one family.
+pub struct EbpfBackend {
+    family: IpFamily,
+    nftables: Box<dyn Backend>,
+    shared: Arc<Mutex<SharedLayer>>,
+    table: Table,
+    nodeport_addresses: NodePortAddresses,
+    /// The node addresses the NodePort entries were written for.
+    node_addresses: Option<Vec<IpAddr>>,
+    full_next: bool,
+}
+
+impl EbpfBackend {
+    pub fn new(
+        family: IpFamily,
+        nftables: Box<dyn Backend>,
+        shared: Arc<Mutex<SharedLayer>>,
+        table: Table,
+        nodeport_addresses: NodePortAddresses,
+    ) -> Self {
+        Self {
+            family,
+            nftables,
+            shared,
+            table,
+            nodeport_addresses,
+            node_addresses: None,
+            full_next: true,
+        }
+    }
+
+    /// This node's addresses that accept NodePorts (not loopback: nftables mode serves
+    /// none there by default, and the socket layer follows it).
+    fn node_addresses(&self) -> Result<Vec<IpAddr>, String> {
+        let all = InterfaceAddresses
+            .addresses(self.family)
+            .map_err(|e| e.to_string())?;
+        let mut addresses = match self.nodeport_addresses.targets(self.family, &all) {
+            NodePortTargets::AllLocal => all,
+            NodePortTargets::Ips(ips) => ips,
+        };
+        addresses.retain(|ip| !ip.is_loopback());
+        Ok(addresses)
+    }
+
+    fn sync_sockets(&mut self, request: &SyncRequest<'_>) -> Result<(bool, ObjectCount), BackendError> {
+        let node_addresses = self
+            .node_addresses()
+            .map_err(|e| BackendError::new(SyncKind::Full, FailedStep::Other, e))?;
+        let full =
+            self.full_next || request.force_full || self.node_addresses.as_ref() != Some(&node_addresses);
+        let kind = if full { SyncKind::Full } else { SyncKind::Partial };
+        let mut shared = lock(&self.shared);
+        let shared = &mut *shared;
+        let changed = (!full).then_some(request.changed);
+        let batch = self
+            .table
+            .sync(request.state, changed, &node_addresses, &mut shared.ids);
+        let index = usize::from(self.family == IpFamily::V6);
+        shared.sizes[index] = self.table.sizes();
+        let (services, backends) = shared
+            .sizes
+            .iter()
+            .fold((0, 0), |(s, b), (fs, fb)| (s + fs, b + fb));
+        let capacities = shared.layer.capacities();
+        let over = if services > capacities.services as usize {
+            Some(LayerError::Capacity {
+                what: "Service addresses",
+                needed: services,
+                capacity: capacities.services,
+            })
+        } else if backends > (capacities.backends / 2) as usize {
+            Some(LayerError::Capacity {
+                what: "endpoint slots (half the map: an adopting restart needs the other half)",
+                needed: backends,
+                capacity: capacities.backends / 2,
+            })
+        } else {
+            None
+        };
+        let applied = match over {
+            Some(error) => Err(error),
+            None => shared.layer.apply(&batch.ops),
+        };
+        if let Err(error) = applied {
+            self.table.forget();
+            self.full_next = true;
+            return Err(BackendError::new(kind, FailedStep::Restore, error));
+        }
+        self.full_next = false;
+        self.node_addresses = Some(node_addresses);
+        let (services, backends) = self.table.sizes();
+        Ok((
+            full,
+            ObjectCount {
+                total: services + backends,
+                written: batch.ops.len(),
+            },
+        ))
+    }
+}
+
+impl Backend for EbpfBackend {
+    /// nftables first, so that a Service the socket layer starts translating already has
+    /// its rules (for REJECT, and for traffic that meets no socket program).
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let mut report = self.nftables.sync(request)?;
+        let (full, sockets) = self.sync_sockets(request)?;
+        report.full |= full;
+        report.objects.total += sockets.total;
+        report.objects.written += sockets.written;
+        Ok(report)
+    }
+}

@@ -1,0 +1,66 @@
+//! ebpf mode's start-up, end to end: the real binary refuses what it cannot run on with
+//! status 1 and a message naming what is missing, leaving nothing attached or pinned; and
+//! `--dry-run` shows the socket map entries beside nftables mode's script. Its traffic is
+//! the feature suite's (`tests/features`, every scenario in ebpf mode).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use kpr_netns::Netns;
+use support::*;
+
+/// Runs the binary to completion in a namespace of its own, with `flags` and a manifest
+/// directory holding `yaml`.
+fn run(flags: &[&str], yaml: &str) -> Output {
+    let ns = Netns::new("ebpf").unwrap();
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("web.yaml"), yaml).unwrap();
+    let mut command = Command::new(proxy_binary());
+    command
+        .arg(format!("--hostname-override={NODE_NAME}"))
+        .arg(format!("--manifests={}", manifests.path().display()))
+        .arg("--proxy-mode=ebpf")
+        .args(flags);
+    ns.run(|| command.output().unwrap())
+}
+
+fn pins() -> PathBuf {
+    PathBuf::from(format!("/sys/fs/bpf/kpr-e2e-ebpf-{}", std::process::id()))
+}
+
+#[test]
+fn a_cgroup_root_that_is_not_cgroup_v2_is_refused_with_status_1_and_nothing_attached() {
+    let pins = pins();
+    let output = run(
+        &[
+            "--cgroup-root=/tmp",
+            &format!("--ebpf-pin-root={}", pins.display()),
+        ],
+        &web_yaml(&[0, 1], None),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("/tmp is not a cgroup v2 directory"), "{stderr}");
+    assert!(!pins.exists(), "nothing pinned");
+}
+
+#[test]
+fn dry_run_shows_the_socket_entries_after_the_nftables_script() {
+    let output = run(
+        &["--dry-run", "--cluster-cidr=10.244.0.0/16"],
+        &web_yaml(&[0, 1], None),
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("table ip kube-proxy"), "{stdout}");
+    assert!(stdout.contains("# IPv4 socket map entries"), "{stdout}");
+    assert!(stdout.contains("TCP 10.96.0.10:80 -> "), "{stdout}");
+}

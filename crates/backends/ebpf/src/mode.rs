@@ -84,8 +84,8 @@ impl Mode for EbpfMode {
     }
 
     /// nftables mode's metrics (its rules are this mode's too).
-    fn register_metrics(&self, registry: &mut Registry) {
-        NftablesMode.register_metrics(registry);
+    fn register_metrics(&self, settings: &Settings, registry: &mut Registry) {
+        NftablesMode.register_metrics(settings, registry);
     }
 
     fn family(&self, context: &ModeContext<'_>, family: IpFamily) -> Result<Box<dyn FamilyMode>, Fatal> {

@@ -25,7 +25,7 @@
 //! `traffic_distribution`, `upstream_bugs`, and additions to the files above; the map is
 //! docs/upstream-e2e.md). They build their objects in code ([`objects`]), as each upstream
 //! test creates its own, and play in the modes on this host ([`host_modes!`]); ipvs mode
-//! plays a few of them in one guest ([`in_one_ipvs_guest!`]). A module lists each mode's
+//! plays a few of them in one guest ([`in_ipvs_guests!`]). A module lists each mode's
 //! scenarios once: a mode's tests are one `mod` per file.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic fails the test
@@ -61,7 +61,7 @@ macro_rules! netfilter_modes {
 
 /// For upstream's e2e scenarios (docs/upstream-e2e.md): the modes that play on this host,
 /// iptables, nftables and userspace. ipvs mode's guests cost a minute each, so ipvs mode
-/// plays a chosen few of these scenarios in one guest ([`in_one_ipvs_guest!`]) and the doc
+/// plays a chosen few of these scenarios in one guest ([`in_ipvs_guests!`]) and the doc
 /// says why the others are left out.
 macro_rules! host_modes {
     ($($scenario:ident),+ $(,)?) => {
@@ -70,20 +70,23 @@ macro_rules! host_modes {
     };
 }
 
-/// One test, `ipvs_guest::<name>`, that plays the listed scenarios (paths to `fn(Mode)`) in
-/// ipvs mode one after the other inside one guest, each reported by name on the guest's
-/// console (see [`mode::play_in_one_ipvs_guest`]).
-macro_rules! in_one_ipvs_guest {
-    ($name:ident; $($scenario:path),+ $(,)?) => {
+/// Tests `ipvs_guest::<name>`, one guest each, that play the listed scenarios (paths to
+/// `fn(Mode)`) in ipvs mode one after the other, each reported by name on the guest's
+/// console (see [`mode::play_in_one_ipvs_guest`]). A guest holds two or so: a guest's
+/// watchdog (kpr_vm's default timeout) is sized for one boot and a couple of scenarios.
+macro_rules! in_ipvs_guests {
+    ($($name:ident: $($scenario:path),+);+ $(;)?) => {
         mod ipvs_guest {
-            #[test]
-            fn $name() {
-                $crate::mode::play_in_one_ipvs_guest(
-                    module_path!(),
-                    stringify!($name),
-                    &[$((stringify!($scenario), $scenario as fn($crate::mode::Mode))),+],
-                )
-            }
+            $(
+                #[test]
+                fn $name() {
+                    $crate::mode::play_in_one_ipvs_guest(
+                        module_path!(),
+                        stringify!($name),
+                        &[$((stringify!($scenario), $scenario as fn($crate::mode::Mode))),+],
+                    )
+                }
+            )+
         }
     };
 }

@@ -31,7 +31,7 @@ pub struct ChurnPlan<'a> {
     /// Endpoint changes per second.
     pub rate: u32,
     pub seconds: u32,
-    /// `--iptables-min-sync-period` given to the proxy (`None`: its default, 1 s).
+    /// `--iptables-min-sync-period` given to the proxy (`None`: the mode's default).
     pub min_sync_period: Option<&'a str>,
     /// For the first sync.
     pub timeout: Duration,

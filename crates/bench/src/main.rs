@@ -124,8 +124,8 @@ struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=3600))]
     churn_seconds: u32,
     /// The proxy's `--iptables-min-sync-period` (both modes) in the churn run; one run per
-    /// value given (Go durations; 1s is the product's and upstream's default).
-    #[arg(long, value_delimiter = ',', default_value = "1s")]
+    /// value given (Go durations, or `default`: no flag, each mode's own default).
+    #[arg(long, value_delimiter = ',', default_value = "default")]
     churn_min_sync_period: Vec<String>,
     /// Cluster sizes (services) for the in-process stage accounting (`--parts stages`).
     #[arg(long, value_delimiter = ',', default_value = "10000,50000")]
@@ -432,7 +432,7 @@ fn churn(args: &Args) -> Result<Vec<churn::ChurnRow>, String> {
                     mode: mode.name(),
                     rate: args.churn_rate,
                     seconds: args.churn_seconds,
-                    min_sync_period: Some(period.as_str()),
+                    min_sync_period: (period != "default").then_some(period.as_str()),
                     timeout: Duration::from_secs(args.e2e_timeout),
                 };
                 let label = format!("[{services} services, {}, min sync period {period}]", plan.mode);

@@ -18,6 +18,13 @@ pub const METRICS_PORT: u16 = 10249;
 /// `qos.KubeProxyOOMScoreAdj`.
 pub const OOM_SCORE_ADJ: i32 = -999;
 pub const MASQUERADE_BIT: i32 = 14;
+/// nftables mode's default `minSyncPeriod`: upstream's is 1 s, inherited from iptables mode,
+/// whose every sync rewrites the whole ruleset. Here a sync after a change writes only what
+/// changed (about 0.1 ms of kernel time), so a 1 s window only delays every change by up
+/// to a second. 10 ms still coalesces a rollout's bursts (at most 100 syncs a second)
+/// while a change is programmed within milliseconds (BENCHMARKS.md, churn). A deliberate
+/// difference (docs/configuration.md); a value set in the file or by flag is used as given.
+pub const NFTABLES_MIN_SYNC_PERIOD: GoDuration = GoDuration::from_millis(10);
 pub const PROTOBUF_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
 /// The `nodePortAddresses` keyword for the node's primary IPs.
 pub const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
@@ -101,7 +108,7 @@ fn default_nftables(config: &mut KubeProxyConfiguration) {
     let nftables = &mut config.nftables;
     nftables.masquerade_bit.get_or_insert(MASQUERADE_BIT);
     default_if_zero(&mut nftables.sync_period, GoDuration::from_secs(30));
-    default_if_zero(&mut nftables.min_sync_period, GoDuration::from_secs(1));
+    default_if_zero(&mut nftables.min_sync_period, NFTABLES_MIN_SYNC_PERIOD);
 }
 
 fn default_conntrack(config: &mut KubeProxyConfiguration) {
@@ -171,7 +178,7 @@ mod tests {
         assert_eq!(c.ipvs.scheduler, "");
         assert_eq!(c.nftables.masquerade_bit, Some(14));
         assert_eq!(c.nftables.sync_period.to_string(), "30s");
-        assert_eq!(c.nftables.min_sync_period.to_string(), "1s");
+        assert_eq!(c.nftables.min_sync_period.to_string(), "10ms");
         assert_eq!(c.conntrack.max_per_core, Some(32768));
         assert_eq!(c.conntrack.min, Some(131072));
         assert_eq!(

@@ -100,7 +100,7 @@ mod tests {
     use std::net::TcpListener;
 
     use kpr_metrics::{Metrics, ProxyHealth};
-    use kpr_servers::{BindPolicy, serve_healthz, serve_metrics};
+    use kpr_servers::{BindPolicy, HttpLimits, serve_healthz, serve_metrics};
     use prometheus_client::registry::Registry;
 
     use super::*;
@@ -119,7 +119,7 @@ mod tests {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
         let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
-        let error = serve_healthz(&address, health, metrics, policy)
+        let error = serve_healthz(&address, health, metrics.clone(), policy, HttpLimits::HEALTHZ)
             .await
             .unwrap_err();
         let event = server_failure_event("node1", &error).unwrap();
@@ -128,9 +128,17 @@ mod tests {
         assert!(event.note.contains(&address), "{}", event.note);
 
         let config = serde_json::json!({});
-        let error = serve_metrics(&address, Arc::new(registry), "iptables", config, policy)
-            .await
-            .unwrap_err();
+        let error = serve_metrics(
+            &address,
+            Arc::new(registry),
+            &metrics,
+            "iptables",
+            config,
+            policy,
+            HttpLimits::METRICS,
+        )
+        .await
+        .unwrap_err();
         let event = server_failure_event("node1", &error).unwrap();
         assert_eq!(event.reason, "FailedToStartMetricServer");
     }

@@ -7,7 +7,7 @@ use kpr_events::Recorder;
 use kpr_host::{InterfaceAddresses, LocalAddresses, NodePortAddresses, NodePortTargets};
 use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_model::IpFamily;
-use kpr_servers::{HealthCheckAddresses, ServiceHealthConfig, ServiceHealthServers};
+use kpr_servers::{HealthCheckAddresses, HttpLimits, ServiceHealthConfig, ServiceHealthServers};
 
 /// The running set for `family`; it follows the state after each successful sync.
 pub fn start(
@@ -22,6 +22,7 @@ pub fn start(
         family,
         node_name: node_name.to_string(),
         addresses: addresses(nodeport_addresses, family, &InterfaceAddresses),
+        limits: HttpLimits::SERVICE_HEALTH,
     };
     Arc::new(ServiceHealthServers::start(config, health, metrics, recorder))
 }

@@ -148,7 +148,10 @@ pub fn dry_run(
 /// addresses in its sets, userspace mode's portals redirect to listeners that are gone).
 /// Best effort: logged, never fatal.
 pub fn remove_other_modes_leftovers(running: &dyn Mode) {
-    for mode in all().rev().filter(|mode| mode.name() != running.name()) {
+    let others = all()
+        .rev()
+        .filter(|mode| mode.name() != running.name() && !running.adopts().contains(&mode.name()));
+    for mode in others {
         mode.remove_leftovers().log_at_start_up(mode.name().as_str());
     }
 }

@@ -14,7 +14,7 @@ use kpr_metrics::{Metrics, ProxyHealth};
 use kpr_mode::{Fatal, Mode, ModeContext};
 use kpr_model::NodeView;
 use kpr_runner::RunnerConfig;
-use kpr_servers::{BindPolicy, ServeError, ServerHandle, serve_healthz, serve_metrics};
+use kpr_servers::{BindPolicy, HttpLimits, ServeError, ServerHandle, serve_healthz, serve_metrics};
 use kpr_sources::{
     API_SOURCE, ApiSource, ClientOptions, EventSender, MANIFESTS_SOURCE, ManifestSource, build_client,
     event_channel,
@@ -74,7 +74,7 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
-    chosen.register_metrics(&mut registry);
+    chosen.register_metrics(&settings, &mut registry);
     // Upstream's healthTimeout: two sync periods without applying a queued change.
     let health = Arc::new(ProxyHealth::new(sync_period * 2));
     // Serving before the Node is read (upstream serves after): a proxy waiting for its Node
@@ -177,6 +177,7 @@ async fn restart_needed(restart: tokio::sync::oneshot::Receiver<String>) -> Stri
 
 /// The healthz and metrics servers (either may be disabled with a blank address). A busy
 /// port is retried every 5 s as upstream does, or is fatal with `--bind-address-hard-fail`.
+/// Both hold their connections within [`HttpLimits`] (upstream's have no bounds).
 async fn serve_http(
     settings: &Settings,
     health: &Arc<ProxyHealth>,
@@ -191,15 +192,18 @@ async fn serve_http(
         health.clone(),
         metrics.clone(),
         policy,
+        HttpLimits::HEALTHZ,
     )
     .await;
     let healthz = reported(healthz, proxy_events).await?;
     let metrics_server = serve_metrics(
         &config.metrics_bind_address,
         Arc::new(registry),
+        metrics,
         settings.mode.as_str(),
         config.to_json_value(),
         policy,
+        HttpLimits::METRICS,
     )
     .await;
     let metrics_server = reported(metrics_server, proxy_events).await?;

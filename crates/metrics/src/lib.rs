@@ -14,5 +14,6 @@ mod registry;
 
 pub use health::{HealthReport, ProxyHealth};
 pub use registry::{
-    CodeLabels, FamilyLabels, HealthCheckFailureLabels, Metrics, RejectedLabels, TrafficLabels,
+    CodeLabels, FamilyLabels, HealthCheckFailureLabels, HttpRejectedLabels, HttpServerLabels, Metrics,
+    RejectedLabels, TrafficLabels,
 };

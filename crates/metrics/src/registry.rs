@@ -38,6 +38,24 @@ pub struct HealthCheckFailureLabels {
     pub reason: &'static str,
 }
 
+/// Labels of the HTTP servers' connection counts: which server, never the client (series must
+/// stay few however many clients come).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpServerLabels {
+    /// `healthz`, `metrics` or `service-healthcheck`.
+    pub server: &'static str,
+}
+
+/// Labels of the HTTP servers' refused and closed connections.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpRejectedLabels {
+    /// `healthz`, `metrics` or `service-healthcheck`.
+    pub server: &'static str,
+    /// `evicted`, `refused`, `header_timeout`, `write_timeout`, `head_too_large` or
+    /// `body_too_large` (kpr-servers says which is which).
+    pub reason: &'static str,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn sync_duration_histogram() -> Histogram {
@@ -96,6 +114,11 @@ pub struct Metrics {
     /// Not upstream: Service health-check node ports that could not be opened, per attempt
     /// (each sync retries), by reason.
     pub service_healthcheck_failures_total: Family<HealthCheckFailureLabels, Counter>,
+    /// Not upstream: connections the HTTP servers (healthz, metrics, Service health checks)
+    /// closed or refused to stay within their bounds, by server and reason.
+    pub http_connections_rejected_total: Family<HttpRejectedLabels, Counter>,
+    /// Not upstream: connections open now on each kind of HTTP server.
+    pub http_connections: Family<HttpServerLabels, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -132,6 +155,8 @@ impl Metrics {
             conntrack_reconciler_sync_duration_seconds: Family::new_with_constructor(sync_duration_histogram),
             conntrack_reconciler_deleted_entries_total: Family::default(),
             service_healthcheck_failures_total: Family::default(),
+            http_connections_rejected_total: Family::default(),
+            http_connections: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("kubeproxy");
         r.register(
@@ -227,6 +252,19 @@ impl Metrics {
             "Attempts to open a Service's health-check node port that failed (the port is busy, \
              claimed by two Services, or cannot be listened on), by reason (kube-proxy-rs)",
             m.service_healthcheck_failures_total.clone(),
+        );
+        r.register(
+            "http_connections_rejected",
+            "Connections the healthz, metrics and Service health-check servers closed or refused to \
+             stay within their bounds (connection cap, header and write timeouts, request size), by server \
+             and reason (kube-proxy-rs)",
+            m.http_connections_rejected_total.clone(),
+        );
+        r.register(
+            "http_connections",
+            "Connections open now on the healthz, metrics and Service health-check servers, by server \
+             (kube-proxy-rs)",
+            m.http_connections.clone(),
         );
         m
     }

@@ -11,7 +11,7 @@
 //! | before anything is changed | [`Mode::gate`] (a feature gate it needs), [`Mode::deprecation`] (said first), [`Mode::check_host`] (the mode cannot run here at all), [`Mode::supports`] per IP family, with [`Mode::requirement`] for the error |
 //! | building the process | [`Mode::uses_service_cidrs`] (the API source watches them), [`Mode::register_metrics`] (the metrics only it has) |
 //! | per IP family, options built once | [`Mode::family`] -> [`FamilyMode`]: [`FamilyMode::prepare_host`] (`--init-only`), [`FamilyMode::dry_run`] (`--dry-run`), [`FamilyMode::into_backend`] (the kpr-state `Backend` the sync loop drives) |
-//! | another mode starts, or `--cleanup` | [`Mode::remove_leftovers`]: what this mode leaves, removed ([`Leftovers`]) |
+//! | another mode starts, or `--cleanup` | [`Mode::remove_leftovers`]: what this mode leaves, removed ([`Leftovers`]); [`Mode::adopts`]: the modes whose objects it programs too |
 //! | a clean shutdown | [`Mode::on_shutdown`] |
 //! | `kube-proxy-rs explain` | [`Mode::explainer`]: the reader of the mode's own objects |
 //!
@@ -55,13 +55,16 @@
 //!     fn uses_service_cidrs(&self) -> bool {
 //!         false
 //!     }
-//!     fn register_metrics(&self, _registry: &mut Registry) {}
+//!     fn register_metrics(&self, _settings: &kpr_config::Settings, _registry: &mut Registry) {}
 //!     fn family(&self, _context: &ModeContext<'_>, family: IpFamily) -> Result<Box<dyn FamilyMode>, Fatal> {
 //!         Ok(Box::new(NullFamily(family)))
 //!     }
 //!     fn on_shutdown(&self, _families: &[IpFamily]) {}
 //!     fn remove_leftovers(&self) -> Leftovers {
 //!         Leftovers::default()
+//!     }
+//!     fn adopts(&self) -> &'static [ProxyMode] {
+//!         &[]
 //!     }
 //!     fn explainer(&self) -> Option<&dyn Explainer> {
 //!         None
@@ -135,9 +138,10 @@ pub trait Mode: Sync {
     /// IPs), so the API source must watch them.
     fn uses_service_cidrs(&self) -> bool;
 
-    /// Registers the metrics only this mode has (upstream's per-mode `RegisterMetrics`);
-    /// called once, before any backend is built.
-    fn register_metrics(&self, registry: &mut Registry);
+    /// Registers the metrics only this mode has (upstream's per-mode `RegisterMetrics`,
+    /// which also asks the feature gates: nftables mode's localhost NodePort metrics exist
+    /// only with theirs on); called once, before any backend is built.
+    fn register_metrics(&self, settings: &Settings, registry: &mut Registry);
 
     /// The mode's options for `family`, built once from the settings and the node's facts.
     fn family(&self, context: &ModeContext<'_>, family: IpFamily) -> Result<Box<dyn FamilyMode>, Fatal>;
@@ -150,6 +154,11 @@ pub trait Mode: Sync {
     /// tools): when another mode starts (upstream's platform cleanup), and for `--cleanup`.
     /// Best effort: what fails is reported, and the rest is still removed.
     fn remove_leftovers(&self) -> Leftovers;
+
+    /// The other modes whose kernel objects this mode programs too (a mode built on
+    /// another's rules): their leftovers are this mode's to adopt, not to remove, when it
+    /// starts.
+    fn adopts(&self) -> &'static [ProxyMode];
 
     /// The reader of this mode's own objects for `kube-proxy-rs explain`, if it has one.
     fn explainer(&self) -> Option<&dyn Explainer>;

@@ -15,7 +15,9 @@ use kpr_metrics::{CodeLabels, HealthReport, Metrics, ProxyHealth};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
+use crate::connections::Budget;
 use crate::handle::{ServeError, ServerHandle};
+use crate::limits::HttpLimits;
 use crate::listen::{BindPolicy, start};
 
 #[derive(Clone)]
@@ -25,19 +27,22 @@ struct Healthz {
 }
 
 /// Serves `/healthz` and `/livez` on `address` (e.g. "0.0.0.0:10256"; blank disables the
-/// server) from a spawned task, binding as `policy` says.
+/// server) from a spawned task, binding as `policy` says, within `limits`
+/// ([`HttpLimits::HEALTHZ`] in production).
 pub async fn serve_healthz(
     address: &str,
     health: Arc<ProxyHealth>,
     metrics: Metrics,
     policy: BindPolicy,
+    limits: HttpLimits,
 ) -> Result<Option<ServerHandle>, ServeError> {
+    let budget = Budget::new("healthz", limits, &metrics);
     // Upstream's handlers answer whatever the method; probes use GET or HEAD.
     let router = Router::new()
         .route("/healthz", any(healthz))
         .route("/livez", any(livez))
         .with_state(Healthz { health, metrics });
-    start("healthz", address, router, policy).await
+    start(address, router, policy, budget).await
 }
 
 async fn healthz(State(s): State<Healthz>) -> Response {
@@ -90,7 +95,7 @@ mod tests {
     async fn serve(health: Arc<ProxyHealth>) -> (ServerHandle, Registry) {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
-        let handle = serve_healthz("127.0.0.1:0", health, metrics, POLICY)
+        let handle = serve_healthz("127.0.0.1:0", health, metrics, POLICY, HttpLimits::HEALTHZ)
             .await
             .unwrap()
             .unwrap();
@@ -194,12 +199,12 @@ mod tests {
         let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
         let metrics = Metrics::new(&mut Registry::default());
         assert!(
-            serve_healthz("", health.clone(), metrics.clone(), POLICY)
+            serve_healthz("", health.clone(), metrics.clone(), POLICY, HttpLimits::HEALTHZ)
                 .await
                 .unwrap()
                 .is_none()
         );
-        let err = serve_healthz("not-an-address", health, metrics, POLICY)
+        let err = serve_healthz("not-an-address", health, metrics, POLICY, HttpLimits::HEALTHZ)
             .await
             .unwrap_err();
         assert!(err.to_string().contains("not-an-address"), "{err}");

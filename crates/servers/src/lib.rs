@@ -12,10 +12,19 @@
 //!
 //! The Service health-check servers ([`ServiceHealthServers`]) come and go with the Services
 //! that need them, on the same listening and serving machinery.
+//!
+//! Every server holds its connections within [`HttpLimits`]: a cap on connections where a
+//! newcomer evicts the oldest connection without a complete request, a short timeout for a
+//! request head, an idle timeout for kept-alive connections, and bounded request heads and
+//! bodies. What the servers refuse or close is counted
+//! (`kubeproxy_http_connections_rejected_total{server,reason}`), never logged per connection.
 
+mod connection;
+mod connections;
 mod exposition;
 mod handle;
 mod healthz;
+mod limits;
 mod listen;
 mod metrics_server;
 mod ping;
@@ -25,6 +34,7 @@ mod slis;
 pub use exposition::{Format, OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, encode as encode_metrics};
 pub use handle::{ServeError, ServerHandle};
 pub use healthz::serve_healthz;
+pub use limits::HttpLimits;
 pub use listen::{BindPolicy, UPSTREAM_RETRY_INTERVAL};
 pub use metrics_server::{CONFIGZ_GROUP, serve_metrics};
 pub use service_health::{

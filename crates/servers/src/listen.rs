@@ -5,9 +5,15 @@
 //! and the server comes up as soon as the port is free; the proxy keeps programming rules
 //! meanwhile. With `--bind-address-hard-fail` the first failure is fatal instead. A server
 //! that stops with an error is restarted under the same rule.
+//!
+//! Unlike upstream, a server holds its connections within bounds ([`crate::limits`]): each
+//! accepted connection is admitted into the server's budget ([`crate::connections`]), which
+//! may evict an idle one or refuse the newcomer, and is served on its own task
+//! ([`crate::connection`]).
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -15,6 +21,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::connection;
+use crate::connections::Budget;
 use crate::handle::{ServeError, ServerHandle};
 
 /// Upstream's pause between attempts.
@@ -68,15 +76,28 @@ impl ListenOn {
 /// Tokio's (and Go's usual) backlog.
 const LISTEN_BACKLOG: i32 = 1024;
 
+/// The pause after an accept error that is not the client's (hyper's and axum's).
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
+
+/// An accept error that concerns one client only: the next accept may work.
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+    )
+}
+
 /// Serves `router` on `address` from a spawned task; `Ok(None)` when the address is blank
 /// (the server is disabled). The first bind happens before this returns, so a hard-failing
-/// policy reports a busy port here; otherwise the task keeps trying.
+/// policy reports a busy port here; otherwise the task keeps trying. Connections are held
+/// within `budget`.
 pub(crate) async fn start(
-    server: &'static str,
     address: &str,
     router: Router,
     policy: BindPolicy,
+    budget: Arc<Budget>,
 ) -> Result<Option<ServerHandle>, ServeError> {
+    let server = budget.server();
     let address = address.trim();
     if address.is_empty() {
         return Ok(None);
@@ -90,16 +111,18 @@ pub(crate) async fn start(
         addr: socket_addr,
         v6_only: false,
     };
-    start_on(server, on, router, policy).await.map(Some)
+    start_on(on, router, policy, budget).await.map(Some)
 }
 
 /// Serves `router` on `on` from a spawned task, binding as `policy` says (see [`start`]).
+/// Several listeners may share one `budget`.
 pub(crate) async fn start_on(
-    server: &'static str,
     on: ListenOn,
     router: Router,
     policy: BindPolicy,
+    budget: Arc<Budget>,
 ) -> Result<ServerHandle, ServeError> {
+    let server = budget.server();
     let address = on.addr.to_string();
     let (bound_tx, bound_rx) = watch::channel(None);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -109,6 +132,7 @@ pub(crate) async fn start_on(
         on,
         router,
         policy,
+        budget,
         bound: bound_tx,
         stop: stop_rx,
     };
@@ -135,6 +159,7 @@ struct Serving {
     on: ListenOn,
     router: Router,
     policy: BindPolicy,
+    budget: Arc<Budget>,
     bound: watch::Sender<Option<SocketAddr>>,
     stop: watch::Receiver<bool>,
 }
@@ -170,25 +195,54 @@ impl Serving {
         }
     }
 
-    /// Serves until told to stop (`Ok`) or until serving fails.
+    /// Accepts until told to stop, then lets the connections finish (requests in flight are
+    /// answered, idle connections close) and returns `Ok`. Each connection is served on a
+    /// task of its own, within the budget ([`crate::connection`]).
     async fn serve(&self, listener: TcpListener) -> Result<(), ServeError> {
         let local = listener.local_addr().map_err(|source| self.bind_error(source))?;
         tracing::info!(server = self.server, address = %local, "serving");
         self.bound.send_replace(Some(local));
+        // Each connection holds a receiver; `closed()` resolves once all are gone.
+        let (open_tx, open_rx) = watch::channel(());
         let mut stop = self.stop.clone();
-        let stopped = async move {
-            // A dropped handle counts as "stop" too.
-            let _ = stop.wait_for(|stop| *stop).await;
-        };
-        let result = axum::serve(listener, self.router.clone())
-            .with_graceful_shutdown(stopped)
-            .await;
+        loop {
+            let accepted = tokio::select! {
+                _ = stop.wait_for(|stop| *stop) => break,
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, _peer)) => {
+                    // Refused (dropped, so closed) when the budget is full of busy connections.
+                    if let Some(tracker) = self.budget.admit() {
+                        let router = self.router.clone();
+                        tokio::spawn(connection::serve(
+                            stream,
+                            tracker,
+                            router,
+                            self.stop.clone(),
+                            open_rx.clone(),
+                        ));
+                    }
+                    // Lets the new connection read the request it may already have sent before
+                    // more newcomers arrive (each may evict the oldest idle connection).
+                    tokio::task::yield_now().await;
+                }
+                Err(error) if is_connection_error(&error) => {}
+                Err(error) => {
+                    // Out of descriptors, most likely: others may close soon. As hyper's and
+                    // axum's accept loops do, pause for a second.
+                    tracing::error!(server = self.server, address = %local, "accept: {error}");
+                    if self.stopped_within(ACCEPT_ERROR_PAUSE).await {
+                        break;
+                    }
+                }
+            }
+        }
+        drop(listener);
+        drop(open_rx);
+        open_tx.closed().await;
         self.bound.send_replace(None);
-        result.map_err(|source| ServeError::Serve {
-            server: self.server,
-            address: self.address.clone(),
-            source,
-        })
+        Ok(())
     }
 
     /// Sleeps `pause`; true if told to stop before or during it.
@@ -222,7 +276,11 @@ impl Serving {
 mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
 
+    use kpr_metrics::Metrics;
+    use prometheus_client::registry::Registry;
+
     use super::*;
+    use crate::limits::HttpLimits;
 
     fn connects(addr: SocketAddr) -> bool {
         std::net::TcpStream::connect(addr).is_ok()
@@ -231,7 +289,12 @@ mod tests {
     /// `--healthz-bind-address=[::]:10256` answers IPv4 too, as Go's listener does.
     #[tokio::test]
     async fn a_configured_ipv6_wildcard_takes_ipv4_too_as_gos_listener() {
-        let server = start("healthz", "[::]:0", Router::new(), BindPolicy::upstream(true))
+        let budget = Budget::new(
+            "healthz",
+            HttpLimits::HEALTHZ,
+            &Metrics::new(&mut Registry::default()),
+        );
+        let server = start("[::]:0", Router::new(), BindPolicy::upstream(true), budget)
             .await
             .unwrap()
             .unwrap();

@@ -16,10 +16,13 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
+use kpr_metrics::Metrics;
 use prometheus_client::registry::Registry;
 
+use crate::connections::Budget;
 use crate::exposition::{Format, encode};
 use crate::handle::{ServeError, ServerHandle};
+use crate::limits::HttpLimits;
 use crate::listen::{BindPolicy, start};
 use crate::ping;
 use crate::slis::HealthcheckSlis;
@@ -39,15 +42,19 @@ struct MetricsState {
 }
 
 /// Serves on `address` (e.g. "127.0.0.1:10249"; blank disables it) from a spawned task,
-/// binding as `policy` says. `config` is the effective KubeProxyConfiguration, shown by
-/// `/configz`.
+/// binding as `policy` says, within `limits` ([`HttpLimits::METRICS`] in production).
+/// `registry` is what `/metrics` shows; `own_metrics` (registered in it) counts the server's
+/// own connections. `config` is the effective KubeProxyConfiguration, shown by `/configz`.
 pub async fn serve_metrics(
     address: &str,
     registry: Arc<Registry>,
+    own_metrics: &Metrics,
     proxy_mode: &str,
     config: serde_json::Value,
     policy: BindPolicy,
+    limits: HttpLimits,
 ) -> Result<Option<ServerHandle>, ServeError> {
+    let budget = Budget::new("metrics", limits, own_metrics);
     let configz = serde_json::json!({ CONFIGZ_GROUP: config }).to_string();
     let state = MetricsState {
         registry,
@@ -63,7 +70,7 @@ pub async fn serve_metrics(
         .route("/healthz", any(healthz))
         .route("/healthz/ping", any(ping::ping))
         .with_state(state);
-    start("metrics", address, router, policy).await
+    start(address, router, policy, budget).await
 }
 
 async fn metrics(State(s): State<MetricsState>, headers: HeaderMap) -> Response {
@@ -135,8 +142,6 @@ fn nosniff(mut response: Response) -> Response {
 mod tests {
     use std::time::Duration;
 
-    use kpr_metrics::Metrics;
-
     use super::*;
     use crate::exposition::tests::check_text_format;
     use crate::exposition::{OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE};
@@ -151,12 +156,16 @@ mod tests {
     }
 
     async fn serve_on(address: &str, policy: BindPolicy) -> Result<Option<ServerHandle>, ServeError> {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
         serve_metrics(
             address,
-            Arc::new(Registry::default()),
+            Arc::new(registry),
+            &metrics,
             "iptables",
             serde_json::Value::Null,
             policy,
+            HttpLimits::METRICS,
         )
         .await
     }
@@ -177,10 +186,19 @@ mod tests {
             .get_or_create(&kpr_metrics::FamilyLabels { ip_family: "IPv4" })
             .inc();
         let config = serde_json::json!({"mode": "iptables"});
-        let server = serve_metrics("127.0.0.1:0", Arc::new(registry), "iptables", config, retrying())
-            .await
-            .unwrap()
-            .unwrap();
+        let limits = HttpLimits::METRICS;
+        let server = serve_metrics(
+            "127.0.0.1:0",
+            Arc::new(registry),
+            &metrics,
+            "iptables",
+            config,
+            retrying(),
+            limits,
+        )
+        .await
+        .unwrap()
+        .unwrap();
         let addr = server.local_addr().unwrap();
 
         let reply = get(addr, "/metrics").await;
@@ -307,9 +325,11 @@ mod tests {
         serve_metrics(
             "127.0.0.1:0",
             Arc::new(registry),
+            &metrics,
             "iptables",
             serde_json::Value::Null,
             retrying(),
+            HttpLimits::METRICS,
         )
         .await
         .unwrap()
@@ -398,13 +418,14 @@ mod tests {
         for method in ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "FROB"] {
             assert_text_format(&request(addr, method, "/metrics").await, method);
         }
+        // As long as the head limit allows (HttpLimits::max_head_bytes).
         let long = format!(
             "Accept: {}application/openmetrics-text",
-            "text/html;q=0.1,".repeat(4000)
+            "text/html;q=0.1,".repeat(450)
         );
         assert_openmetrics(
             &request_with(addr, "GET", "/metrics", &[&long]).await,
-            "64 KiB Accept",
+            "7 KiB Accept",
         );
         for accept in [
             "Accept: ;;;",
@@ -417,13 +438,16 @@ mod tests {
         let latin1 = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text\xff\r\nConnection: close\r\n\r\n";
         assert_text_format(&raw(addr, latin1).await.unwrap(), "Accept that is not text");
 
-        // Larger than any header section hyper takes: refused, as Go refuses beyond 1 MiB.
-        let huge = format!(
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: {}\r\nConnection: close\r\n\r\n",
-            "a".repeat(2 << 20)
-        );
-        if let Some(reply) = raw(addr, huge.as_bytes()).await {
-            assert_eq!(reply.status, 431, "{}", reply.body);
+        // Beyond the head limit: refused (Go refuses beyond 1 MiB, kube-proxy-rs beyond
+        // HttpLimits::max_head_bytes).
+        for size in [64 << 10, 2 << 20] {
+            let huge = format!(
+                "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: {}\r\nConnection: close\r\n\r\n",
+                "a".repeat(size)
+            );
+            if let Some(reply) = raw(addr, huge.as_bytes()).await {
+                assert_eq!(reply.status, 431, "{}", reply.body);
+            }
         }
         assert_eq!(get(addr, "/metrics/").await.status, 404);
         assert_eq!(get(addr, "/metrics/slis/").await.status, 404);

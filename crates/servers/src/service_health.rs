@@ -22,7 +22,12 @@
 //! Services' servers are untouched. Of two claimants, the one already serving keeps the
 //! port (a new one is refused), and among new ones the first by namespace/name gets it.
 //! Binding and serving are kpr-servers' own machinery ([`crate::listen`]); a server that
-//! stopped on an error is reopened at the next sync.
+//! stopped on an error is reopened at the next sync. The ports are reachable from the
+//! network, so one connection budget ([`ServiceHealthConfig::limits`]) bounds all of a
+//! family's ports together: a flood on one port evicts its own half-sent requests first,
+//! and the descriptors and memory held stay within the one cap however many Services there
+//! are. Per-port caps would multiply the bound by the number of Services, which the
+//! cluster's users, not the node's operator, decide.
 
 mod answer;
 #[cfg(test)]
@@ -38,7 +43,9 @@ use kpr_model::{IpFamily, NamespacedName};
 use kpr_state::{DesiredState, HealthCheck, HealthChecks, SyncObserver, health_checks};
 use tokio::sync::watch;
 
+use crate::connections::Budget;
 use crate::handle::{ServeError, ServerHandle};
+use crate::limits::HttpLimits;
 use crate::listen::{BindPolicy, ListenOn, UPSTREAM_RETRY_INTERVAL, start_on};
 use answer::Probe;
 
@@ -73,6 +80,9 @@ pub struct ServiceHealthConfig {
     /// This node's name, for the Events' text.
     pub node_name: String,
     pub addresses: HealthCheckAddresses,
+    /// One budget for every port of the set ([`HttpLimits::SERVICE_HEALTH`] in production):
+    /// the connections it holds do not grow with the number of Services.
+    pub limits: HttpLimits,
 }
 
 /// Why a Service's health-check port is not open.
@@ -163,6 +173,8 @@ struct Manager {
     health: Arc<ProxyHealth>,
     metrics: Metrics,
     recorder: Recorder,
+    /// Shared by every server of the set.
+    budget: Arc<Budget>,
     open: BTreeMap<NamespacedName, Open>,
 }
 
@@ -181,11 +193,13 @@ impl Manager {
                 "no node address matches nodePortAddresses: Service health-check ports will not listen"
             );
         }
+        let budget = Budget::new(SERVER, config.limits, &metrics);
         Self {
             config,
             health,
             metrics,
             recorder,
+            budget,
             open: BTreeMap::new(),
         }
     }
@@ -269,7 +283,8 @@ impl Manager {
         ));
         let mut servers = Vec::new();
         for on in self.listen_on(check.node_port) {
-            match start_on(SERVER, on, answer::router(probe.clone()), BIND_ONCE).await {
+            let budget = self.budget.clone();
+            match start_on(on, answer::router(probe.clone()), BIND_ONCE, budget).await {
                 Ok(server) => servers.push(server),
                 Err(error) => {
                     for server in servers {

@@ -13,7 +13,7 @@
 //! A flow to an endpoint that is still serving (terminating ones included) stays where it
 //! is, as a TCP connection would. Entries to any other destination are never touched.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 
 use kpr_model::{NamespacedName, Protocol, ServicePort};
@@ -73,6 +73,23 @@ impl Frontends {
         }
     }
 
+    /// Frontends no UDP port has any more (a deleted Service's, a removed port's, an old
+    /// cluster IP or NodePort): nothing stands behind them, so every entry to them is
+    /// stale. A frontend some port still has is left to that port.
+    pub fn retire(&mut self, scopes: &BTreeSet<Scope>) {
+        for scope in scopes {
+            match *scope {
+                Scope::To(address) => {
+                    self.by_address.entry(address).or_default();
+                }
+                Scope::ToPort(port) => {
+                    self.by_node_port.entry(port).or_default();
+                }
+                Scope::All => {}
+            }
+        }
+    }
+
     /// Whether the reconcile has anything to look at: without a UDP service there is no
     /// need to list the conntrack table at all.
     pub fn is_empty(&self) -> bool {
@@ -109,20 +126,31 @@ fn addresses(port: &ServicePort) -> impl Iterator<Item = SocketAddr> + '_ {
 }
 
 /// Where entries of the UDP ports of `services` (those a sync changed) can be: each
-/// service address with its port, and each NodePort. Services that no longer exist
-/// have no frontend left, so nothing of theirs is ever touched (as upstream).
+/// service address with its port, and each NodePort. Services that no longer exist have no
+/// frontend in `state`: what they had is [`Frontends::retire`]d by the reconciler, which
+/// remembers it (`udp_scopes_by_service`).
 pub fn scopes_of(state: &DesiredState, services: &BTreeSet<NamespacedName>) -> BTreeSet<Scope> {
-    let udp_ports = services
+    let by_service = udp_scopes_by_service(state);
+    services
         .iter()
-        .filter_map(|service| state.services.get(service))
-        .flat_map(|ports| ports.iter())
-        .filter(|port| port.name.protocol == Protocol::Udp);
-    let mut scopes = BTreeSet::new();
-    for port in udp_ports {
-        scopes.extend(addresses(port).map(Scope::To));
-        scopes.extend(port.node_port.map(Scope::ToPort));
+        .filter_map(|service| by_service.get(service))
+        .flatten()
+        .copied()
+        .collect()
+}
+
+/// Every Service's UDP frontends in `state`, as [`Scope`]s: each service address with its
+/// port, and each NodePort. Services without a UDP port are left out.
+pub fn udp_scopes_by_service(state: &DesiredState) -> BTreeMap<NamespacedName, BTreeSet<Scope>> {
+    let mut by_service: BTreeMap<NamespacedName, BTreeSet<Scope>> = BTreeMap::new();
+    for (service, ports) in state.services.iter() {
+        for port in ports.iter().filter(|port| port.name.protocol == Protocol::Udp) {
+            let scopes = by_service.entry(service.clone()).or_default();
+            scopes.extend(addresses(port).map(Scope::To));
+            scopes.extend(port.node_port.map(Scope::ToPort));
+        }
     }
-    scopes
+    by_service
 }
 
 #[cfg(test)]

@@ -12,14 +12,21 @@
 //! - the whole table after the first sync (flows from before a restart), after a failed
 //!   sync (its changes never got their cleanup), after a listing that failed, and every
 //!   `full_period` (the sync period), which catches whatever else was orphaned.
+//!
+//! A frontend that no UDP port has any more (a deleted Service's addresses and NodePorts, a
+//! port removed, a changed cluster IP) is judged with no endpoint behind it, so its flows
+//! go too: the reconciler remembers each Service's UDP frontends from the last state it
+//! reconciled against, which is the only place they are still known. Upstream forgot
+//! them until its issue #141371 (a deleted Service's flows lived on, kept alive by their
+//! clients, and went to the old pod once the cluster IP was reused).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use kpr_model::{IpFamily, NamespacedName};
 use kpr_state::{BackendError, ConntrackReconcile, DesiredState, SyncReport, SyncRequest};
 
-use crate::decision::{Frontends, scopes_of};
+use crate::decision::{Frontends, scopes_of, udp_scopes_by_service};
 use crate::entry::UdpEntry;
 use crate::netlink::NetlinkTable;
 use crate::table::{ConntrackTable, Scope, TableError};
@@ -97,6 +104,9 @@ pub struct Reconciler {
     last_full: Option<Instant>,
     /// The next reconcile must cover the whole table.
     full_due: bool,
+    /// Each Service's UDP frontends in the state last reconciled against: what a Service
+    /// had once it is gone (or a port or address it no longer has).
+    known: BTreeMap<NamespacedName, BTreeSet<Scope>>,
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -117,6 +127,7 @@ impl Reconciler {
             full_period: DEFAULT_FULL_PERIOD,
             last_full: None,
             full_due: true,
+            known: BTreeMap::new(),
         }
     }
 
@@ -135,27 +146,33 @@ impl Reconciler {
     /// listed; failed deletions are reported in the result.
     pub fn reconcile(&mut self, state: &DesiredState) -> Result<Reconciled, TableError> {
         let started = Instant::now();
-        let frontends = Frontends::of(state);
-        // Without a UDP service nothing can be stale: no need to list anything.
+        let current = udp_scopes_by_service(state);
+        let mut frontends = Frontends::of(state);
+        frontends.retire(&self.retired(&current, None));
+        // Without a UDP frontend nothing can be stale: no need to list anything.
         let scopes = if frontends.is_empty() {
             BTreeSet::new()
         } else {
             BTreeSet::from([Scope::All])
         };
         let mut done = self.reconcile_scopes(&frontends, &scopes)?;
+        self.known = current;
         done.full = true;
         done.duration = started.elapsed();
         Ok(done)
     }
 
-    /// Reconciles only the frontends of `services` (those a sync changed), or the whole
-    /// table when that is cheaper.
+    /// Reconciles only the frontends of `services` (those a sync changed), those they had
+    /// and lost included, or the whole table when that is cheaper.
     pub fn reconcile_services(
         &mut self,
         state: &DesiredState,
         services: &BTreeSet<NamespacedName>,
     ) -> Result<Reconciled, TableError> {
-        let scopes = scopes_of(state, services);
+        let current = udp_scopes_by_service(state);
+        let retired = self.retired(&current, Some(services));
+        let mut scopes = scopes_of(state, services);
+        scopes.extend(retired.iter().copied());
         if scopes.len() > MAX_TARGETED_DUMPS {
             return self.reconcile(state);
         }
@@ -163,10 +180,30 @@ impl Reconciler {
         let mut done = if scopes.is_empty() {
             Reconciled::default()
         } else {
-            self.reconcile_scopes(&Frontends::of(state), &scopes)?
+            let mut frontends = Frontends::of(state);
+            frontends.retire(&retired);
+            self.reconcile_scopes(&frontends, &scopes)?
         };
+        self.known = current;
         done.duration = started.elapsed();
         Ok(done)
+    }
+
+    /// The frontends that `services` (every Service known, when `None`) had in the state
+    /// last reconciled against and that no Service has in `current`.
+    fn retired(
+        &self,
+        current: &BTreeMap<NamespacedName, BTreeSet<Scope>>,
+        services: Option<&BTreeSet<NamespacedName>>,
+    ) -> BTreeSet<Scope> {
+        let live: BTreeSet<&Scope> = current.values().flatten().collect();
+        self.known
+            .iter()
+            .filter(|(service, _)| services.is_none_or(|services| services.contains(*service)))
+            .flat_map(|(_, scopes)| scopes)
+            .filter(|scope| !live.contains(scope))
+            .copied()
+            .collect()
     }
 
     fn reconcile_scopes(
@@ -388,6 +425,80 @@ mod tests {
         assert_eq!(r.after_sync(&w.pending().request(false)), None);
         assert_eq!(r.after_sync(&w.pending().request(false)), None);
         assert!(fake.took_scopes().is_empty());
+    }
+
+    #[test]
+    fn a_deleted_udp_services_flows_go_and_a_service_reusing_its_address_keeps_its_own() {
+        let fake = Fake::default();
+        let mut r = reconciler(&fake);
+        let mut w = World::new();
+        dns(&mut w, "gone", "10.96.0.1", "UDP", &["10.244.1.10"]);
+        dns(&mut w, "stays", "10.96.0.2", "UDP", &["10.244.1.20"]);
+        r.after_sync(&w.pending().request(false));
+        fake.took_scopes();
+        *fake.entries.lock().unwrap() = vec![
+            flow(1, "10.96.0.1:53", "10.244.1.10:5353"),
+            flow(2, "10.96.0.2:53", "10.244.1.20:5353"),
+        ];
+
+        // Only the deleted Service's address is looked at, and its flow goes.
+        w.delete_service("gone");
+        let report = r.after_sync(&w.pending().request(false)).unwrap();
+        assert_eq!(fake.took_scopes(), [Scope::To("10.96.0.1:53".parse().unwrap())]);
+        assert_eq!(report.deleted, 1);
+        assert_eq!(
+            *fake.entries.lock().unwrap(),
+            [flow(2, "10.96.0.2:53", "10.244.1.20:5353")]
+        );
+
+        // Recreated with the same address and another pod: flows to the new pod stay, a
+        // flow left to the old one (made meanwhile, say) goes.
+        *fake.entries.lock().unwrap() = vec![
+            flow(3, "10.96.0.1:53", "10.244.1.11:5353"),
+            flow(4, "10.96.0.1:53", "10.244.1.10:5353"),
+        ];
+        dns(&mut w, "gone", "10.96.0.1", "UDP", &["10.244.1.11"]);
+        let report = r.after_sync(&w.pending().request(false)).unwrap();
+        assert_eq!(report.deleted, 1);
+        assert_eq!(
+            *fake.entries.lock().unwrap(),
+            [flow(3, "10.96.0.1:53", "10.244.1.11:5353")]
+        );
+    }
+
+    #[test]
+    fn a_frontend_another_service_takes_over_is_judged_by_that_service() {
+        let fake = Fake::default();
+        let mut r = reconciler(&fake);
+        let mut w = World::new();
+        dns(&mut w, "old", "10.96.0.1", "UDP", &["10.244.1.10"]);
+        r.after_sync(&w.pending().request(false));
+        fake.took_scopes();
+        // The same change deletes "old" and gives its address to "new", on the same pod.
+        w.delete_service("old");
+        dns(&mut w, "new", "10.96.0.1", "UDP", &["10.244.1.10"]);
+        *fake.entries.lock().unwrap() = vec![flow(1, "10.96.0.1:53", "10.244.1.10:5353")];
+        let report = r.after_sync(&w.pending().request(false)).unwrap();
+        assert_eq!(report.deleted, 0);
+        assert_eq!(fake.entries.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_whole_table_reconcile_also_retires_what_deleted_services_had() {
+        let fake = Fake::default();
+        let mut r = reconciler(&fake);
+        let mut w = World::new();
+        dns(&mut w, "gone", "10.96.0.1", "UDP", &["10.244.1.10"]);
+        r.after_sync(&w.pending().request(false));
+        *fake.entries.lock().unwrap() = vec![flow(1, "10.96.0.1:53", "10.244.1.10:5353")];
+        // The sync that deleted it failed: the next cleanup is whole, and still knows.
+        w.delete_service("gone");
+        r.sync_failed();
+        fake.took_scopes();
+        let report = r.after_sync(&w.pending().request(false)).unwrap();
+        assert_eq!(fake.took_scopes(), [Scope::All]);
+        assert_eq!(report.deleted, 1);
+        assert!(fake.entries.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -66,7 +66,7 @@ impl Mode for IptablesMode {
     }
 
     /// Upstream's rule counts and restore failures, and its two nfacct packet counters.
-    fn register_metrics(&self, registry: &mut Registry) {
+    fn register_metrics(&self, _settings: &Settings, registry: &mut Registry) {
         METRICS.get_or_init(|| IptablesMetrics::register(registry));
         register_nfacct_metrics(registry, Arc::new(NfacctReader));
     }
@@ -83,6 +83,10 @@ impl Mode for IptablesMode {
 
     fn remove_leftovers(&self) -> Leftovers {
         remove_everywhere(&IptablesFootprint)
+    }
+
+    fn adopts(&self) -> &'static [ProxyMode] {
+        &[]
     }
 
     fn explainer(&self) -> Option<&dyn Explainer> {

@@ -71,7 +71,7 @@ impl Mode for IpvsMode {
     }
 
     /// The shared metrics say all the mode has to say.
-    fn register_metrics(&self, _registry: &mut Registry) {}
+    fn register_metrics(&self, _settings: &Settings, _registry: &mut Registry) {}
 
     fn family(&self, context: &ModeContext<'_>, family: IpFamily) -> Result<Box<dyn FamilyMode>, Fatal> {
         Ok(Box::new(IpvsFamily {
@@ -86,6 +86,10 @@ impl Mode for IpvsMode {
 
     fn remove_leftovers(&self) -> Leftovers {
         crate::leftovers::remove_all()
+    }
+
+    fn adopts(&self) -> &'static [ProxyMode] {
+        &[]
     }
 
     fn explainer(&self) -> Option<&dyn Explainer> {

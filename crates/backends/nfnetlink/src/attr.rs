@@ -76,6 +76,15 @@ impl<'a> Writer<'a> {
         self.pad();
     }
 
+    /// A string without its NUL (`NLA_STRING` takes either), as libnftnl writes some names
+    /// (an `objref`'s): the bytes nft sends.
+    pub(crate) fn bare_string(&mut self, kind: u16, value: &str) {
+        if self.invalid.is_none() {
+            self.invalid = name_problem(value);
+        }
+        self.bytes(kind, value.as_bytes());
+    }
+
     pub(crate) fn u32(&mut self, kind: u16, value: u32) {
         self.bytes(kind, &value.to_be_bytes());
     }

@@ -9,7 +9,7 @@
 use crate::attr::Writer;
 use crate::consts::*;
 use crate::expr::{Expr, encode_list};
-use crate::objects::{Chain, Element, Policy, Set, Table};
+use crate::objects::{Chain, Counter, Element, ObjectType, Policy, Set, Table};
 use crate::wire::{encode_element, finish, nft_type, start};
 
 /// The most bytes one message's element list may take: an attribute's length is a u16.
@@ -87,6 +87,21 @@ pub enum Operation {
         chain: String,
         handle: u64,
     },
+    AddObject {
+        table: Table,
+        kind: ObjectType,
+        name: String,
+    },
+    DeleteObject {
+        table: Table,
+        kind: ObjectType,
+        name: String,
+    },
+    DeleteObjectByHandle {
+        table: Table,
+        kind: ObjectType,
+        handle: u64,
+    },
 }
 
 impl std::fmt::Display for Operation {
@@ -121,6 +136,11 @@ impl std::fmt::Display for Operation {
             }
             Self::DeleteRule { table, chain, handle } => {
                 write!(f, "delete rule handle {handle} of chain {table} {chain}")
+            }
+            Self::AddObject { table, kind, name } => write!(f, "add {kind} {table} {name}"),
+            Self::DeleteObject { table, kind, name } => write!(f, "delete {kind} {table} {name}"),
+            Self::DeleteObjectByHandle { table, kind, handle } => {
+                write!(f, "delete {kind} {table} handle {handle}")
             }
         }
     }
@@ -433,6 +453,62 @@ impl Batch {
             w.end(list);
         });
         id
+    }
+
+    /// Creates the named counter `name` at zero (nft's `add counter`); one that exists
+    /// keeps its numbers (the kernel has nothing to update in a counter), so a sync may
+    /// declare it every time.
+    pub fn add_counter(&mut self, table: &Table, name: &str) {
+        let operation = Operation::AddObject {
+            table: table.clone(),
+            kind: ObjectType::COUNTER,
+            name: name.to_owned(),
+        };
+        self.message(NFT_MSG_NEWOBJ, NLM_F_CREATE, table, operation, |w| {
+            w.string(NFTA_OBJ_TABLE, &table.name);
+            w.string(NFTA_OBJ_NAME, name);
+            w.u32(NFTA_OBJ_TYPE, ObjectType::COUNTER.0);
+            let data = w.begin(NFTA_OBJ_DATA);
+            let Counter { packets, bytes } = Counter::default();
+            w.u64(NFTA_COUNTER_BYTES, bytes);
+            w.u64(NFTA_COUNTER_PACKETS, packets);
+            w.end(data);
+        });
+    }
+
+    /// Deletes the object `name` of type `kind` (no rule may refer to it by the end of the
+    /// batch).
+    pub fn delete_object(&mut self, table: &Table, kind: ObjectType, name: &str) {
+        let operation = Operation::DeleteObject {
+            table: table.clone(),
+            kind,
+            name: name.to_owned(),
+        };
+        self.message(NFT_MSG_DELOBJ, 0, table, operation, |w| {
+            w.string(NFTA_OBJ_TABLE, &table.name);
+            w.string(NFTA_OBJ_NAME, name);
+            w.u32(NFTA_OBJ_TYPE, kind.0);
+            // Empty, as nft sends it.
+            let data = w.begin(NFTA_OBJ_DATA);
+            w.end(data);
+        });
+    }
+
+    /// Deletes the object with `handle` (from a dump, which also says its type: the kernel
+    /// wants both), for objects someone else put in our table.
+    pub fn delete_object_by_handle(&mut self, table: &Table, kind: ObjectType, handle: u64) {
+        let operation = Operation::DeleteObjectByHandle {
+            table: table.clone(),
+            kind,
+            handle,
+        };
+        self.message(NFT_MSG_DELOBJ, 0, table, operation, |w| {
+            w.string(NFTA_OBJ_TABLE, &table.name);
+            w.u64(NFTA_OBJ_HANDLE, handle);
+            w.u32(NFTA_OBJ_TYPE, kind.0);
+            let data = w.begin(NFTA_OBJ_DATA);
+            w.end(data);
+        });
     }
 
     /// Deletes every element of set `name`.

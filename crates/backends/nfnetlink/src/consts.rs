@@ -45,6 +45,9 @@ pub(crate) const NFT_MSG_GETSETELEM: u16 = 13;
 pub(crate) const NFT_MSG_DELSETELEM: u16 = 14;
 pub(crate) const NFT_MSG_NEWGEN: u16 = 15;
 pub(crate) const NFT_MSG_GETGEN: u16 = 16;
+pub(crate) const NFT_MSG_NEWOBJ: u16 = 18;
+pub(crate) const NFT_MSG_GETOBJ: u16 = 19;
+pub(crate) const NFT_MSG_DELOBJ: u16 = 20;
 /// Like DEL*, without an error when the object is missing (Linux 6.3+).
 pub(crate) const NFT_MSG_DESTROYTABLE: u16 = 26;
 pub(crate) const NFT_MSG_DESTROYSETELEM: u16 = 30;
@@ -109,6 +112,17 @@ pub(crate) const NFTA_VERDICT_CODE: u16 = 1;
 pub(crate) const NFTA_VERDICT_CHAIN: u16 = 2;
 
 pub(crate) const NFTA_GEN_ID: u16 = 1;
+
+pub(crate) const NFTA_OBJ_TABLE: u16 = 1;
+pub(crate) const NFTA_OBJ_NAME: u16 = 2;
+pub(crate) const NFTA_OBJ_TYPE: u16 = 3;
+pub(crate) const NFTA_OBJ_DATA: u16 = 4;
+pub(crate) const NFTA_OBJ_USE: u16 = 5;
+pub(crate) const NFTA_OBJ_HANDLE: u16 = 6;
+pub(crate) const NFTA_OBJ_USERDATA: u16 = 8;
+/// Inside `NFTA_OBJ_DATA` of a counter (`NFTA_COUNTER_*`, as the `counter` expression's).
+pub(crate) const NFTA_COUNTER_BYTES: u16 = 1;
+pub(crate) const NFTA_COUNTER_PACKETS: u16 = 2;
 
 pub(crate) const NFTA_EXPR_NAME: u16 = 1;
 pub(crate) const NFTA_EXPR_DATA: u16 = 2;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::attr::Malformed;
 use crate::consts::*;
 use crate::expr::{Expr, decode_list};
-use crate::objects::{BaseChain, Chain, ChainType, Element, Hook, Policy, Set, Table};
+use crate::objects::{BaseChain, Chain, ChainType, Counter, Element, Hook, ObjectType, Policy, Set, Table};
 use crate::wire::{body, decode_element};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +80,20 @@ impl std::fmt::Display for RuleInfo {
         }
         Ok(())
     }
+}
+
+/// A stateful object (`nft list counters`, ...) as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub table: Table,
+    pub name: String,
+    pub kind: ObjectType,
+    pub handle: u64,
+    /// How many rules (and set elements) refer to it.
+    pub use_count: u32,
+    /// A counter's numbers (`None` for other types).
+    pub counter: Option<Counter>,
+    pub userdata: Vec<u8>,
 }
 
 fn missing(what: &str) -> Malformed {
@@ -255,6 +269,50 @@ pub(crate) fn rule(payload: &[u8]) -> Result<RuleInfo, Malformed> {
         chain: chain.ok_or_else(|| missing("a chain name"))?,
         handle,
         exprs,
+        userdata,
+    })
+}
+
+pub(crate) fn object(payload: &[u8]) -> Result<ObjectInfo, Malformed> {
+    let (family, attrs) = body(payload)?;
+    let (mut table, mut name, mut kind) = (None, None, None);
+    let (mut handle, mut use_count, mut data, mut userdata) = (0, 0, None, Vec::new());
+    for attr in attrs {
+        let attr = attr?;
+        match attr.kind {
+            NFTA_OBJ_TABLE => table = Some(attr.string()?),
+            NFTA_OBJ_NAME => name = Some(attr.string()?),
+            NFTA_OBJ_TYPE => kind = Some(ObjectType(attr.u32()?)),
+            NFTA_OBJ_HANDLE => handle = attr.u64()?,
+            NFTA_OBJ_USE => use_count = attr.u32()?,
+            NFTA_OBJ_DATA => data = Some(attr),
+            NFTA_OBJ_USERDATA => userdata = attr.value.to_vec(),
+            _ => {}
+        }
+    }
+    let kind = kind.ok_or_else(|| missing("an object type"))?;
+    let counter = match data {
+        Some(data) if kind == ObjectType::COUNTER => {
+            let mut counter = Counter::default();
+            for attr in data.nested() {
+                let attr = attr?;
+                match attr.kind {
+                    NFTA_COUNTER_BYTES => counter.bytes = attr.u64()?,
+                    NFTA_COUNTER_PACKETS => counter.packets = attr.u64()?,
+                    _ => {}
+                }
+            }
+            Some(counter)
+        }
+        _ => None,
+    };
+    Ok(ObjectInfo {
+        table: Table::new(family, table.ok_or_else(|| missing("a table name"))?),
+        name: name.ok_or_else(|| missing("an object name"))?,
+        kind,
+        handle,
+        use_count,
+        counter,
         userdata,
     })
 }

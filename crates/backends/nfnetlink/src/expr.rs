@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use crate::attr::Malformed;
-use crate::objects::{Data, Family, Verdict};
+use crate::objects::{Data, Family, ObjectType, Verdict};
 
 mod attrs;
 mod decode;
@@ -336,6 +336,9 @@ pub enum Expr {
         sreg_data: Option<Register>,
         timeout: Option<Duration>,
     },
+    /// The named object `name` of type `kind` of the rule's table does its work on the
+    /// packet (`counter name "..."`: the named counter counts it). The object must exist.
+    ObjRef { kind: ObjectType, name: String },
     /// Route lookup (`fib daddr type`, ...) into `dreg`.
     Fib {
         flags: u32,
@@ -372,6 +375,7 @@ impl Expr {
             Self::Counter { .. } => "counter",
             Self::Dynset { .. } => "dynset",
             Self::Fib { .. } => "fib",
+            Self::ObjRef { .. } => "objref",
             Self::Other { name, .. } => name,
         }
     }
@@ -466,6 +470,10 @@ mod tests {
                 flags: fib_flags::DADDR,
                 result: FibResult::AddrType,
                 dreg: r0,
+            },
+            Expr::ObjRef {
+                kind: ObjectType::COUNTER,
+                name: "localhost-nodeport-rejected-udp".into(),
             },
             Expr::Other {
                 name: "log".into(),

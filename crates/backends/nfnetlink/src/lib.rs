@@ -10,15 +10,19 @@
 //!   refusal, says which message failed, with the errno and the kernel's own text
 //!   ([`BatchError`]). [`Socket::send_split`] cuts a cold load into several transactions so
 //!   none holds the kernel's nf_tables mutex for long.
-//! - [`Socket::tables`], [`Socket::chains`], [`Socket::sets`], [`Socket::elements`] and
-//!   [`Socket::rules`] read a table back as typed values, for reconciling and debugging.
+//! - [`Socket::tables`], [`Socket::chains`], [`Socket::sets`], [`Socket::elements`],
+//!   [`Socket::rules`] and [`Socket::objects`] read a table back as typed values, for
+//!   reconciling and debugging.
+//! - Named counters ([`Batch::add_counter`], [`Expr::ObjRef`], [`Socket::counter`]): a rule
+//!   counts into an object of its table that outlives rule changes and is read at any time
+//!   (nft's `add counter` and `counter name "..."`).
 //! - A rule's inline map (nft's `numgen random mod 2 vmap { 0 : goto a, 1 : goto b }`) is
 //!   [`Batch::add_anonymous_map`] plus [`Expr::AnonymousLookup`] in the same batch; objects
 //!   someone else put in a table are deleted by handle ([`Batch::delete_chain_by_handle`],
 //!   [`Batch::delete_set_by_handle`]), so their names are never written.
 //! - [`Expr`] is the closed set of expressions kube-proxy-style rules need (payload,
 //!   meta, ct, cmp, bitwise, lookup/vmap, immediate verdicts, numgen, nat, masquerade,
-//!   reject, counter, dynset, fib); anything else reads back as [`Expr::Other`].
+//!   reject, counter, dynset, fib, objref); anything else reads back as [`Expr::Other`].
 //!
 //! - [`events`]: nf_tables change notifications (who changed which table), parsed, and
 //!   the socket subscribed to them.
@@ -84,20 +88,22 @@ mod error;
 pub mod events;
 mod expr;
 pub mod ipset;
+#[cfg(test)]
+mod object_bytes;
 mod objects;
 mod socket;
 mod wire;
 
 pub use attr::Malformed;
 pub use batch::{Batch, Operation};
-pub use dump::{ChainInfo, RuleInfo, SetInfo, TableInfo};
+pub use dump::{ChainInfo, ObjectInfo, RuleInfo, SetInfo, TableInfo};
 pub use error::{BatchError, Error, MessageFailure};
 pub use expr::{
     CmpOp, CtKey, DynsetOp, Expr, FibResult, MetaKey, NatKind, NumgenKind, PayloadBase, Register, RejectKind,
     addr_type, ct_state, ct_status, fib_flags, icmpx, nat_flags,
 };
 pub use objects::{
-    BaseChain, Chain, ChainType, Data, Element, Family, Field, Hook, Policy, Set, SetData, Table, Value,
-    Verdict, comment_userdata, render,
+    BaseChain, Chain, ChainType, Counter, Data, Element, Family, Field, Hook, ObjectType, Policy, Set,
+    SetData, Table, Value, Verdict, comment_userdata, render,
 };
 pub use socket::{MAX_TRANSACTION_BYTES, SPLIT_TRANSACTION_BYTES, Socket};

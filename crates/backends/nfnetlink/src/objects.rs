@@ -385,6 +385,54 @@ impl Set {
     }
 }
 
+/// The type of a stateful object (`NFTA_OBJ_TYPE`, the kernel's `NFT_OBJECT_*`). This
+/// crate creates counters only; a dump reports any type, and an object of any type can be
+/// deleted by its handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectType(pub u32);
+
+impl ObjectType {
+    /// `NFT_OBJECT_COUNTER`: `nft add counter`, referenced by `counter name "..."`.
+    pub const COUNTER: Self = Self(1);
+
+    /// nft's keyword for the type (`counter`, `quota`, `ct helper`, ...), `None` for a type
+    /// this crate does not know.
+    pub fn keyword(self) -> Option<&'static str> {
+        Some(match self.0 {
+            1 => "counter",
+            2 => "quota",
+            3 => "ct helper",
+            4 => "limit",
+            7 => "ct timeout",
+            8 => "secmark",
+            9 => "ct expectation",
+            10 => "synproxy",
+            _ => return None,
+        })
+    }
+
+    /// The type nft's `keyword` names (as [`ObjectType::keyword`] spells it).
+    pub fn from_keyword(keyword: &str) -> Option<Self> {
+        (1..=10).map(Self).find(|kind| kind.keyword() == Some(keyword))
+    }
+}
+
+impl std::fmt::Display for ObjectType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.keyword() {
+            Some(keyword) => f.write_str(keyword),
+            None => write!(f, "object type {}", self.0),
+        }
+    }
+}
+
+/// A named counter's numbers, as the kernel reports them (and as a new one starts: zero).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Counter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
 /// A verdict, in a rule (`immediate`) or as a verdict map's element data.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Verdict {

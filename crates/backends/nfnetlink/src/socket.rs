@@ -17,9 +17,9 @@ use netlink_sys::{Socket as NetlinkSocket, SocketAddr, protocols::NETLINK_NETFIL
 use crate::attr::{Attrs, Malformed};
 use crate::batch::Batch;
 use crate::consts::*;
-use crate::dump::{self, ChainInfo, RuleInfo, SetInfo, TableInfo};
+use crate::dump::{self, ChainInfo, ObjectInfo, RuleInfo, SetInfo, TableInfo};
 use crate::error::{BatchError, Error, MessageFailure};
-use crate::objects::{Element, Table};
+use crate::objects::{Counter, Element, ObjectType, Table};
 use crate::wire::{self, HEADER_LEN};
 
 /// The kernel answers at once unless something is badly wrong.
@@ -431,6 +431,32 @@ impl Socket {
         Ok(result)
     }
 
+    /// The stateful objects of `table` (named counters, ...), only those of type `kind`
+    /// when given; none when the table does not exist. A counter comes with its numbers as
+    /// they are now.
+    pub fn objects(&mut self, table: &Table, kind: Option<ObjectType>) -> Result<Vec<ObjectInfo>, Error> {
+        let request = query("a dump request", objects_request(table, kind))?;
+        let what = format!("the objects of table {table}");
+        let mut result = Vec::new();
+        for answer in &self.dump(&what, request)? {
+            let object = dump::object(answer.payload())?;
+            if object.table == *table && kind.is_none_or(|k| k == object.kind) {
+                result.push(object);
+            }
+        }
+        Ok(result)
+    }
+
+    /// The numbers of the named counter `name` of `table`, `None` when it (or the table)
+    /// does not exist.
+    pub fn counter(&mut self, table: &Table, name: &str) -> Result<Option<Counter>, Error> {
+        Ok(self
+            .objects(table, Some(ObjectType::COUNTER))?
+            .into_iter()
+            .find(|object| object.name == name)
+            .and_then(|object| object.counter))
+    }
+
     /// A dump, restarted when a concurrent change interrupted it.
     fn dump(&mut self, what: &str, request: Vec<u8>) -> Result<Vec<Answer>, Error> {
         for _ in 0..DUMP_ATTEMPTS {
@@ -464,6 +490,17 @@ impl Socket {
             Err(malformed) => malformed.into(),
         }
     }
+}
+
+/// The dump request for the objects of `table` (of type `kind` when given), as nft sends
+/// it for `nft list counters table ...` (which asks for every type).
+pub(crate) fn objects_request(table: &Table, kind: Option<ObjectType>) -> Result<Vec<u8>, String> {
+    wire::request(NFT_MSG_GETOBJ, NLM_F_DUMP, table.family.number(), |w| {
+        w.string(NFTA_OBJ_TABLE, &table.name);
+        if let Some(kind) = kind {
+            w.u32(NFTA_OBJ_TYPE, kind.0);
+        }
+    })
 }
 
 /// A `NETLINK_NETFILTER` socket connected to the kernel in the calling thread's network

@@ -987,3 +987,138 @@ fn comments_on_tables_and_elements_list_as_nft_writes_them() {
     assert!(comment_userdata("a\0b").is_none());
     assert!(comment_userdata(&"x".repeat(128)).is_none());
 }
+
+/// A named counter counts the packets of the rules that refer to it, reads back with its
+/// numbers through a dump and through `nft list counters`, outlives a flush of those rules
+/// (declaring it again keeps its numbers), and an object someone else added goes by handle.
+#[test]
+fn named_counters_count_for_their_rules_and_read_back() {
+    const NAME: &str = "localhost-nodeport-rejected-udp";
+    let netns = Netns::new("nfnl").unwrap();
+    let table = table(Family::Ip);
+    let udp_to_port_9 = [
+        Expr::Meta {
+            key: MetaKey::L4Proto,
+            dreg: Register::r32(0),
+        },
+        Expr::Cmp {
+            op: CmpOp::Eq,
+            sreg: Register::r32(0),
+            data: vec![17],
+        },
+        Expr::Payload {
+            base: PayloadBase::Transport,
+            offset: 2,
+            len: 2,
+            dreg: Register::r32(0),
+        },
+        Expr::Cmp {
+            op: CmpOp::Eq,
+            sreg: Register::r32(0),
+            data: 9u16.to_be_bytes().to_vec(),
+        },
+        Expr::ObjRef {
+            kind: ObjectType::COUNTER,
+            name: NAME.into(),
+        },
+        Expr::Reject {
+            kind: RejectKind::IcmpUnreach,
+            code: 3,
+        },
+    ];
+    netns.run(|| {
+        let mut batch = Batch::new();
+        batch.add_table(&table);
+        batch.add_counter(&table, NAME);
+        batch.add_chain(
+            &table,
+            &Chain::base(
+                "filter-input",
+                BaseChain {
+                    chain_type: ChainType::Filter,
+                    hook: Hook::Input,
+                    priority: 0,
+                    policy: Policy::Accept,
+                },
+            ),
+        );
+        batch.add_rule(&table, "filter-input", &udp_to_port_9);
+        Socket::open().unwrap().send(&batch).unwrap();
+        // Three datagrams to 127.0.0.1:9, each rejected (the connected socket hears of it).
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.connect("127.0.0.1:9").unwrap();
+        socket
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        for _ in 0..3 {
+            socket.send(b"x").unwrap();
+            let error = socket.recv(&mut [0; 8]).unwrap_err();
+            assert_eq!(error.kind(), std::io::ErrorKind::ConnectionRefused, "{error}");
+        }
+    });
+    let listed = netns.sh("nft list counters table ip kube-proxy").unwrap();
+    assert!(listed.contains(&format!("counter {NAME}")), "{listed}");
+    assert!(listed.contains("packets 3 bytes 87"), "{listed}");
+    let rule = netns.sh("nft list chain ip kube-proxy filter-input").unwrap();
+    assert!(
+        rule.contains(&format!("udp dport 9 counter name \"{NAME}\" reject")),
+        "{rule}"
+    );
+    netns
+        .sh("nft add quota ip kube-proxy foreign { 25 mbytes }")
+        .unwrap();
+    netns.run(|| {
+        let mut socket = Socket::open().unwrap();
+        let rules = socket.rules(&table, Some("filter-input")).unwrap();
+        assert_eq!(rules[0].exprs, udp_to_port_9);
+        let counter = Counter {
+            packets: 3,
+            bytes: 87,
+        };
+        assert_eq!(socket.counter(&table, NAME).unwrap(), Some(counter));
+        assert_eq!(socket.counter(&table, "nothing").unwrap(), None);
+        let objects = socket.objects(&table, None).unwrap();
+        let ours = objects.iter().find(|o| o.name == NAME).unwrap();
+        assert_eq!((ours.kind, ours.use_count), (ObjectType::COUNTER, 1));
+        let foreign = objects.iter().find(|o| o.name == "foreign").unwrap();
+        assert_eq!(foreign.kind.keyword(), Some("quota"));
+        assert_eq!(foreign.counter, None);
+        assert_eq!(
+            socket.objects(&table, Some(ObjectType::COUNTER)).unwrap().len(),
+            1
+        );
+
+        // Rules flushed and written again, the counter declared again: its numbers stay.
+        let mut batch = Batch::new();
+        batch.flush_chain(&table, "filter-input");
+        batch.add_counter(&table, NAME);
+        batch.add_rule(&table, "filter-input", &udp_to_port_9);
+        batch.delete_object_by_handle(&table, foreign.kind, foreign.handle);
+        socket.send(&batch).unwrap();
+        assert_eq!(socket.counter(&table, NAME).unwrap(), Some(counter));
+        let names: Vec<String> = socket
+            .objects(&table, None)
+            .unwrap()
+            .into_iter()
+            .map(|o| o.name)
+            .collect();
+        assert_eq!(names, [NAME]);
+
+        // In use: refused, and nothing of the batch applied; unused: gone.
+        let mut batch = Batch::new();
+        batch.delete_object(&table, ObjectType::COUNTER, NAME);
+        assert!(socket.send(&batch).is_err());
+        let mut batch = Batch::new();
+        batch.flush_chain(&table, "filter-input");
+        batch.delete_object(&table, ObjectType::COUNTER, NAME);
+        socket.send(&batch).unwrap();
+        assert!(socket.objects(&table, None).unwrap().is_empty());
+        // A missing table has no objects.
+        assert!(
+            socket
+                .objects(&support::table(Family::Ip6), None)
+                .unwrap()
+                .is_empty()
+        );
+    });
+}

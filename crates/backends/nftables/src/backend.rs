@@ -8,7 +8,8 @@
 //!   recomputed; the [`Ledger`] turns their difference into one batch. The kernel is not
 //!   listed on this path.
 //! - **Reconcile**: the table is read back (without elements) and compared with what we
-//!   wrote: chain and set names (the live entry sets and endpoint maps included), rule counts (the dispatch
+//!   wrote: chain, set and object names (the live entry sets and endpoint maps, the named
+//!   counters, included), rule counts (the dispatch
 //!   chains': one per live entry set), and the rules' text against the last listing that
 //!   matched (a partial sync that rewrote a dispatch chain updates that chain's text).
 //!   Any difference makes this sync full, which removes foreign rules and restores ours.
@@ -26,6 +27,7 @@ use kpr_host::{AddressError, InterfaceAddresses, LocalAddresses};
 use kpr_model::{IpFamily, NamespacedName, ServicePortName, Sizes};
 use kpr_state::{Backend, BackendError, FailedStep, ObjectCount, SyncKind, SyncReport, SyncRequest};
 
+use crate::localhost::LocalhostProxy;
 use crate::metrics::NftablesMetrics;
 
 use crate::batch::{Batch, BatchCounts, FullStart, Ledger, Op, stream_full};
@@ -117,6 +119,8 @@ pub struct NftablesBackend {
     last_full_reason: Option<FullSyncReason>,
     /// The mode's own metrics; `None` records nothing (tests, benchmarks).
     metrics: Option<NftablesMetrics>,
+    /// Localhost NodePorts' TCP listeners, when this family serves them.
+    localhost: Option<LocalhostProxy>,
 }
 
 impl std::fmt::Debug for NftablesBackend {
@@ -143,7 +147,21 @@ impl NftablesBackend {
             last_batches: Vec::new(),
             last_full_reason: None,
             metrics: None,
+            localhost: None,
         })
+    }
+
+    /// Serves this family's TCP NodePorts on its loopback address through `proxy`,
+    /// reconciled after every sync (the options should say
+    /// [`crate::LocalhostNodePorts::Proxied`], so the rules leave TCP to it).
+    pub fn with_localhost_proxy(mut self, proxy: LocalhostProxy) -> Self {
+        self.localhost = Some(proxy);
+        self
+    }
+
+    /// The localhost NodePort proxy, when this family runs one.
+    pub fn localhost_proxy(&self) -> Option<&LocalhostProxy> {
+        self.localhost.as_ref()
     }
 
     pub fn with_local_addresses(mut self, source: Box<dyn LocalAddresses>) -> Self {
@@ -189,7 +207,10 @@ impl NftablesBackend {
     /// What the backend keeps between syncs (kpr_model::Sizes): the ledger, the bundles and
     /// ports per owner, the read-back baseline. Guarded by tests/churn.rs.
     pub fn footprint(&self) -> Sizes {
-        let sizes = Sizes::new().with("last_batches", self.last_batches.len());
+        let mut sizes = Sizes::new().with("last_batches", self.last_batches.len());
+        if let Some(proxy) = &self.localhost {
+            sizes = sizes.nested("localhost", proxy.footprint());
+        }
         let Some(applied) = &self.applied else {
             return sizes;
         };
@@ -217,7 +238,10 @@ impl NftablesBackend {
         self.last_full_reason
     }
 
-    /// Syncs the kernel with `request.state`; on error the next sync is full.
+    /// Syncs the kernel with `request.state`; on error the next sync is full. Then the
+    /// localhost NodePort listeners, whatever the rules' fate (they do not depend on each
+    /// other): the changed Services' NodePorts, or every one after a full sync or a failed
+    /// one.
     pub fn sync_rules(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, SyncError> {
         let result = self.try_sync(request);
         if result.is_err() {
@@ -227,6 +251,11 @@ impl NftablesBackend {
             }
         }
         self.synced_once = true;
+        if let Some(proxy) = &mut self.localhost {
+            let all =
+                request.force_full || result.as_ref().is_ok_and(|report| report.full) || result.is_err();
+            proxy.sync(request, all);
+        }
         result
     }
 
@@ -305,7 +334,7 @@ impl NftablesBackend {
             .map(|(name, rules)| (name.clone(), rules.len()))
             .collect();
         let sets_ok = listing.sets
-            == crate::build::declared_sets()
+            == crate::build::declared_sets(&self.opts)
                 .into_iter()
                 .chain(applied.ledger.entry_sets())
                 .chain(applied.ledger.endpoint_maps())
@@ -317,7 +346,11 @@ impl NftablesBackend {
                 .iter()
                 .all(|(name, rules)| listing.chains.get(name).is_none_or(|now| now == rules))
         });
-        if shape != expected || !sets_ok || !rules_ok {
+        let objects_ok = listing.objects.keys().eq(crate::batch::counters(&self.opts)
+            .map(|c| (kpr_nfnetlink::ObjectType::COUNTER, c.to_string()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .iter());
+        if shape != expected || !sets_ok || !rules_ok || !objects_ok {
             tracing::warn!(family = ?self.opts.family, "table kube-proxy differs from what was written; rebuilding it");
             return Ok(false);
         }

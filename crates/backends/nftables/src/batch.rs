@@ -31,7 +31,7 @@ use kpr_model::{IpFamily, Sizes};
 
 use crate::build::{Bundle, Dest, Owner, Ruleset, dispatch_rules, shared_rules};
 use crate::model::{ElemKey, ElemValue, Element, Rule};
-use crate::names::{ChainId, EntryKind, SetName, SharedChain};
+use crate::names::{ChainId, EntryKind, RejectCounter, SetName, SharedChain};
 use crate::options::NftablesOptions;
 use crate::render::{TABLE, chain_hook, element_text, family_word, rule_text, set_body};
 use crate::transport::Listing;
@@ -61,6 +61,11 @@ pub enum Op {
     /// Delete a chain or set that should not be in our table, by the kernel's handle.
     DeleteChainByHandle(u64),
     DeleteSetByHandle(u64),
+    /// Create a named counter (one that exists keeps its numbers).
+    AddCounter(RejectCounter),
+    /// Delete a stateful object (a counter, a quota, ...) that should not be in our table,
+    /// by its type and the kernel's handle.
+    DeleteObjectByHandle(kpr_nfnetlink::ObjectType, u64),
     /// Elements with their data and comment (see [`crate::Element::comment`]).
     AddElements(SetName, Vec<ElementAdd>),
     DeleteElements(SetName, Vec<ElemKey>),
@@ -116,7 +121,7 @@ fn load_rank(set: SetName) -> u8 {
     match set {
         SetName::Endpoints(_) | SetName::Hairpin | SetName::Affinity(_) => 0,
         SetName::ServiceCidrs | SetName::NodePortIps | SetName::FirewallIps | SetName::FirewallAllow => 1,
-        SetName::ClusterIps | SetName::NoEndpoint { .. } => 2,
+        SetName::ClusterIps | SetName::NoEndpoint { .. } | SetName::LocalhostNodePorts => 2,
         SetName::Entries { .. } => 3,
     }
 }
@@ -171,10 +176,14 @@ pub fn stream_full<E>(
             batch.ops.push(Op::DeleteTable);
             batch.ops.push(Op::AddTable);
         }
-        FullStart::InPlace(listing) => clear_in_place(&mut batch.ops, ruleset, &shared, listing),
+        FullStart::InPlace(listing) => clear_in_place(&mut batch.ops, ruleset, opts, &shared, listing),
     }
     for set in &ruleset.sets {
         batch.ops.push(Op::AddSet(*set));
+    }
+    // Before the rules that count into them; kept with their numbers by an in-place sync.
+    for counter in counters(opts) {
+        batch.ops.push(Op::AddCounter(counter));
     }
     for (chain, _) in &ruleset.fixed {
         batch.ops.push(Op::AddChain(ChainId::Fixed(*chain)));
@@ -237,9 +246,24 @@ pub enum FullStart<'a> {
     InPlace(&'a Listing),
 }
 
+/// The named counters of a table with `opts` (the loopback NodePorts' rejected packets).
+pub fn counters(opts: &NftablesOptions) -> impl Iterator<Item = RejectCounter> {
+    opts.localhost_nodeports
+        .rejected()
+        .iter()
+        .map(|&p| RejectCounter(p))
+}
+
 /// The start of an in-place full sync: our chains and non-dynamic sets emptied, every
-/// other chain and set of the table deleted (by handle).
-fn clear_in_place(ops: &mut Vec<Op>, ruleset: &Ruleset, shared: &BTreeSet<SharedChain>, listing: &Listing) {
+/// other chain, set and object of the table deleted (by handle). Our counters are kept,
+/// with their numbers.
+fn clear_in_place(
+    ops: &mut Vec<Op>,
+    ruleset: &Ruleset,
+    opts: &NftablesOptions,
+    shared: &BTreeSet<SharedChain>,
+    listing: &Listing,
+) {
     let chains: HashMap<String, ChainId> = ruleset
         .fixed
         .iter()
@@ -268,6 +292,13 @@ fn clear_in_place(ops: &mut Vec<Op>, ruleset: &Ruleset, shared: &BTreeSet<Shared
     for (name, handle) in &listing.set_handles {
         if !sets.contains_key(name) {
             ops.push(Op::DeleteSetByHandle(*handle));
+        }
+    }
+    // After the chains: a foreign rule counting into a foreign object is gone by now.
+    let ours: BTreeSet<String> = counters(opts).map(|c| c.to_string()).collect();
+    for ((kind, name), handle) in &listing.objects {
+        if *kind != kpr_nfnetlink::ObjectType::COUNTER || !ours.contains(name) {
+            ops.push(Op::DeleteObjectByHandle(*kind, *handle));
         }
     }
 }
@@ -722,6 +753,18 @@ pub fn batch_text(batch: &Batch, affinity_capacity: u32) -> String {
                 // `delete set ... handle` deletes maps too.
                 let _ = writeln!(out, "delete set {table} handle {handle}");
             }
+            Op::AddCounter(counter) => {
+                let _ = writeln!(out, "add counter {table} {counter}");
+            }
+            Op::DeleteObjectByHandle(kind, handle) => match kind.keyword() {
+                Some(keyword) => {
+                    let _ = writeln!(out, "delete {keyword} {table} handle {handle}");
+                }
+                // nft names no such type, so its listing shows no such object either.
+                None => {
+                    let _ = writeln!(out, "# {kind} handle {handle}: not deleted through nft");
+                }
+            },
             Op::AddChain(chain) => match chain_hook(*chain) {
                 Some(hook) => {
                     let _ = writeln!(out, "add chain {table} {chain} {{ {hook} }}");

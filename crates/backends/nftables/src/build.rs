@@ -243,7 +243,7 @@ pub fn build_from(
         .values()
         .flat_map(|b| b.chains.iter().filter_map(|c| c.owned_map()))
         .collect();
-    let mut sets = declared_sets();
+    let mut sets = declared_sets(opts);
     sets.extend(maps);
     sets.extend(entry_sets);
     Ruleset {
@@ -256,8 +256,9 @@ pub fn build_from(
 
 /// Every set whatever the Services, declared by every full sync (empty ones cost nothing
 /// per Service). The entry sets come and go with their target chains, the endpoint maps
-/// with the chains that own them ([`SharedChain::owned_map`]).
-pub fn declared_sets() -> Vec<SetName> {
+/// with the chains that own them ([`SharedChain::owned_map`]); the loopback NodePorts'
+/// set is there with localhost NodePorts on.
+pub fn declared_sets(opts: &NftablesOptions) -> Vec<SetName> {
     let mut sets = vec![SetName::ClusterIps, SetName::ServiceCidrs, SetName::NodePortIps];
     for kind in EntryKind::ALL {
         for refusal in Refusal::ALL {
@@ -269,6 +270,9 @@ pub fn declared_sets() -> Vec<SetName> {
         for space in KeySpace::ALL {
             sets.push(SetName::Affinity(EndpointMap { space, proto }));
         }
+    }
+    if opts.localhost_nodeports.is_on() {
+        sets.push(SetName::LocalhostNodePorts);
     }
     sets
 }

@@ -202,6 +202,7 @@ mod backend;
 mod batch;
 mod build;
 pub mod explain;
+mod localhost;
 pub mod metrics;
 mod mode;
 mod model;
@@ -223,12 +224,15 @@ pub use build::{
     Bundle, Context, Dest, GroupKey, Owner, Ruleset, SlotGroup, build, build_from, declared_sets,
     dispatch_rules, fixed_chains, node_bundle, port_bundle, shared_rules,
 };
+pub use localhost::LocalhostProxy;
 pub use mode::NftablesMode;
 pub use model::{
     ELEMENT_COMMENT_MAX_BYTES, ElemKey, ElemValue, Element, Key, Match, Rule, Slot, Stmt, element_comment,
 };
 pub use netlink::{GenerationLog, NetlinkTransport, lower as lower_batch, rule_exprs};
-pub use options::{DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, NftablesOptions, OptionsError};
+pub use options::{
+    DEFAULT_MASQUERADE_BIT, DEFAULT_MAX_BATCH_ELEMENTS, LocalhostNodePorts, NftablesOptions, OptionsError,
+};
 pub use render::{TABLE, render_text, rule_text};
 pub use slots::{SlotOrder, assign as assign_slots};
 pub use support::{MissingFeature, check_support};

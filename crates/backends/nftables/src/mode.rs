@@ -1,6 +1,7 @@
 //! nftables mode behind the mode seam: the settings and the node's facts turned into one
 //! backend per IP family (tables `ip kube-proxy` and `ip6 kube-proxy`), whether a family
-//! can be programmed here, its metrics, `--dry-run` and its leftovers (its tables).
+//! can be programmed here, its metrics, `--dry-run` and its leftovers (its tables); with
+//! the gate `KubeProxyNFTablesLocalhostNodePorts`, a family's localhost NodePort proxy.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -15,9 +16,10 @@ use prometheus_client::registry::Registry;
 
 use crate::backend::{NftablesBackend, cleanup};
 use crate::explain::NftablesExplainer;
-use crate::metrics::NftablesMetrics;
+use crate::localhost::LocalhostProxy;
+use crate::metrics::{NetlinkRejectedPackets, NftablesMetrics};
 use crate::netlink::{GenerationLog, NetlinkTransport};
-use crate::options::{DEFAULT_MASQUERADE_BIT, NftablesOptions};
+use crate::options::{DEFAULT_MASQUERADE_BIT, LocalhostNodePorts, NftablesOptions};
 use crate::render::TABLE;
 use crate::support::check_support;
 
@@ -84,13 +86,33 @@ impl Mode for NftablesMode {
         true
     }
 
-    fn register_metrics(&self, registry: &mut Registry) {
-        METRICS.get_or_init(|| NftablesMetrics::register(registry));
+    /// Upstream's, and with the gate `KubeProxyNFTablesLocalhostNodePorts` on, the
+    /// localhost NodePort metrics (whichever family ends up running the proxy).
+    fn register_metrics(&self, settings: &Settings, registry: &mut Registry) {
+        METRICS.get_or_init(|| {
+            let metrics = NftablesMetrics::register(registry);
+            if settings.gates.enabled(Gate::KubeProxyNFTablesLocalhostNodePorts) {
+                metrics.register_localhost(registry, Arc::new(NetlinkRejectedPackets))
+            } else {
+                metrics
+            }
+        });
     }
 
     fn family(&self, context: &ModeContext<'_>, family: IpFamily) -> Result<Box<dyn FamilyMode>, Fatal> {
+        let options = options(context, family);
+        let addresses = &context.host.nodeport_addresses;
+        if options.localhost_nodeports == LocalhostNodePorts::Off
+            && addresses.contains_explicit_loopback(family)
+        {
+            tracing::warn!(
+                ipFamily = family.label(),
+                gate = Gate::KubeProxyNFTablesLocalhostNodePorts.name(),
+                "--nodeport-addresses includes localhost but localhost NodePorts are not supported"
+            );
+        }
         Ok(Box::new(NftablesFamily {
-            options: options(context, family),
+            options,
             sync_period: context.sync_period,
         }))
     }
@@ -118,6 +140,10 @@ impl Mode for NftablesMode {
         leftovers
     }
 
+    fn adopts(&self) -> &'static [ProxyMode] {
+        &[]
+    }
+
     fn explainer(&self) -> Option<&dyn Explainer> {
         Some(&NftablesExplainer)
     }
@@ -143,8 +169,54 @@ fn options(context: &ModeContext<'_>, family: IpFamily) -> NftablesOptions {
         nodeport_addresses: host.nodeport_addresses.clone(),
         bind_address: host.bind_address,
         conntrack_tcp_be_liberal: host.conntrack_tcp_be_liberal,
+        localhost_nodeports: LocalhostNodePorts::decide(
+            context
+                .settings
+                .gates
+                .enabled(Gate::KubeProxyNFTablesLocalhostNodePorts),
+            &host.nodeport_addresses,
+            family,
+        ),
         ..NftablesOptions::default()
     }
+}
+
+/// The localhost NodePort proxies' one budget, shared by both families' relays: they draw
+/// on the process's one descriptor limit, which the limits are fitted to.
+fn localhost_budget() -> &'static kpr_relay::Budget {
+    static BUDGET: OnceLock<kpr_relay::Budget> = OnceLock::new();
+    BUDGET.get_or_init(|| {
+        let limits = kpr_relay::Limits::within_descriptors(soft_descriptor_limit_raised());
+        tracing::info!(
+            maxConnections = limits.max_connections,
+            maxListenerDescriptors = limits.max_listener_descriptors,
+            "localhost NodePort proxy limits"
+        );
+        kpr_relay::Budget::new(limits)
+    })
+}
+
+/// Raises the soft open-file limit to the hard one, as Go's runtime does for upstream's
+/// proxy at start-up (any process may), and returns the limit now in force. Without it a
+/// soft limit of 1024, the usual one outside containers, leaves the relay's limits nothing
+/// past the descriptors they reserve for the rest of the process: one connection at a time.
+fn soft_descriptor_limit_raised() -> usize {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
+    };
+    let limit = if soft < hard {
+        match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(error) => {
+                tracing::warn!(%error, soft, hard, "cannot raise the open-file limit");
+                soft
+            }
+        }
+    } else {
+        soft
+    };
+    usize::try_from(limit).unwrap_or(usize::MAX)
 }
 
 /// The generations of this process's nf_tables commits, shared by both families' transports
@@ -162,7 +234,8 @@ struct NftablesFamily {
 
 impl FamilyMode for NftablesFamily {
     /// Upstream's nftables mode needs no host settings beyond conntrack's (the node's, applied
-    /// by the caller): no localhost NodePorts, so no route_localnet.
+    /// by the caller): localhost NodePorts are a proxy's listeners, not DNATed loopback
+    /// traffic, so no route_localnet.
     fn prepare_host(&self) -> Result<(), Fatal> {
         Ok(())
     }
@@ -190,6 +263,22 @@ impl FamilyMode for NftablesFamily {
             .map_err(|e| Fatal::usage(e.to_string()))?;
         if let Some(metrics) = METRICS.get() {
             backend = backend.with_metrics(metrics.clone());
+        }
+        if backend.options().localhost_nodeports == LocalhostNodePorts::Proxied {
+            let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+                Fatal::runtime(format!(
+                    "nftables mode's localhost NodePort proxy needs the proxy's runtime: {e}"
+                ))
+            })?;
+            let mut proxy = LocalhostProxy::new(family, localhost_budget(), runtime);
+            if let Some(localhost) = METRICS.get().and_then(NftablesMetrics::localhost) {
+                proxy = proxy.with_metrics(localhost.clone());
+            }
+            tracing::info!(
+                ipFamily = family.label(),
+                "serving TCP NodePorts on the loopback address (KubeProxyNFTablesLocalhostNodePorts)"
+            );
+            backend = backend.with_localhost_proxy(proxy);
         }
         let reconciler = Reconciler::netlink(family).with_full_period(self.sync_period);
         Ok(Box::new(

@@ -15,7 +15,7 @@ use kpr_model::Protocol;
 use kpr_naming::InterfaceName;
 use kpr_naming::text::Comment;
 
-use crate::names::{ChainId, Choice, EndpointMap, SetName};
+use crate::names::{ChainId, Choice, EndpointMap, RejectCounter, SetName};
 
 /// A packet field or combination of fields used as a lookup key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,6 +46,10 @@ pub enum Match {
     SourceNet { net: IpNet, negate: bool },
     /// `daddr != <net>` (loopback exclusion for NodePorts).
     DestNotNet(IpNet),
+    /// `daddr <net>` (loopback NodePorts).
+    DestNet(IpNet),
+    /// `meta l4proto <proto>`.
+    L4Proto(Protocol),
     /// `iifname [!=] <name>` (a prefix matches `<name>*`).
     InputInterface {
         name: InterfaceName,
@@ -73,6 +77,9 @@ pub enum Stmt {
     Drop,
     /// ICMP port unreachable (TCP too), as upstream's `reject`.
     Reject,
+    /// `counter name "<counter>" reject`: counted in the table's named counter, then
+    /// rejected as [`Stmt::Reject`].
+    CountReject(RejectCounter),
     /// `numgen random mod <n> vmap { i : goto <targets[i]> }`: the random pick of a
     /// sticky chain (an anonymous map inside a shared chain, so one per distinct count).
     RandomGoto(Vec<ChainId>),

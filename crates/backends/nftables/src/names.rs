@@ -163,6 +163,10 @@ pub enum SetName {
     Endpoints(Choice),
     /// Dynamic: `client . key . slot` remembered for ClientIP affinity.
     Affinity(EndpointMap),
+    /// `proto . port` of every NodePort (only with localhost NodePorts on): a packet to a
+    /// loopback address at one of them is counted and rejected for the protocols the
+    /// localhost proxy does not serve (see [`RejectCounter`]).
+    LocalhostNodePorts,
 }
 
 impl fmt::Display for SetName {
@@ -180,8 +184,32 @@ impl fmt::Display for SetName {
             Self::Hairpin => "hairpin",
             Self::Endpoints(choice) => return write_choice(f, choice),
             Self::Affinity(map) => return write!(f, "affinity-{map}"),
+            Self::LocalhostNodePorts => "localhost-nodeports",
         };
         f.write_str(fixed)
+    }
+}
+
+/// A named counter of the table (an nf_tables object, not a set or chain): the packets to
+/// a loopback NodePort of one protocol that were rejected (upstream's
+/// `localhost-nodeport-rejected-<proto>`, read into
+/// `kubeproxy_nftables_localhost_nodeport_rejected_packets_total` at each scrape).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RejectCounter(pub Protocol);
+
+impl RejectCounter {
+    /// Every counter this table may hold.
+    pub const ALL: [RejectCounter; 3] = [Self(Protocol::Tcp), Self(Protocol::Udp), Self(Protocol::Sctp)];
+
+    /// The counter of `name`, if it is one of ours.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.to_string() == name)
+    }
+}
+
+impl fmt::Display for RejectCounter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "localhost-nodeport-rejected-{}", self.0.lower())
     }
 }
 
@@ -577,6 +605,25 @@ mod tests {
             refusal: Refusal::Drop,
         };
         assert_eq!(refused.to_string(), "no-endpoint-drop-nodeports");
+        assert_eq!(SetName::LocalhostNodePorts.to_string(), "localhost-nodeports");
+    }
+
+    #[test]
+    fn reject_counters_are_upstreams_names() {
+        let names: Vec<String> = RejectCounter::ALL.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            names,
+            [
+                "localhost-nodeport-rejected-tcp",
+                "localhost-nodeport-rejected-udp",
+                "localhost-nodeport-rejected-sctp"
+            ]
+        );
+        assert_eq!(
+            RejectCounter::parse("localhost-nodeport-rejected-udp"),
+            Some(RejectCounter(Protocol::Udp))
+        );
+        assert_eq!(RejectCounter::parse("localhost-nodeport-rejected-UDP"), None);
     }
 
     #[test]

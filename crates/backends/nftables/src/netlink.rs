@@ -211,6 +211,14 @@ impl Transport for NetlinkTransport {
             listing.sets.insert(set.name.clone());
             listing.set_handles.insert(set.name, set.handle);
         }
+        let objects = match self.socket.objects(&table, None) {
+            Ok(objects) => objects,
+            Err(e) if missing(&e) => return Ok(None),
+            Err(e) => return Err(TransportError::Netlink(e)),
+        };
+        for object in objects {
+            listing.objects.insert((object.kind, object.name), object.handle);
+        }
         Ok(Some(listing))
     }
 
@@ -237,7 +245,7 @@ fn nl_family(family: IpFamily) -> Family {
     }
 }
 
-fn table(family: IpFamily) -> Table {
+pub(crate) fn table(family: IpFamily) -> Table {
     Table::new(nl_family(family), TABLE)
 }
 
@@ -271,6 +279,8 @@ pub fn lower(batch: &Batch, affinity_capacity: u32) -> nl::Batch {
             Op::FlushSet(set) => out.flush_set(&table, &set.to_string()),
             Op::DeleteChainByHandle(handle) => out.delete_chain_by_handle(&table, *handle),
             Op::DeleteSetByHandle(handle) => out.delete_set_by_handle(&table, *handle),
+            Op::AddCounter(counter) => out.add_counter(&table, &counter.to_string()),
+            Op::DeleteObjectByHandle(kind, handle) => out.delete_object_by_handle(&table, *kind, *handle),
             Op::AddElements(set, elements) => {
                 let lowered: Vec<nl::Element> = elements
                     .iter()

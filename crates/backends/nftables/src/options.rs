@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use kpr_host::{LocalDetector, NodePortAddresses};
-use kpr_model::IpFamily;
+use kpr_model::{IpFamily, Protocol};
 
 /// Upstream's `nftables.masqueradeBit` default: mark 0x4000.
 pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
@@ -18,6 +18,53 @@ pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
 pub const DEFAULT_MAX_BATCH_ELEMENTS: usize = 20_000;
 /// Capacity of each dynamic affinity set (clients x Services with ClientIP affinity).
 pub const DEFAULT_AFFINITY_CAPACITY: u32 = 1 << 20;
+
+/// NodePorts on this family's loopback address (upstream 1.37, KEP-6032: the gate
+/// `KubeProxyNFTablesLocalhostNodePorts`): what the table does with a packet to
+/// `127.0.0.0/8` (`::1`) at a NodePort. NodePort rules never match loopback destinations
+/// (nft cannot DNAT them out of the host as iptables mode does with `route_localnet`), so
+/// TCP to them is carried by the localhost proxy ([`crate::LocalhostProxy`]) instead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LocalhostNodePorts {
+    /// The gate is off: no rule, set or counter (nothing listens there, so the kernel
+    /// refuses TCP and UDP itself), as before 1.37.
+    #[default]
+    Off,
+    /// The gate is on but this family's `nodePortAddresses` names no loopback address: TCP,
+    /// UDP and SCTP to a loopback NodePort are counted and rejected.
+    Rejected,
+    /// The gate is on and this family's `nodePortAddresses` names a loopback address: the
+    /// localhost proxy serves TCP; UDP and SCTP are counted and rejected.
+    Proxied,
+}
+
+impl LocalhostNodePorts {
+    /// Upstream's per-family decision: the gate, and an explicit loopback address among
+    /// this family's NodePort addresses (`localhost`, `127.0.0.0/8`, `::1/128`; a
+    /// catch-all range such as `all` does not count).
+    pub fn decide(gate: bool, addresses: &NodePortAddresses, family: IpFamily) -> Self {
+        match (gate, addresses.contains_explicit_loopback(family)) {
+            (false, _) => Self::Off,
+            (true, false) => Self::Rejected,
+            (true, true) => Self::Proxied,
+        }
+    }
+
+    /// The protocols counted and rejected on loopback NodePorts, each with its named
+    /// counter ([`crate::names::RejectCounter`]).
+    pub fn rejected(self) -> &'static [Protocol] {
+        match self {
+            Self::Off => &[],
+            Self::Rejected => &[Protocol::Tcp, Protocol::Udp, Protocol::Sctp],
+            Self::Proxied => &[Protocol::Udp, Protocol::Sctp],
+        }
+    }
+
+    /// Whether the table has the loopback NodePort set, rules and counters at all.
+    pub fn is_on(self) -> bool {
+        self != Self::Off
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OptionsError {
@@ -48,6 +95,8 @@ pub struct NftablesOptions {
     /// The most elements one batch of a cold load carries.
     pub max_batch_elements: usize,
     pub affinity_capacity: u32,
+    /// NodePorts on the loopback address (the gate `KubeProxyNFTablesLocalhostNodePorts`).
+    pub localhost_nodeports: LocalhostNodePorts,
 }
 
 impl Default for NftablesOptions {
@@ -63,6 +112,7 @@ impl Default for NftablesOptions {
             service_cidrs: Vec::new(),
             max_batch_elements: DEFAULT_MAX_BATCH_ELEMENTS,
             affinity_capacity: DEFAULT_AFFINITY_CAPACITY,
+            localhost_nodeports: LocalhostNodePorts::Off,
         }
     }
 }

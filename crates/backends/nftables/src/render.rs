@@ -57,6 +57,7 @@ pub fn set_body(family: IpFamily, set: SetName, affinity_capacity: u32) -> Strin
             EntryKind::NodePort => "type inet_proto . inet_service ;".to_string(),
         },
         SetName::FirewallIps => format!("type {addr} . inet_proto . inet_service ;"),
+        SetName::LocalhostNodePorts => "type inet_proto . inet_service ;".to_string(),
         SetName::FirewallAllow => {
             format!("type {addr} . inet_proto . inet_service . {addr} ; flags interval ;")
         }
@@ -138,6 +139,13 @@ fn match_expr(out: &mut String, family: IpFamily, m: &Match) {
             let _ = write!(out, "{fam} daddr != ");
             net(out, n);
         }
+        Match::DestNet(n) => {
+            let _ = write!(out, "{fam} daddr ");
+            net(out, n);
+        }
+        Match::L4Proto(proto) => {
+            let _ = write!(out, "meta l4proto {}", proto.lower());
+        }
         Match::InputInterface { name, prefix, negate } => {
             let star = if *prefix { "*" } else { "" };
             let _ = write!(out, "iifname {}\"{}{star}\"", neq(*negate), name.as_str());
@@ -168,6 +176,9 @@ fn stmt(out: &mut String, family: IpFamily, s: &Stmt) {
         Stmt::Return => out.push_str("return"),
         Stmt::Drop => out.push_str("drop"),
         Stmt::Reject => out.push_str("reject"),
+        Stmt::CountReject(counter) => {
+            let _ = write!(out, "counter name \"{counter}\" reject");
+        }
         Stmt::RandomGoto(targets) => {
             let _ = write!(out, "numgen random mod {} vmap {{ ", targets.len());
             for (i, target) in targets.iter().enumerate() {

@@ -12,8 +12,10 @@ use std::collections::BTreeSet;
 
 use crate::build::{declared_sets, dispatch_rules, fixed_chains, shared_rules};
 use crate::model::Stmt;
-use crate::names::{ChainId, EndpointMap, EntryKind, KeySpace, SetName, SharedChain};
-use crate::options::NftablesOptions;
+use crate::names::{
+    ChainId, EndpointMap, EntryKind, FixedChain, KeySpace, RejectCounter, SetName, SharedChain,
+};
+use crate::options::{LocalhostNodePorts, NftablesOptions};
 use crate::transport::{Transport, TransportError};
 
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +36,7 @@ fn shared(ops: &mut Vec<Op>, chain: SharedChain, opts: &NftablesOptions) {
 /// The probe steps: (feature, operations it adds).
 fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
     let fixed = fixed_chains(opts);
-    let sets = declared_sets();
+    let sets = declared_sets(opts);
     let pick = |set: &SetName, f: fn(&SetName) -> bool| f(set);
     let of = |f: fn(&SetName) -> bool| {
         sets.iter()
@@ -95,6 +97,27 @@ fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
                 .map(|rule| Op::AddRule(chain, rule)),
         );
     }
+    // Localhost NodePorts' counters and rules, probed whether or not the options have them
+    // (the rules are among the fixed ones when they do).
+    let mut counters: Vec<Op> = RejectCounter::ALL.into_iter().map(Op::AddCounter).collect();
+    let mut counting = Vec::new();
+    if !opts.localhost_nodeports.is_on() {
+        counters.push(Op::AddSet(SetName::LocalhostNodePorts));
+        let on = NftablesOptions {
+            localhost_nodeports: LocalhostNodePorts::Rejected,
+            ..opts.clone()
+        };
+        let chain = FixedChain::NodePortEndpointsCheck;
+        let (_, all) = fixed_chains(&on)
+            .into_iter()
+            .find(|(c, _)| *c == chain)
+            .unwrap_or((chain, Vec::new()));
+        counting.extend(
+            all.into_iter()
+                .filter(|rule| matches!(rule.stmt, Stmt::CountReject(_)))
+                .map(|rule| Op::AddRule(ChainId::Fixed(chain), rule)),
+        );
+    }
     vec![
         (
             "nf_tables with nat and filter base chains (kernel >= 5.13, nft >= 1.0)",
@@ -103,6 +126,7 @@ fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
                 .collect(),
         ),
         ("sets with concatenated keys", of(plain)),
+        ("named counters (localhost NodePorts)", counters),
         (
             "concatenated interval sets (loadBalancerSourceRanges)",
             vec![Op::AddSet(SetName::FirewallAllow)],
@@ -118,6 +142,10 @@ fn steps(opts: &NftablesOptions) -> Vec<(&'static str, Vec<Op>)> {
                 .iter()
                 .flat_map(|(c, rules)| rules.iter().map(|r| Op::AddRule(ChainId::Fixed(*c), r.clone())))
                 .collect(),
+        ),
+        (
+            "rules counting into named counters (localhost NodePorts)",
+            counting,
         ),
         ("DNAT to a concatenation looked up in a map", dnat),
         ("a goto per set of entries (dispatch rules)", dispatch),

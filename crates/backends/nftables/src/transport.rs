@@ -11,6 +11,7 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use kpr_model::IpFamily;
+use kpr_nfnetlink::ObjectType;
 
 use crate::batch::{Batch, batch_text};
 use crate::render::{TABLE, family_word};
@@ -46,6 +47,9 @@ pub struct Listing {
     /// their names (any text) never go into a command.
     pub chain_handles: BTreeMap<String, u64>,
     pub set_handles: BTreeMap<String, u64>,
+    /// Stateful objects (our named counters, anyone's quotas, ...) by type and name, with
+    /// the kernel's handle.
+    pub objects: BTreeMap<(ObjectType, String), u64>,
 }
 
 pub trait Transport: Send {
@@ -238,6 +242,14 @@ pub fn parse_listing(json: &[u8]) -> Result<Listing, TransportError> {
                 if let Some(handle) = handle(set) {
                     listing.set_handles.insert(name.to_string(), handle);
                 }
+            }
+        } else if let Some((kind, object)) = item.as_object().and_then(|o| {
+            o.iter()
+                .find_map(|(key, value)| Some((ObjectType::from_keyword(key)?, value)))
+        }) {
+            if let (Some(name), Some(handle)) = (object.get("name").and_then(|n| n.as_str()), handle(object))
+            {
+                listing.objects.insert((kind, name.to_string()), handle);
             }
         } else if let Some(rule) = item.get("rule") {
             let chain = rule.get("chain").and_then(|c| c.as_str()).unwrap_or_default();

@@ -11,7 +11,7 @@ mod common;
 use common::{check_golden, clusterip, http_port, http_slice_port, nodeport_web, options, web};
 use kpr_host::NodePortAddresses;
 use kpr_model::IpFamily;
-use kpr_nftables::{NftablesOptions, render_dry_run};
+use kpr_nftables::{LocalhostNodePorts, NftablesOptions, render_dry_run};
 use kpr_world::{World, ep};
 use serde_json::json;
 
@@ -408,4 +408,105 @@ fn nodeport_without_endpoints_rejects_everywhere() {
         "no entry set, no dispatch rule without endpoints:\n{text}"
     );
     check_golden("nodeport_0_endpoints", &text);
+}
+
+/// NodePorts of every protocol, one without endpoints: the shape the localhost NodePort
+/// goldens share.
+fn nodeports_of_every_protocol(family: IpFamily) -> World {
+    let (vip, empty_vip, endpoint) = match family {
+        IpFamily::V4 => ("10.96.0.53", "10.96.0.10", "10.244.1.5"),
+        IpFamily::V6 => ("fd00:96::53", "fd00:96::10", "fd00:10:244:1::5"),
+    };
+    let mut world = World::with_family(family);
+    world
+        .service(
+            "multi",
+            json!({"type": "NodePort", "clusterIP": vip, "ipFamilies": [family.label()],
+                   "ports": [{"name": "web", "port": 80, "targetPort": 8080, "nodePort": 30080},
+                             {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053},
+                             {"name": "s", "port": 9, "protocol": "SCTP", "nodePort": 30009}]}),
+        )
+        .slice(
+            "multi",
+            json!([{"name": "web", "port": 8080}, {"name": "dns", "port": 5353, "protocol": "UDP"},
+                   {"name": "s", "port": 99, "protocol": "SCTP"}]),
+            vec![ep(endpoint)],
+        )
+        .service(
+            "empty",
+            json!({"type": "NodePort", "clusterIP": empty_vip, "ipFamilies": [family.label()],
+                   "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30081}]}),
+        );
+    world
+}
+
+/// Localhost NodePorts with the proxy running (the gate on, `localhost` among the NodePort
+/// addresses): every NodePort is an element of `localhost-nodeports`, and UDP and SCTP to
+/// a loopback NodePort are counted and rejected; TCP is left to the proxy's listeners.
+#[test]
+fn localhost_nodeports_with_the_proxy_reject_udp_and_sctp() {
+    let mut world = nodeports_of_every_protocol(IpFamily::V4);
+    let opts = NftablesOptions {
+        localhost_nodeports: LocalhostNodePorts::Proxied,
+        ..options()
+    };
+    let text = render(&mut world, &opts);
+    assert!(text.contains("add counter ip kube-proxy localhost-nodeport-rejected-udp\n"));
+    assert!(text.contains("add counter ip kube-proxy localhost-nodeport-rejected-sctp\n"));
+    assert!(!text.contains("localhost-nodeport-rejected-tcp"), "{text}");
+    assert!(text.contains("add set ip kube-proxy localhost-nodeports { type inet_proto . inet_service ; }"));
+    assert!(text.contains(
+        "add rule ip kube-proxy nodeport-endpoints-check ip daddr 127.0.0.0/8 meta l4proto udp meta l4proto . th dport @localhost-nodeports counter name \"localhost-nodeport-rejected-udp\" reject"
+    ));
+    assert_eq!(
+        elements_of(&text, "localhost-nodeports"),
+        "add element ip kube-proxy localhost-nodeports { tcp . 30081 comment \"default/empty:http\", udp . 30053 comment \"default/multi:dns\", sctp . 30009 comment \"default/multi:s\", tcp . 30080 comment \"default/multi:web\" }"
+    );
+    // The counters exist before the rules that count into them.
+    let counter = text.find("add counter").unwrap();
+    assert!(counter < text.find("add rule").unwrap());
+    check_golden("localhost_nodeports_proxied", &text);
+}
+
+/// The gate on without a loopback NodePort address: TCP is counted and rejected as well.
+#[test]
+fn localhost_nodeports_without_the_proxy_reject_every_protocol() {
+    let mut world = nodeports_of_every_protocol(IpFamily::V4);
+    let opts = NftablesOptions {
+        localhost_nodeports: LocalhostNodePorts::Rejected,
+        ..options()
+    };
+    let text = render(&mut world, &opts);
+    for proto in ["tcp", "udp", "sctp"] {
+        assert!(text.contains(&format!(
+            "add rule ip kube-proxy nodeport-endpoints-check ip daddr 127.0.0.0/8 meta l4proto {proto} meta l4proto . th dport @localhost-nodeports counter name \"localhost-nodeport-rejected-{proto}\" reject"
+        )), "{proto}: {text}");
+    }
+    check_golden("localhost_nodeports_rejected", &text);
+
+    let mut world = nodeports_of_every_protocol(IpFamily::V6);
+    let opts = NftablesOptions {
+        family: IpFamily::V6,
+        local_detector: kpr_host::LocalDetector::ClusterCidr(vec!["fd00:10:244::/56".parse().unwrap()]),
+        localhost_nodeports: LocalhostNodePorts::Proxied,
+        ..options()
+    };
+    let text = render(&mut world, &opts);
+    assert!(text.contains(
+        "add rule ip6 kube-proxy nodeport-endpoints-check ip6 daddr ::1 meta l4proto sctp meta l4proto . th dport @localhost-nodeports counter name \"localhost-nodeport-rejected-sctp\" reject"
+    ));
+    check_golden("localhost_nodeports_ipv6", &text);
+}
+
+/// The gate off (the default): none of it, whatever the NodePort addresses say.
+#[test]
+fn localhost_nodeports_off_add_nothing() {
+    let mut world = nodeports_of_every_protocol(IpFamily::V4);
+    let opts = NftablesOptions {
+        nodeport_addresses: NodePortAddresses::Cidrs(vec!["127.0.0.0/8".parse().unwrap()]),
+        ..options()
+    };
+    let text = render(&mut world, &opts);
+    assert!(!text.contains("localhost"), "{text}");
+    assert!(!text.contains("counter"), "{text}");
 }

@@ -19,7 +19,7 @@ use common::{Via, clusterip, golden_dir, http_port, http_slice_port, options, tr
 use kpr_host::LocalDetector;
 use kpr_model::IpFamily;
 use kpr_netns::{CLUSTER_CIDR, Lab, NODE_IP, Netns, pod_ip, spread};
-use kpr_nftables::{FullSyncReason, NftCli, NftablesBackend, NftablesOptions, cleanup};
+use kpr_nftables::{FullSyncReason, LocalhostNodePorts, NftCli, NftablesBackend, NftablesOptions, cleanup};
 use kpr_state::{Backend, SyncReport};
 use kpr_world::{World, ep};
 use serde_json::json;
@@ -357,8 +357,18 @@ fn traffic_follows_cluster_ip_and_node_port_through_an_endpoint_change(via: Via)
 fn this_kernel_supports_every_feature_and_the_check_commits_nothing(via: Via) {
     let netns = Netns::new("nftcheck").unwrap();
     for family in [IpFamily::V4, IpFamily::V6] {
-        let opts = NftablesOptions { family, ..options() };
-        kpr_nftables::check_support(&mut *transport(&netns, via, 1), &opts).unwrap();
+        for localhost_nodeports in [
+            LocalhostNodePorts::Off,
+            LocalhostNodePorts::Rejected,
+            LocalhostNodePorts::Proxied,
+        ] {
+            let opts = NftablesOptions {
+                family,
+                localhost_nodeports,
+                ..options()
+            };
+            kpr_nftables::check_support(&mut *transport(&netns, via, 1), &opts).unwrap();
+        }
     }
     assert_eq!(
         nft(&netns, &["list", "tables"]),
@@ -685,5 +695,45 @@ fn netlink_writes_what_nft_writes() {
         ..options()
     };
     let (nft_text, netlink_text) = listed_through_both(&mut world, &opts);
+    assert_eq!(netlink_text, nft_text);
+
+    // Localhost NodePorts: the set, the named counters and the rules counting into them.
+    let opts = NftablesOptions {
+        localhost_nodeports: LocalhostNodePorts::Proxied,
+        ..opts
+    };
+    let (nft_text, netlink_text) = listed_through_both(&mut world, &opts);
+    assert!(
+        nft_text.contains("counter localhost-nodeport-rejected-sctp {"),
+        "{nft_text}"
+    );
+    assert!(
+        nft_text.contains(
+            "ip6 daddr ::1 meta l4proto . udp dport @localhost-nodeports counter name \"localhost-nodeport-rejected-udp\" reject"
+        ),
+        "{nft_text}"
+    );
+    assert_eq!(netlink_text, nft_text);
+    let mut world = World::new();
+    world.service("web", common::nodeport_web(json!({}))).slice(
+        "web",
+        http_slice_port(),
+        vec![ep("10.244.1.5")],
+    );
+    let opts = NftablesOptions {
+        localhost_nodeports: LocalhostNodePorts::Rejected,
+        ..options()
+    };
+    let (nft_text, netlink_text) = listed_through_both(&mut world, &opts);
+    assert!(
+        nft_text.contains(
+            "ip daddr 127.0.0.0/8 meta l4proto . tcp dport @localhost-nodeports counter name \"localhost-nodeport-rejected-tcp\" reject"
+        ),
+        "{nft_text}"
+    );
+    assert!(
+        nft_text.contains("tcp . 30080 comment \"default/web:http\""),
+        "{nft_text}"
+    );
     assert_eq!(netlink_text, nft_text);
 }

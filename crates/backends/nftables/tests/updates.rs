@@ -557,3 +557,105 @@ fn an_in_place_full_sync_flushes_ours_and_deletes_the_rest_by_handle() {
         "{text}"
     );
 }
+
+/// With localhost NodePorts on, an in-place full sync keeps our named counters (and their
+/// numbers: they are declared again, which changes nothing) and deletes every other object
+/// by its type and handle.
+#[test]
+fn an_in_place_full_sync_keeps_our_counters_and_deletes_foreign_objects() {
+    let mut world = World::new();
+    world.service("web", common::nodeport_web(json!({})));
+    let opts = kpr_nftables::NftablesOptions {
+        localhost_nodeports: kpr_nftables::LocalhostNodePorts::Proxied,
+        ..options()
+    };
+    let ruleset = kpr_nftables::build(&world.state(), &opts, &[]);
+    let listing = kpr_nftables::parse_listing(
+        br#"{"nftables": [{"metainfo": {}}, {"table": {"family": "ip", "name": "kube-proxy", "handle": 1}},
+            {"counter": {"family": "ip", "name": "localhost-nodeport-rejected-udp", "table": "kube-proxy", "handle": 3, "packets": 7, "bytes": 420}},
+            {"counter": {"family": "ip", "name": "localhost-nodeport-rejected-tcp", "table": "kube-proxy", "handle": 4, "packets": 0, "bytes": 0}},
+            {"quota": {"family": "ip", "name": "q\"; delete table ip filter", "table": "kube-proxy", "handle": 9, "bytes": 1}}]}"#,
+    )
+    .unwrap();
+    assert_eq!(listing.objects.len(), 3);
+    let mut batches = Vec::new();
+    kpr_nftables::stream_full(
+        &ruleset,
+        &opts,
+        kpr_nftables::FullStart::InPlace(&listing),
+        1000,
+        &mut |b| {
+            batches.push(b);
+            Ok::<(), ()>(())
+        },
+    )
+    .unwrap();
+    let text = kpr_nftables::batch_text(&batches[0], 1);
+    let objects: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("counter ip") || l.contains("quota"))
+        .collect();
+    assert_eq!(
+        objects,
+        [
+            // The TCP counter is not ours with the proxy running, so it goes like the quota.
+            "delete counter ip kube-proxy handle 4",
+            "delete quota ip kube-proxy handle 9",
+            "add counter ip kube-proxy localhost-nodeport-rejected-udp",
+            "add counter ip kube-proxy localhost-nodeport-rejected-sctp",
+        ]
+    );
+}
+
+/// A NodePort coming and going is one element of `localhost-nodeports` more or less, in
+/// the same partial batch as its other elements; rules and counters are not touched.
+#[test]
+fn localhost_nodeport_elements_follow_partial_syncs() {
+    let recorder = Recorder::default();
+    let batches = recorder.batches.clone();
+    let opts = kpr_nftables::NftablesOptions {
+        localhost_nodeports: kpr_nftables::LocalhostNodePorts::Rejected,
+        ..options()
+    };
+    let mut world = World::new();
+    world.service("web", clusterip("10.96.0.10", http_port()));
+    let mut backend = NftablesBackend::new(opts, Box::new(recorder)).unwrap();
+    assert!(backend.sync(&world.pending().request(false)).unwrap().full);
+    batches.lock().unwrap().clear();
+    let localhost = |batch: &Batch| -> Vec<Op> {
+        batch
+            .ops
+            .iter()
+            .filter(|op| {
+                matches!(
+                    op,
+                    Op::AddElements(SetName::LocalhostNodePorts, _)
+                        | Op::DeleteElements(SetName::LocalhostNodePorts, _)
+                ) || matches!(op, Op::AddCounter(_) | Op::AddRule(..))
+            })
+            .cloned()
+            .collect()
+    };
+
+    world.service("svc", common::nodeport_web(json!({"clusterIP": "10.96.0.20"})));
+    assert!(!backend.sync(&world.pending().request(false)).unwrap().full);
+    let sent = batches.lock().unwrap().pop().unwrap();
+    let ops = localhost(&sent);
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    let Op::AddElements(_, added) = &ops[0] else {
+        panic!("{ops:?}")
+    };
+    assert_eq!(added.len(), 1);
+    assert_eq!(
+        added[0].0,
+        kpr_nftables::ElemKey::ProtoPort(kpr_model::Protocol::Tcp, 30080)
+    );
+
+    world.delete_service("svc");
+    assert!(!backend.sync(&world.pending().request(false)).unwrap().full);
+    let sent = batches.lock().unwrap().pop().unwrap();
+    assert!(matches!(
+        &localhost(&sent)[..],
+        [Op::DeleteElements(SetName::LocalhostNodePorts, keys)] if keys.len() == 1
+    ));
+}

@@ -66,6 +66,7 @@ impl PortBalancer {
         }
     }
 
+    /// The endpoints, sorted.
     pub fn endpoints(&self) -> &[SocketAddr] {
         &self.endpoints
     }

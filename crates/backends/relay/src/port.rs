@@ -69,6 +69,11 @@ impl PortState {
         self.balancer(|b| b.next(client, reset_affinity, Instant::now()))
     }
 
+    /// Whether `endpoint` is one of the endpoints new traffic may go to.
+    pub fn serves(&self, endpoint: SocketAddr) -> bool {
+        self.balancer(|b| b.endpoints().binary_search(&endpoint).is_ok())
+    }
+
     /// Ends this port's UDP relay and sessions (its TCP connections are ended by the TCP
     /// threads: [`crate::workers::Workers::close_port`]).
     pub fn close(&self) {

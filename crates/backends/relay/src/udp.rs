@@ -7,8 +7,13 @@
 //! and port it sent to (the NAT of a rule that redirected the client here, such as a
 //! portal, is undone by conntrack on the way out). A session ends when neither side sent
 //! for `--udp-timeout` (upstream's idle deadline, refreshed by every datagram), when its
-//! endpoint's socket fails, or when the Service port is removed. Sessions count against the
-//! relay's UDP session limit; a datagram that would open one past it is dropped.
+//! endpoint's socket fails, or when the Service port is removed. A session whose endpoint
+//! left the port is left at the client's next datagram, which opens a new one: the kernel
+//! modes delete such a flow's conntrack entry for the same reason. A client that keeps
+//! sending would otherwise stay on a pod that left the Service, or on a dead one that sends
+//! no ICMP error, for as long as it sends (upstream's userspace proxy kept it there).
+//! Sessions count against the relay's UDP session limit; a datagram that would open one
+//! past it is dropped.
 
 use std::collections::HashMap;
 use std::io;
@@ -113,6 +118,8 @@ pub fn serve(
 /// One client's session.
 #[derive(Debug)]
 struct Session {
+    /// The endpoint it was opened to.
+    to: SocketAddr,
     endpoint: Arc<UdpSocket>,
     activity: Arc<Activity>,
 }
@@ -193,8 +200,16 @@ impl Relay {
     /// `client`'s session: the existing one, or a new one (`None` without an endpoint or a
     /// free slot).
     async fn session(&self, client: SocketAddr) -> Option<(Arc<UdpSocket>, Arc<Activity>)> {
-        if let Some(session) = lock(&self.sessions).get(&client) {
-            return Some((session.endpoint.clone(), session.activity.clone()));
+        {
+            let mut sessions = lock(&self.sessions);
+            if let Some(session) = sessions.get(&client) {
+                if self.state.serves(session.to) {
+                    return Some((session.endpoint.clone(), session.activity.clone()));
+                }
+                // Its endpoint left the port (see the module docs). The old session's reply
+                // task ends once it has been idle for `--udp-timeout`: nothing touches it now.
+                sessions.remove(&client);
+            }
         }
         let slot = self.slots.try_take()?;
         let Some(endpoint) = self.state.pick(client.ip(), false) else {
@@ -213,6 +228,7 @@ impl Relay {
         lock(&self.sessions).insert(
             client,
             Session {
+                to: endpoint,
                 endpoint: socket.clone(),
                 activity: activity.clone(),
             },

@@ -64,7 +64,7 @@ impl Mode for UserspaceMode {
     }
 
     /// `kubeproxy_userspace_*` (once per process).
-    fn register_metrics(&self, registry: &mut Registry) {
+    fn register_metrics(&self, _settings: &Settings, registry: &mut Registry) {
         METRICS.get_or_init(|| UserspaceMetrics::register(registry));
     }
 
@@ -90,6 +90,10 @@ impl Mode for UserspaceMode {
     }
 
     /// The portals only redirect; what the proxy does with a connection is in the process.
+    fn adopts(&self) -> &'static [ProxyMode] {
+        &[]
+    }
+
     fn explainer(&self) -> Option<&dyn Explainer> {
         None
     }

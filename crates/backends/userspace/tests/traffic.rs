@@ -753,6 +753,55 @@ fn ipv6_through_the_cluster_ip() {
     });
 }
 
+/// A client that keeps one socket and keeps sending keeps its session; once the session's
+/// endpoint leaves the Service, the client's next datagram goes to an endpoint that serves.
+/// The idle timeout is an hour here, so only the endpoint change can move it.
+#[test]
+fn a_udp_client_that_keeps_sending_moves_off_an_endpoint_that_left() {
+    let _shared = shared();
+    let ns = node();
+    ns.run(|| {
+        let rt = runtime();
+        let mut options = UserspaceOptions::new(IpFamily::V4, NODE_IP.parse().unwrap());
+        options.udp_timeout = Duration::from_secs(3600);
+        let mut backend = UserspaceBackend::new(options, Box::new(iptables(&ns)), rt.handle().clone());
+        rt.block_on(async {
+            udp_server(ENDPOINTS[0]).await;
+            udp_server(ENDPOINTS[1]).await;
+        });
+        let mut world = World::new();
+        dns(&mut world, &ENDPOINTS[..1]);
+        sync(&mut backend, world.state());
+        let client = rt.block_on(async {
+            let client = UdpSocket::bind("192.168.1.10:0").await.unwrap();
+            client.connect(sock(DNS_VIP)).await.unwrap();
+            client
+        });
+        let ask = |what: &str| {
+            rt.block_on(async {
+                client.send(what.as_bytes()).await.unwrap();
+                let mut buffer = [0u8; 256];
+                let n = tokio::time::timeout(CEILING, client.recv(&mut buffer))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                String::from_utf8_lossy(&buffer[..n]).into_owned()
+            })
+        };
+        assert_eq!(ask("one"), format!("{} one", ENDPOINTS[0]));
+        assert_eq!(ask("two"), format!("{} two", ENDPOINTS[0]), "one session");
+
+        dns(&mut world, &ENDPOINTS[1..2]);
+        sync(&mut backend, world.state());
+        assert_eq!(ask("three"), format!("{} three", ENDPOINTS[1]));
+        assert_eq!(
+            backend.active_udp_sessions(),
+            2,
+            "the old session idles out later"
+        );
+    });
+}
+
 /// A client that keeps its source port keeps its conntrack entry, and with it the
 /// REDIRECT to the listener port its first datagram met. When the Service is deleted and
 /// created again (on another listener port), that entry is deleted, so the same client

@@ -11,11 +11,11 @@ use std::time::Duration;
 use kpr_netns::{CLIENT_IP, NODE_IP, eventually, pod_ip};
 use serde_json::{Value, json};
 
-use crate::Mode;
 use crate::manifests::Manifests;
 use crate::stage::Stage;
 use crate::support::{CONVERGE, NODE_NAME, POLL};
 use crate::traffic::at;
+use crate::{Mode, objects};
 
 const FILE: &str = "external-traffic-policy-local.yaml";
 /// checkout: pod0 on this node, pod1 on node2.
@@ -29,10 +29,14 @@ const CATALOG_HEALTH_CHECK: u16 = 30143;
 
 // Not userspace: that mode ignores traffic policies, as upstream's did, and its pods see
 // the proxy's own address, never the client's.
+// The last two are upstream's scenarios (service.go) on the health-check port; ipvs mode:
+// see docs/upstream-e2e.md.
 netfilter_modes!(
     external_traffic_stays_on_this_node_and_keeps_the_client_address,
     a_node_without_a_local_pod_drops_external_traffic_until_one_runs_here,
     pods_and_the_node_reach_external_addresses_through_every_pod,
+    should_fail_health_check_node_port_if_there_are_only_terminating_endpoints,
+    should_implement_nodeport_and_healthchecknodeport_correctly_when_externaltrafficpolicy_changes,
 );
 // ipvs: upstream's ipvs mode sends external traffic to every pod when none is local (no
 // DROP), and its external virtual servers are the same for pods and the node as for the
@@ -42,6 +46,110 @@ in_mode!(ipvs, crate::Mode::Ipvs;
     without_a_local_pod_ipvs_sends_external_traffic_to_every_pod,
     in_ipvs_mode_pods_and_the_node_reach_external_addresses_as_the_client_does
 );
+
+/// A LoadBalancer Service with `externalTrafficPolicy: Local` and `health`'s NodePorts
+/// (`node_port`, `health_check`), its slice with `endpoints`.
+fn local_load_balancer(
+    name: &str,
+    n: u8,
+    node_port: u16,
+    health_check: u16,
+    endpoints: Vec<Value>,
+) -> Manifests {
+    Manifests::new(
+        "etp-upstream.yaml",
+        vec![
+            objects::service(
+                name,
+                Ipv4Addr::new(10, 96, 24, n),
+                json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                       "healthCheckNodePort": health_check,
+                       "ports": [objects::with_node_port(objects::tcp_port("http", 80), node_port)]}),
+            ),
+            objects::slice(
+                name,
+                json!([objects::slice_port("http", "TCP", crate::stage::POD_PORT)]),
+                endpoints,
+            ),
+        ],
+    )
+}
+
+/// This node's only pod of the Service starts terminating (still serving, as it drains):
+/// the health-check port goes from 200 to 503 (a load balancer must stop sending new
+/// clients), while a pod on this node still reaches the terminating pod through the
+/// NodePort.
+fn should_fail_health_check_node_port_if_there_are_only_terminating_endpoints(mode: Mode) {
+    let mut manifests = local_load_balancer(
+        "svc-proxy-terminating",
+        10,
+        30280,
+        30281,
+        vec![objects::ready_here(0)],
+    );
+    let stage = Stage::start(mode, 2, &manifests);
+    assert_eq!(probe(&stage, 30281, 200), health("svc-proxy-terminating", 1));
+    manifests.set_endpoints("svc-proxy-terminating", vec![objects::terminating(0, NODE_NAME)]);
+    stage.apply(&manifests);
+    assert_eq!(probe(&stage, 30281, 503), health("svc-proxy-terminating", 0));
+    stage.pod(1).wait_answered_by(at(NODE_IP, 30280), 10, &["pod0"]);
+}
+
+/// Upstream walks three nodes (the endpoint's, a host-network client's, a third one)
+/// through Local -> Cluster -> Local; this node plays each in turn:
+///
+/// 1. Local, the pod here: health check 200; the outside client is served through the
+///    NodePort with its own address kept.
+/// 2. Cluster: the health-check port closes (refused); the client is served through the
+///    NodePort (masqueraded).
+/// 3. Local again with the same health-check port, the pod on node2: this node is both
+///    upstream's client node and its third node: the health check says 503; the node itself
+///    (a host-network client) is still served through its own NodePort (short circuit); the
+///    outside client is dropped.
+fn should_implement_nodeport_and_healthchecknodeport_correctly_when_externaltrafficpolicy_changes(
+    mode: Mode,
+) {
+    let name = "external-local-update";
+    let mut manifests = local_load_balancer(name, 11, 30282, 30283, vec![objects::ready_here(0)]);
+    let stage = Stage::start(mode, 2, &manifests);
+    let node_port = at(NODE_IP, 30282);
+    assert_eq!(probe(&stage, 30283, 200), health(name, 1));
+    let outcome = stage.client().wait_answered_by(node_port, 10, &["pod0"]);
+    assert_eq!(
+        outcome.seen,
+        BTreeSet::from([IpAddr::from(CLIENT_IP)]),
+        "{outcome}"
+    );
+
+    let spec = &mut manifests.service_mut(name)["spec"];
+    spec["externalTrafficPolicy"] = json!("Cluster");
+    spec.as_object_mut().unwrap().remove("healthCheckNodePort");
+    stage.apply(&manifests);
+    eventually(CONVERGE, POLL, || {
+        match stage
+            .lab()
+            .client()
+            .http_get(at(NODE_IP, 30283), "/healthz", Duration::from_secs(2))
+        {
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+            other => Err(format!("the health-check port should be closed: {other:?}")),
+        }
+    });
+    let outcome = stage.client().wait_answered_by(node_port, 10, &["pod0"]);
+    assert!(
+        !outcome.seen.contains(&IpAddr::from(CLIENT_IP)),
+        "masqueraded: {outcome}"
+    );
+
+    let spec = &mut manifests.service_mut(name)["spec"];
+    spec["externalTrafficPolicy"] = json!("Local");
+    spec["healthCheckNodePort"] = json!(30283);
+    manifests.set_endpoints(name, vec![objects::ready(0, objects::OTHER_NODE)]);
+    stage.apply(&manifests);
+    assert_eq!(probe(&stage, 30283, 503), health(name, 0));
+    stage.node().wait_answered_by(node_port, 10, &["pod0"]);
+    stage.client().assert_dropped(node_port);
+}
 
 /// The load balancer's probe of checkout's health-check port says this node has one local
 /// pod. The client reaches checkout's ingress IP and NodePort: only pod0 (the pod on this
@@ -147,7 +255,7 @@ fn in_ipvs_mode_pods_and_the_node_reach_external_addresses_as_the_client_does(mo
 /// balancer does, until the answer has `status` (the server opens once the proxy has seen
 /// the Service), and returns the JSON body.
 #[track_caller]
-fn probe(stage: &Stage, port: u16, status: u16) -> Value {
+pub fn probe(stage: &Stage, port: u16, status: u16) -> Value {
     let to = at(NODE_IP, port);
     let body = eventually(CONVERGE, POLL, || {
         match stage
@@ -163,7 +271,7 @@ fn probe(stage: &Stage, port: u16, status: u16) -> Value {
 }
 
 /// The body upstream's health-check server gives for Service `default/<name>`.
-fn health(name: &str, local_endpoints: usize) -> Value {
+pub fn health(name: &str, local_endpoints: usize) -> Value {
     json!({"service": {"namespace": "default", "name": name},
            "localEndpoints": local_endpoints, "serviceProxyHealthy": true})
 }

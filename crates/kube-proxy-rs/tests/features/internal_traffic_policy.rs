@@ -4,14 +4,14 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 
-use kpr_netns::pod_ip;
+use kpr_netns::{CLIENT_IP, NODE_IP, pod_ip};
 use serde_json::json;
 
-use crate::Mode;
-use crate::manifests::Manifests;
+use crate::manifests::{Manifests, conditions};
 use crate::stage::Stage;
 use crate::support::NODE_NAME;
 use crate::traffic::at;
+use crate::{Mode, objects};
 
 const FILE: &str = "internal-traffic-policy-local.yaml";
 /// node-cache: pod0 on this node, pod1 on node2.
@@ -21,10 +21,61 @@ const REMOTE_CACHE: Ipv4Addr = Ipv4Addr::new(10, 96, 5, 20);
 
 // Not userspace: that mode ignores internalTrafficPolicy, as upstream's did (its proxy
 // predates the field), and its pods see the proxy's own address, not the calling pod's.
-kernel_modes!(
+// The last is upstream's host-network backend scenario (service.go); ipvs mode: see
+// docs/upstream-e2e.md.
+netfilter_modes!(
     cluster_ip_traffic_goes_only_to_this_nodes_pod,
     without_a_local_pod_traffic_is_turned_away_until_one_is_scheduled_here,
+    should_respect_internaltrafficpolicy_local_pod_and_node_to_pod_hostnetwork_true,
 );
+in_mode!(ipvs, crate::Mode::Ipvs;
+    cluster_ip_traffic_goes_only_to_this_nodes_pod,
+    without_a_local_pod_traffic_is_turned_away_until_one_is_scheduled_here
+);
+
+/// The Service's backend runs on the host network: its endpoint is a node's own address
+/// (port 10180). While it is this node's, a pod and the node itself reach it through the
+/// cluster IP; once the only backend is node2's (the outside client's address stands in
+/// for node2's), both are turned away.
+fn should_respect_internaltrafficpolicy_local_pod_and_node_to_pod_hostnetwork_true(mode: Mode) {
+    const ENDPOINT_PORT: u16 = 10180;
+    let host_network = |ip: Ipv4Addr, node: &str| json!({"addresses": [ip.to_string()], "conditions": conditions(true, true, false), "nodeName": node});
+    let mut manifests = Manifests::new(
+        "itp-host-network.yaml",
+        vec![
+            objects::service(
+                "svc-itp",
+                Ipv4Addr::new(10, 96, 25, 10),
+                json!({"internalTrafficPolicy": "Local",
+                       "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": ENDPOINT_PORT}]}),
+            ),
+            objects::slice(
+                "svc-itp",
+                json!([objects::slice_port("http", "TCP", ENDPOINT_PORT)]),
+                vec![host_network(NODE_IP, NODE_NAME)],
+            ),
+        ],
+    );
+    let stage = Stage::start(mode, 1, &manifests);
+    let _node1 = stage
+        .lab()
+        .node()
+        .tcp_backend_telling_peer(at(NODE_IP, ENDPOINT_PORT), "node1")
+        .unwrap();
+    let _node2 = stage
+        .lab()
+        .client()
+        .tcp_backend_telling_peer(at(CLIENT_IP, ENDPOINT_PORT), "node2")
+        .unwrap();
+    let to = at(Ipv4Addr::new(10, 96, 25, 10), 80);
+    stage.pod(0).wait_answered_by(to, 10, &["node1"]);
+    stage.node().wait_answered_by(to, 10, &["node1"]);
+
+    manifests.set_endpoints("svc-itp", vec![host_network(CLIENT_IP, objects::OTHER_NODE)]);
+    stage.apply_and_wait_synced(&manifests);
+    mode.assert_turned_away(&stage.pod(0), to);
+    mode.assert_turned_away(&stage.node(), to);
+}
 
 /// A pod and the node reach node-cache's cluster IP: only pod0 (this node's) answers, and
 /// it sees the calling pod's own address. 100 connections: were node2's pod used, it would

@@ -19,6 +19,14 @@
 //! a virtual server without real servers refusing instead of dropping, persistence outliving
 //! the affinity timeout), a file lists its modes with [`in_mode!`] and says why; ipvs mode's
 //! scenarios play inside a throw-away guest (see [`mode::play`]).
+//!
+//! The suite also plays upstream's own e2e scenarios for a node proxy, each test named after
+//! its upstream `It(...)`, and upstream's bugs as regression tests (`services`, `conntrack`,
+//! `traffic_distribution`, `upstream_bugs`, and additions to the files above; the map is
+//! docs/upstream-e2e.md). They build their objects in code ([`objects`]), as each upstream
+//! test creates its own, and play in the modes on this host ([`host_modes!`]); ipvs mode
+//! plays a few of them in one guest ([`in_one_ipvs_guest!`]). A module lists each mode's
+//! scenarios once: a mode's tests are one `mod` per file.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic fails the test
 
@@ -49,6 +57,35 @@ macro_rules! netfilter_modes {
     };
 }
 
+/// For upstream's e2e scenarios (docs/upstream-e2e.md): the modes that play on this host,
+/// iptables, nftables and userspace. ipvs mode's guests cost a minute each, so ipvs mode
+/// plays a chosen few of these scenarios in one guest ([`in_one_ipvs_guest!`]) and the doc
+/// says why the others are left out.
+macro_rules! host_modes {
+    ($($scenario:ident),+ $(,)?) => {
+        netfilter_modes!($($scenario),+);
+        in_mode!(userspace, $crate::mode::Mode::Userspace; $($scenario),+);
+    };
+}
+
+/// One test, `ipvs_guest::<name>`, that plays the listed scenarios (paths to `fn(Mode)`) in
+/// ipvs mode one after the other inside one guest, each reported by name on the guest's
+/// console (see [`mode::play_in_one_ipvs_guest`]).
+macro_rules! in_one_ipvs_guest {
+    ($name:ident; $($scenario:path),+ $(,)?) => {
+        mod ipvs_guest {
+            #[test]
+            fn $name() {
+                $crate::mode::play_in_one_ipvs_guest(
+                    module_path!(),
+                    stringify!($name),
+                    &[$((stringify!($scenario), $scenario as fn($crate::mode::Mode))),+],
+                )
+            }
+        }
+    };
+}
+
 /// The tests of one mode: see [`every_mode!`].
 macro_rules! in_mode {
     ($module:ident, $mode:expr; $($scenario:ident),+) => {
@@ -68,6 +105,7 @@ mod support;
 
 mod manifests;
 mod mode;
+mod objects;
 mod stage;
 mod traffic;
 
@@ -75,8 +113,16 @@ mod external_ips;
 mod external_traffic_policy;
 mod internal_traffic_policy;
 mod load_balancer;
+mod localhost_node_ports;
 mod session_affinity;
 mod terminating_endpoints;
 mod topology;
+
+// Upstream's e2e scenarios and regression tests for upstream's bugs (docs/upstream-e2e.md).
+mod conntrack;
+mod services;
+mod traffic_distribution;
+mod upstream_bugs;
+mod upstream_in_ipvs_mode;
 
 use mode::Mode;

@@ -3,7 +3,9 @@
 //! endpoint starts terminating, the Node moves to another zone).
 //!
 //! Edits work on the parsed documents and write them back as YAML; the example's comments
-//! only survive until the first edit, which the proxy does not mind.
+//! only survive until the first edit, which the proxy does not mind. Upstream's e2e
+//! scenarios build their own objects instead ([`Manifests::new`], [`crate::objects`]), as
+//! each of upstream's tests creates its own Services.
 
 use std::net::Ipv4Addr;
 
@@ -37,6 +39,17 @@ impl Manifests {
         }
     }
 
+    /// A file of the scenario's own, `docs` as the cluster's objects (see [`crate::objects`]):
+    /// for upstream's e2e scenarios, which each build their own Services.
+    pub fn new(file: &'static str, docs: Vec<Value>) -> Self {
+        Self {
+            file,
+            original: String::new(),
+            docs,
+            edited: true,
+        }
+    }
+
     /// The file name it is written under.
     pub fn file(&self) -> &'static str {
         self.file
@@ -62,6 +75,53 @@ impl Manifests {
             .unwrap_or_else(|| panic!("{} has no Service {name}", self.file))
     }
 
+    /// Service `name`, to edit.
+    pub fn service_mut(&mut self, name: &str) -> &mut Value {
+        let file = self.file;
+        self.find(|doc| doc["kind"] == "Service" && doc["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{file} has no Service {name}"))
+    }
+
+    /// EndpointSlice `name` (for Services with more than one slice).
+    pub fn slice_named(&mut self, name: &str) -> &mut Value {
+        let file = self.file;
+        self.find(|doc| doc["kind"] == "EndpointSlice" && doc["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{file} has no EndpointSlice {name}"))
+    }
+
+    /// Adds `doc` (a Service or an EndpointSlice) to the file.
+    pub fn add(&mut self, doc: Value) {
+        self.docs.push(doc);
+        self.edited = true;
+    }
+
+    /// Deletes Service `name` and its EndpointSlices, as deleting a Service does (the
+    /// slices go with their owner).
+    pub fn delete_service(&mut self, name: &str) {
+        let before = self.docs.len();
+        self.docs.retain(|doc| {
+            let service = doc["kind"] == "Service" && doc["metadata"]["name"] == name;
+            let slice = doc["kind"] == "EndpointSlice"
+                && doc["metadata"]["labels"]["kubernetes.io/service-name"] == name;
+            !(service || slice)
+        });
+        assert!(self.docs.len() < before, "{} has no Service {name}", self.file);
+        self.edited = true;
+    }
+
+    /// Deletes EndpointSlice `name`.
+    pub fn delete_slice(&mut self, name: &str) {
+        let before = self.docs.len();
+        self.docs
+            .retain(|doc| !(doc["kind"] == "EndpointSlice" && doc["metadata"]["name"] == name));
+        assert!(
+            self.docs.len() < before,
+            "{} has no EndpointSlice {name}",
+            self.file
+        );
+        self.edited = true;
+    }
+
     /// The EndpointSlice of Service `service` (the example has one per Service).
     pub fn slice(&mut self, service: &str) -> &mut Value {
         self.find(|doc| {
@@ -71,10 +131,15 @@ impl Manifests {
         .unwrap_or_else(|| panic!("no EndpointSlice for Service {service}"))
     }
 
+    /// Replaces the endpoints of Service `service`'s slice.
+    pub fn set_endpoints(&mut self, service: &str, endpoints: Vec<Value>) {
+        *endpoints_of(self.slice(service)) = endpoints;
+    }
+
     /// The endpoint with address `ip` in Service `service`'s slice.
     pub fn endpoint(&mut self, service: &str, ip: Ipv4Addr) -> &mut Value {
         let ip = ip.to_string();
-        endpoints(self.slice(service))
+        endpoints_of(self.slice(service))
             .iter_mut()
             .find(|ep| ep["addresses"][0] == ip.as_str())
             .unwrap_or_else(|| panic!("Service {service} has no endpoint {ip}"))
@@ -82,13 +147,13 @@ impl Manifests {
 
     /// Adds the endpoint `endpoint` (as a slice lists it) to Service `service`'s slice.
     pub fn add_endpoint(&mut self, service: &str, endpoint: Value) {
-        endpoints(self.slice(service)).push(endpoint);
+        endpoints_of(self.slice(service)).push(endpoint);
     }
 
     /// Removes the endpoint with address `ip` from Service `service`'s slice.
     pub fn remove_endpoint(&mut self, service: &str, ip: Ipv4Addr) {
         let ip = ip.to_string();
-        let list = endpoints(self.slice(service));
+        let list = endpoints_of(self.slice(service));
         let before = list.len();
         list.retain(|ep| ep["addresses"][0] != ip.as_str());
         assert_eq!(list.len() + 1, before, "Service {service} has no endpoint {ip}");
@@ -114,7 +179,7 @@ pub fn conditions(ready: bool, serving: bool, terminating: bool) -> Value {
     serde_json::json!({"ready": ready, "serving": serving, "terminating": terminating})
 }
 
-fn endpoints(slice: &mut Value) -> &mut Vec<Value> {
+fn endpoints_of(slice: &mut Value) -> &mut Vec<Value> {
     slice["endpoints"]
         .as_array_mut()
         .expect("the slice lists its endpoints")

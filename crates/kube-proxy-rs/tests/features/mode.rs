@@ -78,3 +78,34 @@ pub fn play(mode: Mode, module: &str, name: &str, scenario: fn(Mode)) {
         .binary(crate::support::proxy_binary())
         .in_guest(&format!("{path}::{name}"), || scenario(mode));
 }
+
+/// A scenario as [`play_in_one_ipvs_guest`] takes it: its name and its body.
+pub type NamedScenario<'a> = (&'a str, fn(Mode));
+
+/// Plays `scenarios` in ipvs mode, one after the other, in one guest that runs this same
+/// test (`module` and `name` as for [`play`]): a guest boot and the emulator's slow start
+/// of every process cost a minute per guest, which a test per scenario would pay again and
+/// again. Each scenario's start and end are printed with its name in the guest, so a
+/// failure's console says which one failed; after a pass the host prints those lines in the
+/// test's output.
+pub fn play_in_one_ipvs_guest(module: &str, name: &str, scenarios: &[NamedScenario<'_>]) {
+    const MARK: &str = "ipvs scenario ";
+    let (_crate, path) = module.split_once("::").expect("a test module inside the crate");
+    let console = kpr_vm::Guest::new()
+        .binary(crate::support::proxy_binary())
+        .in_guest_console(&format!("{path}::{name}"), || {
+            for (scenario, play) in scenarios {
+                println!("{MARK}{scenario}: started");
+                let started = std::time::Instant::now();
+                play(Mode::Ipvs);
+                println!("{MARK}{scenario}: passed in {:.1?}", started.elapsed());
+            }
+        });
+    for line in console
+        .iter()
+        .flat_map(|c| c.lines())
+        .filter(|l| l.contains(MARK))
+    {
+        println!("{}", line.trim());
+    }
+}

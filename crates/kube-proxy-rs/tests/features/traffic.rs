@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use kpr_netns::{Netns, eventually, split_peer_reply, spread, spread_from};
+use kpr_netns::{Netns, eventually, split_peer_reply, spread, spread_from, spread_udp};
 
 use crate::support::{CONVERGE, POLL};
 
@@ -35,11 +35,20 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn from_replies(replies: BTreeMap<String, usize>) -> Self {
+    pub fn from_replies(replies: BTreeMap<String, usize>) -> Self {
         let mut outcome = Self::default();
         for (reply, count) in replies {
             if let Some(kind) = reply.strip_prefix("error: ") {
                 outcome.failures.insert(kind.to_owned(), count);
+                continue;
+            }
+            // A connection accepted and closed without a word: userspace mode's listener
+            // does that while its port has no endpoint (as upstream's userspace proxy did).
+            if reply.is_empty() {
+                *outcome
+                    .failures
+                    .entry("closed without a reply".to_owned())
+                    .or_insert(0) += count;
                 continue;
             }
             let (pod, seen) =
@@ -111,16 +120,86 @@ impl Sender<'_> {
 
     /// Asserts that requests to `to` are dropped: each times out, none is answered or
     /// refused. Only meaningful once the proxy has programmed the rules that drop them
-    /// (a scenario first sees another request of the same sync answered).
+    /// (a scenario first sees another request of the same sync answered). The requests go
+    /// at once, each on its own connection: each must time out on its own, and the check
+    /// takes one timeout, not one per request.
     #[track_caller]
     pub fn assert_dropped(&self, to: SocketAddr) {
-        let outcome = self.requests(to, DROP_CHECKS);
+        let outcome = std::thread::scope(|scope| {
+            let requests: Vec<_> = (0..DROP_CHECKS)
+                .map(|_| scope.spawn(|| self.requests(to, 1)))
+                .collect();
+            let mut outcome = Outcome::default();
+            for request in requests {
+                let one = request.join().expect("a request thread panicked");
+                for (kind, count) in one.failures {
+                    *outcome.failures.entry(kind).or_insert(0) += count;
+                }
+                for (pod, count) in one.answers {
+                    *outcome.answers.entry(pod).or_insert(0) += count;
+                }
+                outcome.seen.extend(one.seen);
+            }
+            outcome
+        });
         assert_eq!(
             outcome.failures,
             BTreeMap::from([("timed out".to_owned(), DROP_CHECKS)]),
             "{} to {to} should be dropped: {outcome}",
             self.label
         );
+    }
+
+    /// Waits until a request to `to` is answered by no pod: refused, dropped, or sent where
+    /// nothing listens (a Service port that is gone).
+    #[track_caller]
+    pub fn wait_unanswered(&self, to: SocketAddr) {
+        eventually(CONVERGE, POLL, || {
+            let outcome = self.requests(to, 1);
+            if outcome.answers.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{} to {to} should go unanswered: {outcome}", self.label))
+            }
+        })
+    }
+
+    /// Sends `n` UDP requests to `to`, one fresh socket (so one fresh flow) each.
+    pub fn udp_requests(&self, to: SocketAddr, n: usize) -> Outcome {
+        assert!(self.source.is_none(), "UDP requests go from the default source");
+        Outcome::from_replies(spread_udp(self.ns, to, n))
+    }
+
+    /// Like [`Sender::wait_answered_by`], over UDP.
+    #[track_caller]
+    pub fn wait_udp_answered_by(&self, to: SocketAddr, n: usize, pods: &[&str]) -> Outcome {
+        eventually(CONVERGE, POLL, || {
+            let outcome = self.udp_requests(to, n);
+            if outcome.answered_by_exactly(pods) {
+                Ok(outcome)
+            } else {
+                Err(format!(
+                    "{} to udp {to}: {outcome}; want only {pods:?}",
+                    self.label
+                ))
+            }
+        })
+    }
+
+    /// Like [`Sender::wait_unanswered`], over UDP.
+    #[track_caller]
+    pub fn wait_udp_unanswered(&self, to: SocketAddr) {
+        eventually(CONVERGE, POLL, || {
+            let outcome = self.udp_requests(to, 1);
+            if outcome.answers.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} to udp {to} should go unanswered: {outcome}",
+                    self.label
+                ))
+            }
+        })
     }
 
     /// Waits until requests to `to` are refused at once (the proxy rejects them).

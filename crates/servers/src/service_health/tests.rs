@@ -58,6 +58,15 @@ impl Harness {
     }
 
     fn with_health_timeout(family: IpFamily, addresses: HealthCheckAddresses, timeout: Duration) -> Self {
+        Self::with(family, addresses, timeout, HttpLimits::SERVICE_HEALTH)
+    }
+
+    fn with(
+        family: IpFamily,
+        addresses: HealthCheckAddresses,
+        timeout: Duration,
+        limits: HttpLimits,
+    ) -> Self {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
         let events = Arc::new(Collected::default());
@@ -66,6 +75,7 @@ impl Harness {
             family,
             node_name: "node-a".into(),
             addresses,
+            limits,
         };
         Self {
             manager: Manager::new(config, health.clone(), metrics, events.clone()),
@@ -114,6 +124,47 @@ async fn refused(port: u16) -> bool {
     tokio::net::TcpStream::connect(SocketAddr::new(LOCALHOST, port))
         .await
         .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+}
+
+/// One budget for the whole set: half-sent requests on one Service's port are evicted by a
+/// probe of another's, so the bound does not grow with the number of Services.
+#[tokio::test]
+async fn every_port_of_the_set_shares_one_connection_budget() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let limits = HttpLimits {
+        max_connections: 2,
+        ..HttpLimits::SERVICE_HEALTH
+    };
+    let local = HealthCheckAddresses::Ips(vec![LOCALHOST]);
+    let mut h = Harness::with(IpFamily::V4, local, Duration::from_secs(60), limits);
+    let [a, b] = free_ports(2).try_into().unwrap();
+    h.apply(&[("a", check(a, 1)), ("b", check(b, 1))]).await;
+    let mut half_sent = Vec::new();
+    for n in 1..=2 {
+        let mut stream = tokio::net::TcpStream::connect(SocketAddr::new(LOCALHOST, a))
+            .await
+            .unwrap();
+        stream.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n").await.unwrap();
+        half_sent.push(stream);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while h.manager.budget.open() < n {
+            assert!(tokio::time::Instant::now() < deadline, "not admitted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(probe(b).await.status, 200);
+    // The oldest of port a's connections made room.
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(20), half_sent[0].read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0) | Err(_))), "{read:?}");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &h.registry).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l == "kubeproxy_http_connections_rejected_total{server=\"service-healthcheck\",reason=\"evicted\"} 1"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -320,6 +371,7 @@ async fn the_running_set_follows_each_synced_state() {
         family: IpFamily::V4,
         node_name: kpr_world::NODE.into(),
         addresses: HealthCheckAddresses::Ips(vec![LOCALHOST]),
+        limits: HttpLimits::SERVICE_HEALTH,
     };
     let servers = ServiceHealthServers::start(
         config,

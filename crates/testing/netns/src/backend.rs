@@ -126,7 +126,21 @@ impl Netns {
     pub fn udp_backend(&self, addr: SocketAddr, reply: &str) -> io::Result<Backend> {
         let reply = reply.as_bytes().to_vec();
         self.start_backend(addr, bind_udp, move |socket, stats| {
-            serve_udp(socket, &reply, stats)
+            serve_udp(socket, |_| reply.clone(), stats)
+        })
+    }
+
+    /// Like [`Netns::tcp_backend_telling_peer`], over UDP: every datagram is answered with
+    /// `"<name> from <peer IP>"`, so each reply says which backend the proxy picked and
+    /// the source address it delivered.
+    pub fn udp_backend_telling_peer(&self, addr: SocketAddr, name: &str) -> io::Result<Backend> {
+        let name = name.to_owned();
+        self.start_backend(addr, bind_udp, move |socket, stats| {
+            serve_udp(
+                socket,
+                |peer| format!("{name}{PEER_SEPARATOR}{}", peer.ip()).into_bytes(),
+                stats,
+            )
         })
     }
 
@@ -243,13 +257,14 @@ fn discard_input_until_close(stream: &mut TcpStream) {
     }
 }
 
-/// Answers at most one datagram; returns after a poll interval when there is none.
-fn serve_udp(socket: &UdpSocket, reply: &[u8], stats: &Stats) -> io::Result<()> {
+/// Answers at most one datagram with `reply(peer)`; returns after a poll interval when
+/// there is none.
+fn serve_udp(socket: &UdpSocket, reply: impl Fn(SocketAddr) -> Vec<u8>, stats: &Stats) -> io::Result<()> {
     let mut buf = [0_u8; 2048];
     match socket.recv_from(&mut buf) {
         Ok((_, peer)) => {
             stats.record(peer);
-            socket.send_to(reply, peer).map(drop)
+            socket.send_to(&reply(peer), peer).map(drop)
         }
         Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Ok(()),
         Err(err) => Err(err),
@@ -308,6 +323,16 @@ mod tests {
         let backend = lab.pod(0).tcp_backend_telling_peer(addr, "pod0").unwrap();
         let reply = lab.pod(1).tcp_request(addr, TIMEOUT).unwrap();
         assert_eq!(reply, format!("pod0 from {}", pod_ip(1)));
+        assert_eq!(split_peer_reply(&reply), Some(("pod0", IpAddr::from(pod_ip(1)))));
+        assert_eq!(backend.served(), 1);
+    }
+
+    #[test]
+    fn a_udp_backend_telling_the_peer_names_itself_and_the_source_it_saw() {
+        let lab = Lab::new(2).unwrap();
+        let addr = SocketAddr::from((pod_ip(0), 5353));
+        let backend = lab.pod(0).udp_backend_telling_peer(addr, "pod0").unwrap();
+        let reply = lab.pod(1).udp_request(addr, TIMEOUT).unwrap();
         assert_eq!(split_peer_reply(&reply), Some(("pod0", IpAddr::from(pod_ip(1)))));
         assert_eq!(backend.served(), 1);
     }

@@ -1,6 +1,8 @@
 //! Test support for end-to-end tests on the real kernel: a one-node "cluster" made of
 //! network namespaces ([`Lab`]), real TCP/UDP backends in pod namespaces, clients that
 //! send real traffic from any namespace, and the kube-proxy-rs binary run inside the node.
+//! For what ordinary clients cannot show: a UDP client that keeps one flow alive
+//! ([`UdpFlow`]) and a crafted TCP segment ([`Segment`]).
 //!
 //! Nothing is created in the root namespace and everything is deleted on drop, also when
 //! a test panics; namespaces of test processes that were killed are swept by the next
@@ -17,8 +19,10 @@ mod lab;
 mod naming;
 mod netns;
 mod process;
+mod raw_tcp;
 mod shell;
 mod sweep;
+mod udp_flow;
 
 pub use addressing::{
     BRIDGE, CLIENT_IFACE, CLIENT_IP, CLIENT_IP_V6, CLUSTER_CIDR, CLUSTER_CIDR_V6, FIRST_POD_HOST, MAX_PODS,
@@ -35,4 +39,6 @@ pub use lab::Lab;
 pub use naming::NAME_PREFIX;
 pub use netns::{Netns, enter as enter_thread};
 pub use process::{ProcessGuard, STOP_GRACE};
+pub use raw_tcp::Segment;
 pub use sweep::sweep_stale_namespaces;
+pub use udp_flow::UdpFlow;

@@ -51,3 +51,5 @@ pub const DYNSET_TIMEOUT: u16 = 6;
 pub const FIB_DREG: u16 = 1;
 pub const FIB_RESULT: u16 = 2;
 pub const FIB_FLAGS: u16 = 3;
+pub const OBJREF_IMM_TYPE: u16 = 1;
+pub const OBJREF_IMM_NAME: u16 = 2;

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::attr::{Attrs, Malformed};
 use crate::consts::{NFTA_EXPR_DATA, NFTA_EXPR_NAME};
-use crate::objects::{Data, Family};
+use crate::objects::{Data, Family, ObjectType};
 use crate::wire::decode_data;
 
 /// Reads the expressions of an `NFTA_RULE_EXPRESSIONS` list.
@@ -243,6 +243,11 @@ fn decode(name: &str, data: &[u8]) -> Result<Expr, Malformed> {
                 other => return Err(Malformed(format!("fib result {other}"))),
             },
             dreg: f.register(FIB_DREG, name)?,
+        },
+        // A reference through a map (`counter name ip saddr map @m`) is not ours.
+        "objref" if f.get(OBJREF_IMM_NAME).is_some() => Expr::ObjRef {
+            kind: ObjectType(f.u32(OBJREF_IMM_TYPE, name)?),
+            name: f.string(OBJREF_IMM_NAME, name)?,
         },
         _ => other(name, data),
     };

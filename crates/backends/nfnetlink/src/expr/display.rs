@@ -114,6 +114,7 @@ impl std::fmt::Display for Expr {
                 Ok(())
             }
             Self::Fib { flags, result, dreg } => write!(f, "fib flags {flags:#x} {result:?} => {dreg}"),
+            Self::ObjRef { kind, name } => write!(f, "{kind} name {name:?}"),
             Self::Other { name, data } => write!(f, "{name} ({} bytes)", data.len()),
         }
     }

@@ -208,6 +208,11 @@ fn encode(w: &mut Writer<'_>, expr: &Expr) {
             w.u32(FIB_RESULT, result);
             w.u32(FIB_FLAGS, *flags);
         }
+        Expr::ObjRef { kind, name } => {
+            w.u32(OBJREF_IMM_TYPE, kind.0);
+            // Without its NUL, as libnftnl writes it.
+            w.bare_string(OBJREF_IMM_NAME, name);
+        }
         Expr::Other { .. } => {}
     }
 }

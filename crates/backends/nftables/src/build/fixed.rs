@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use kpr_host::{LocalDetector, NodePortTargets};
 
 use crate::model::{Key, Match, Rule, Stmt};
-use crate::names::{ChainId, EntryKind, FixedChain, Refusal, SetName};
+use crate::names::{ChainId, EntryKind, FixedChain, Refusal, RejectCounter, SetName};
 use crate::options::NftablesOptions;
 
 /// "Comes from a pod" (negated: "does not"), or `None` without local detection.
@@ -103,7 +103,11 @@ pub fn fixed_chains(opts: &NftablesOptions) -> Vec<(FixedChain, Vec<Rule>)> {
                 F::ServiceDispatch => dispatch_rules(EntryKind::Address, &BTreeSet::new(), opts),
                 F::NodePortDispatch => dispatch_rules(EntryKind::NodePort, &BTreeSet::new(), opts),
                 F::ServiceEndpointsCheck => refusal_rules(EntryKind::Address, Vec::new()),
-                F::NodePortEndpointsCheck => refusal_rules(EntryKind::NodePort, nodeport_destination(opts)),
+                F::NodePortEndpointsCheck => {
+                    let mut rules = refusal_rules(EntryKind::NodePort, nodeport_destination(opts));
+                    rules.extend(localhost_rules(opts));
+                    rules
+                }
                 F::FirewallCheck => vec![Rule::new(
                     vec![
                         Match::Lookup {
@@ -127,6 +131,27 @@ pub fn fixed_chains(opts: &NftablesOptions) -> Vec<(FixedChain, Vec<Rule>)> {
                 F::RejectChain => vec![Rule::always(Stmt::Reject)],
             };
             (chain, rules)
+        })
+        .collect()
+}
+
+/// With localhost NodePorts on: a new connection to a loopback address at a NodePort,
+/// of a protocol the localhost proxy does not serve, is counted in that protocol's named
+/// counter and rejected (the NodePort rules never match loopback destinations, so it would
+/// otherwise meet the kernel's own refusal, uncounted).
+fn localhost_rules(opts: &NftablesOptions) -> Vec<Rule> {
+    opts.localhost_nodeports
+        .rejected()
+        .iter()
+        .map(|&proto| {
+            Rule::new(
+                vec![
+                    Match::DestNet(opts.loopback_net()),
+                    Match::L4Proto(proto),
+                    entry_lookup(EntryKind::NodePort, SetName::LocalhostNodePorts),
+                ],
+                Stmt::CountReject(RejectCounter(proto)),
+            )
         })
         .collect()
 }

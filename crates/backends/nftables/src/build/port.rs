@@ -201,7 +201,12 @@ pub fn port_bundle(
             b.entry(entries_to(EntryKind::NodePort, entry), key.clone());
         }
         if let Some(u) = plan.external_unreachable {
-            b.entry(refused(EntryKind::NodePort, u), key);
+            b.entry(refused(EntryKind::NodePort, u), key.clone());
+        }
+        // Every NodePort, whatever its endpoints: on the loopback address the rules reject
+        // the protocols the localhost proxy does not serve.
+        if ctx.opts.localhost_nodeports.is_on() {
+            b.entry(SetName::LocalhostNodePorts, key);
         }
     }
     b.out.entries.sort();

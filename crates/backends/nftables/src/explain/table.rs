@@ -77,14 +77,19 @@ pub struct NftTable {
     /// Accepted source ranges (inclusive) per load-balancer destination.
     pub firewall_allow: BTreeMap<AddrKey, Vec<(IpAddr, IpAddr)>>,
     pub hairpin: BTreeSet<IpAddr>,
+    /// NodePorts whose loopback address is refused (localhost NodePorts on).
+    pub localhost_nodeports: BTreeSet<(Protocol, u16)>,
     /// Elements that did not decode as ours (sets we do not write, bad layouts).
     pub foreign_elements: usize,
 }
 
-/// Every set name kpr-nftables declares whatever the Services (the entry sets, one per
-/// target chain, are parsed by [`parse_set_name`]).
+/// Every set name kpr-nftables declares whatever the Services, with any options (the
+/// entry sets, one per target chain, are parsed by [`parse_set_name`]).
 pub fn all_set_names() -> Vec<SetName> {
-    crate::declared_sets()
+    crate::declared_sets(&crate::NftablesOptions {
+        localhost_nodeports: crate::LocalhostNodePorts::Rejected,
+        ..crate::NftablesOptions::default()
+    })
 }
 
 fn endpoint_maps() -> impl Iterator<Item = EndpointMap> {
@@ -248,6 +253,9 @@ impl NftTable {
             (SetName::Hairpin, ElemKey::AddrPair(a, _), _) => {
                 self.hairpin.insert(*a);
             }
+            (SetName::LocalhostNodePorts, ElemKey::ProtoPort(p, n), _) => {
+                self.localhost_nodeports.insert((*p, *n));
+            }
             _ => self.foreign_elements += 1,
         }
     }
@@ -385,6 +393,11 @@ impl NftTable {
                 key.addr()?;
                 key.end()?;
                 self.hairpin.insert(addr);
+            }
+            SetName::LocalhostNodePorts => {
+                let k = (key.proto()?, key.port()?);
+                key.end()?;
+                self.localhost_nodeports.insert(k);
             }
             // Dynamic affinity entries are the clients' state, not configuration.
             SetName::Affinity(_) => {}

@@ -7,8 +7,8 @@ use std::time::Duration;
 use ipnet::IpNet;
 use kpr_model::{IpFamily, Protocol};
 use kpr_nfnetlink::{
-    self as nl, CmpOp, CtKey, DynsetOp, Expr, FibResult, Field, MetaKey, NatKind, NumgenKind, PayloadBase,
-    Register, RejectKind, Set, SetData, Table, Value, Verdict,
+    self as nl, CmpOp, CtKey, DynsetOp, Expr, FibResult, Field, MetaKey, NatKind, NumgenKind, ObjectType,
+    PayloadBase, Register, RejectKind, Set, SetData, Table, Value, Verdict,
 };
 
 use super::udata::tlv_u32;
@@ -204,6 +204,8 @@ impl Lowering {
             Match::CtStatusDnat => self.bits_set(Self::ct(CtKey::Status), nl::ct_status::DNAT),
             Match::SourceNet { net, negate } => self.net(net, true, *negate),
             Match::DestNotNet(net) => self.net(net, false, true),
+            Match::DestNet(net) => self.net(net, false, false),
+            Match::L4Proto(proto) => self.proto_dependency(*proto),
             Match::InputInterface { name, prefix, negate } => {
                 self.exprs.push(Expr::Meta {
                     key: MetaKey::IifName,
@@ -238,6 +240,18 @@ impl Lowering {
         }
     }
 
+    /// nft's plain `reject`: ICMP (v6) port unreachable, for TCP too.
+    fn reject(&mut self) {
+        let code = match self.family {
+            IpFamily::V4 => 3,
+            IpFamily::V6 => 4,
+        };
+        self.exprs.push(Expr::Reject {
+            kind: RejectKind::IcmpUnreach,
+            code,
+        });
+    }
+
     fn verdict(&mut self, verdict: Verdict) {
         self.exprs.push(Expr::verdict(verdict));
     }
@@ -267,16 +281,13 @@ impl Lowering {
             Stmt::Goto(chain) => self.verdict(Verdict::Goto(chain.to_string())),
             Stmt::Return => self.verdict(Verdict::Return),
             Stmt::Drop => self.verdict(Verdict::Drop),
-            Stmt::Reject => {
-                // nft's plain `reject`: ICMP (v6) port unreachable.
-                let code = match self.family {
-                    IpFamily::V4 => 3,
-                    IpFamily::V6 => 4,
-                };
-                self.exprs.push(Expr::Reject {
-                    kind: RejectKind::IcmpUnreach,
-                    code,
+            Stmt::Reject => self.reject(),
+            Stmt::CountReject(counter) => {
+                self.exprs.push(Expr::ObjRef {
+                    kind: ObjectType::COUNTER,
+                    name: counter.to_string(),
                 });
+                self.reject();
             }
             Stmt::RandomGoto(targets) => {
                 let elements: Vec<nl::Element> = (0u32..)

@@ -31,6 +31,7 @@ pub(super) fn set_of(family: IpFamily, set: SetName, affinity_capacity: u32) -> 
             EntryKind::NodePort => Set::new(name, vec![proto, port]),
         },
         SetName::FirewallIps => Set::new(name, vec![a, proto, port]),
+        SetName::LocalhostNodePorts => Set::new(name, vec![proto, port]),
         SetName::FirewallAllow => Set {
             interval: true,
             ..Set::new(name, vec![a, proto, port, a])

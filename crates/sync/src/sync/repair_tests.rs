@@ -59,7 +59,11 @@ async fn a_repair_request_runs_one_sync_with_nothing_changed() {
         Arc::new(ProxyHealth::new(Duration::from_secs(60))),
     ));
     events.send(Event::Synced { source: "manifests" }).await.unwrap();
-    assert_eq!(syncs_after(&seen, 1).await, [(true, 0)], "given before the first sync");
+    assert_eq!(
+        syncs_after(&seen, 1).await,
+        [(true, 0)],
+        "given before the first sync"
+    );
 
     // The period is an hour (test_support::settings): only the request explains a sync.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -70,5 +74,9 @@ async fn a_repair_request_runs_one_sync_with_nothing_changed() {
     }
     assert_eq!(syncs_after(&seen, 2).await, [(true, 0), (true, 0)]);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(seen.lock().unwrap().syncs.len(), 2, "requests together are one sync");
+    assert_eq!(
+        seen.lock().unwrap().syncs.len(),
+        2,
+        "requests together are one sync"
+    );
 }

@@ -197,4 +197,11 @@ pub trait Backend: Send {
     /// Programs the kernel to match `request.state`. On error the backend must make its next
     /// sync a full one.
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError>;
+
+    /// Given once, before the first sync: how to ask for a sync at once when the backend
+    /// notices someone else changed what it wrote (a flushed table, a deleted chain). The
+    /// sync that follows must find and repair the damage; the backend's own writes must
+    /// never ask (a sync loop feeding itself). The default ignores it: such a backend is
+    /// repaired by the periodic sync.
+    fn repair_with(&mut self, _repair: crate::RepairRequest) {}
 }

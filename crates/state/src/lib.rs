@@ -12,6 +12,7 @@ mod after_sync;
 mod backend;
 mod health_check;
 mod plan;
+mod repair;
 mod topology;
 
 use std::sync::Arc;
@@ -27,6 +28,7 @@ pub use backend::{
 };
 pub use health_check::{HealthCheck, HealthChecks, health_checks};
 pub use plan::{PortPlan, Unreachable};
+pub use repair::RepairRequest;
 pub use topology::{Categorized, categorize};
 
 /// One consistent view of everything the rules are generated from.

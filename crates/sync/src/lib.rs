@@ -15,6 +15,10 @@
 //!   let its backend program the kernel, then record metrics and health, and hand the
 //!   programmed state to whoever asked for it ([`FamilyBackend::after_sync`]).
 //!
+//! Before its first sync each backend gets a [`RepairRequest`] that fires its family's
+//! runner trigger ([`Backend::repair_with`]): a backend that notices someone else damaged
+//! its rules gets a sync as soon as the min interval allows, not at the next period.
+//!
 //! No sync runs before every source has delivered its initial state. Health follows
 //! upstream's start-up rule: each family counts as updated when its loop starts, and changes
 //! are only queued (and can only become late) once every source is in, so a proxy still
@@ -31,9 +35,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ipnet::IpNet;
 use kpr_metrics::{FamilyLabels, Metrics, ProxyHealth};
 use kpr_model::{IpFamily, NodeView, Sizes};
-use kpr_runner::{RunnerConfig, SyncRunner};
+use kpr_runner::{RunnerConfig, SyncRunner, Trigger};
 use kpr_sources::EventReceiver;
-use kpr_state::{Backend, DesiredState, SyncObserver};
+use kpr_state::{Backend, DesiredState, RepairRequest, SyncObserver};
 use kpr_tracking::{EndpointsTracker, ServiceTracker};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -190,6 +194,7 @@ pub async fn run(
     }
     let (runners, triggers): (Vec<_>, Vec<_>) =
         families.iter().map(|_| SyncRunner::new(settings.runner)).unzip();
+    let repairs: Vec<RepairRequest> = triggers.iter().map(repair_request).collect();
     let (ready_tx, mut ready_rx) = watch::channel(false);
     let intake = Intake::new(
         shared.clone(),
@@ -205,9 +210,9 @@ pub async fn run(
     tracing::info!(families = ?families, "all sources synced; starting to program rules");
     // Dropped (and so aborted) when this function returns.
     let mut sync_loops = JoinSet::new();
-    for (index, (backend, runner)) in backends.into_iter().zip(runners).enumerate() {
+    for (index, ((backend, runner), repair)) in backends.into_iter().zip(runners).zip(repairs).enumerate() {
         let span = tracing::info_span!("proxier", ip_family = backend.family.label());
-        sync_loops.spawn(sync_loop(shared.clone(), index, backend, runner).instrument(span));
+        sync_loops.spawn(sync_loop(shared.clone(), index, backend, runner, repair).instrument(span));
     }
     tokio::select! {
         _ = sync_loops.join_next() => tracing::error!("a sync loop stopped"),
@@ -215,11 +220,28 @@ pub async fn run(
     }
 }
 
-/// Syncs one family whenever its runner says so, each sync on a blocking thread.
-async fn sync_loop(shared: Arc<Shared>, index: usize, backend: FamilyBackend, runner: SyncRunner) {
+/// A repair request that fires `trigger`: the backend's ask runs a sync as soon as the
+/// runner's min interval allows, as a change would.
+fn repair_request(trigger: &Trigger) -> RepairRequest {
+    let trigger = trigger.clone();
+    RepairRequest::new(move || trigger.fire())
+}
+
+/// Syncs one family whenever its runner says so, each sync on a blocking thread. The
+/// backend gets `repair` before its first sync.
+async fn sync_loop(
+    shared: Arc<Shared>,
+    index: usize,
+    backend: FamilyBackend,
+    runner: SyncRunner,
+    repair: RepairRequest,
+) {
     let FamilyBackend {
-        backend, after_sync, ..
+        mut backend,
+        after_sync,
+        ..
     } = backend;
+    backend.repair_with(repair);
     let backend = Arc::new(Mutex::new(backend));
     runner
         .run(move || {

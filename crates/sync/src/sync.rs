@@ -183,4 +183,6 @@ impl Recorder<'_> {
 #[cfg(test)]
 mod dual_stack_tests;
 #[cfg(test)]
+mod repair_tests;
+#[cfg(test)]
 mod tests;

@@ -120,6 +120,18 @@ pub trait Iptables: Send {
     /// `iptables -N`: creates an empty chain (an error if it exists).
     fn create_chain(&self, table: Table, chain: &str) -> Result<(), ExecError>;
 
+    /// `iptables -S <chain> 1`: whether `chain` holds at least one rule (`false` when it
+    /// is missing). The default answers whether the chain exists.
+    fn chain_has_rules(&self, table: Table, chain: &str) -> Result<bool, ExecError> {
+        self.chain_exists(table, chain)
+    }
+
+    /// A copy for a thread that checks our rules between syncs ([`crate::repair`]);
+    /// `None` (the default): no such checks, the periodic sync finds the damage.
+    fn for_checks(&self) -> Option<Box<dyn Iptables>> {
+        None
+    }
+
     /// Creates the chain unless it exists, leaving an existing one's rules alone.
     fn ensure_chain(&self, table: Table, chain: &str) -> Result<(), ExecError> {
         if !self.chain_exists(table, chain)? {
@@ -394,6 +406,23 @@ impl Iptables for IptablesCli {
 
     fn chain_exists(&self, table: Table, chain: &str) -> Result<bool, ExecError> {
         self.check(Self::table_args(table, "-S", chain, &[]))
+    }
+
+    fn chain_has_rules(&self, table: Table, chain: &str) -> Result<bool, ExecError> {
+        // `-S <chain> 1` prints the chain's first rule, nothing for an empty chain, and
+        // fails (status 1) for a missing one.
+        let program = self.binary(self.variant, Tool::Main);
+        let args = Self::table_args(table, "-S", chain, &["1".to_string()]);
+        let out = self.run(&program, &args, None)?;
+        match out.status.code() {
+            Some(0) => Ok(out.stdout.iter().any(|b| !b.is_ascii_whitespace())),
+            Some(1) => Ok(false),
+            _ => Err(self.failed(&program, &args, &out)),
+        }
+    }
+
+    fn for_checks(&self) -> Option<Box<dyn Iptables>> {
+        Some(Box::new(self.clone()))
     }
 
     fn rule_exists(&self, table: Table, chain: &str, args: &[String]) -> Result<bool, ExecError> {

@@ -47,6 +47,7 @@ mod names;
 mod nfacct;
 mod options;
 mod proxier;
+pub mod repair;
 pub mod restore_syntax;
 mod rules;
 mod ruleset;

@@ -9,6 +9,10 @@
 //! sync full: every chain rewritten, stale chains found with `iptables-save` and removed,
 //! and the jump rules from the built-in chains ensured.
 //!
+//! Given a [`RepairRequest`] ([`Backend::repair_with`]), a thread checks the canary, the
+//! jumps and KUBE-SERVICES between syncs ([`crate::repair`]); damage makes the next sync
+//! full and asks for it at once.
+//!
 //! Before each sync the host's addresses are read again when `--nodeport-addresses`
 //! needs them (an address added later is served). A service port the renderer refused
 //! (unsafe text) is logged once and reported in the [`SyncReport`] for counting; the other
@@ -22,7 +26,8 @@ use kpr_conntrack::Conntrack;
 use kpr_model::{NamespacedName, Sizes};
 use kpr_naming::{ChainName, chain, is_service_chain};
 use kpr_state::{
-    Backend, BackendError, FailedStep, ObjectCount, SyncKind, SyncReport, SyncRequest, UnsafeObject,
+    Backend, BackendError, FailedStep, ObjectCount, RepairRequest, SyncKind, SyncReport, SyncRequest,
+    UnsafeObject,
 };
 
 use crate::exec::{ExecError, Iptables};
@@ -31,6 +36,7 @@ use crate::jumps::jump_rules;
 use crate::metrics::IptablesMetrics;
 use crate::names::NameCache;
 use crate::options::{IptablesOptions, OptionsError};
+use crate::repair::{CHECK_INTERVAL, RepairCheck};
 use crate::rules::build_with_cache;
 use crate::ruleset::{Chain, ChainKind, Payload, PayloadBuilder, RefusedPort, Ruleset, Table, TableCount};
 use crate::saved::SavedTable;
@@ -105,6 +111,8 @@ pub enum FullSyncReason {
     Periodic,
     CanaryMissing,
     LargeClusterModeChanged,
+    /// The check between syncs found our rules damaged ([`crate::repair`]).
+    Repair,
 }
 
 /// A per-service chain as the last successful sync left it.
@@ -148,6 +156,12 @@ pub struct IptablesBackend {
     metrics: Option<IptablesMetrics>,
     /// Refused service ports already logged and reported, so each is reported once.
     reported_refusals: HashSet<RefusedPort>,
+    /// The check between syncs, once a repair request was given.
+    repair: Option<RepairCheck>,
+    /// How often it checks.
+    repair_interval: std::time::Duration,
+    /// Whether the last successful sync wrote rules into KUBE-SERVICES.
+    services_has_rules: bool,
 }
 
 impl std::fmt::Debug for IptablesBackend {
@@ -189,6 +203,9 @@ impl IptablesBackend {
             local_addresses: Box::new(InterfaceAddresses),
             metrics: None,
             reported_refusals: HashSet::new(),
+            repair: None,
+            repair_interval: CHECK_INTERVAL,
+            services_has_rules: false,
         })
     }
 
@@ -208,6 +225,13 @@ impl IptablesBackend {
     /// Overrides how often a full sync happens regardless of changes.
     pub fn with_full_sync_period(mut self, period: Duration) -> Self {
         self.full_sync_period = period;
+        self
+    }
+
+    /// Overrides how often the rules are checked between syncs once a repair request is
+    /// given ([`crate::repair::CHECK_INTERVAL`]).
+    pub fn with_repair_interval(mut self, interval: Duration) -> Self {
+        self.repair_interval = interval;
         self
     }
 
@@ -242,7 +266,13 @@ impl IptablesBackend {
 
     /// Syncs the kernel with `request.state`; on error the next sync is full.
     pub fn sync_rules(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, SyncError> {
+        if let Some(check) = &self.repair {
+            check.sync_started();
+        }
         let result = self.try_sync(request);
+        if let Some(check) = &self.repair {
+            check.sync_ended(result.is_ok(), self.services_has_rules);
+        }
         if let Err(error) = &result {
             self.applied = None;
             if let Some(metrics) = &self.metrics {
@@ -286,6 +316,10 @@ impl IptablesBackend {
                 source,
             })?;
         let full = plan.full;
+        self.services_has_rules = ruleset
+            .nat
+            .chain(chain::SERVICES)
+            .is_some_and(|c| !c.rules.is_empty());
         self.record(&ruleset, plan);
         let tables = ruleset.table_counts(&payload);
         if let Some(metrics) = &self.metrics {
@@ -322,6 +356,8 @@ impl IptablesBackend {
     }
 
     fn full_sync_reason(&self, request: &SyncRequest<'_>) -> Result<Option<FullSyncReason>, SyncError> {
+        // Taken first: any full sync repairs what the check found.
+        let repair = self.repair.as_ref().is_some_and(RepairCheck::take_pending);
         let Some(applied) = &self.applied else {
             return Ok(Some(if self.synced_once {
                 FullSyncReason::PreviousSyncFailed
@@ -331,6 +367,9 @@ impl IptablesBackend {
         };
         if request.force_full {
             return Ok(Some(FullSyncReason::Forced));
+        }
+        if repair {
+            return Ok(Some(FullSyncReason::Repair));
         }
         if applied.full_sync_at.elapsed() >= self.full_sync_period {
             return Ok(Some(FullSyncReason::Periodic));
@@ -434,6 +473,19 @@ impl Backend for IptablesBackend {
             .sync_rules(request)
             .map_err(|e| BackendError::new(e.attempted(), e.step(), e));
         kpr_conntrack::clean_up_after(self.conntrack.as_deref_mut(), request, result)
+    }
+
+    /// Starts the check between syncs when the iptables runner can be copied for it.
+    fn repair_with(&mut self, repair: RepairRequest) {
+        let Some(exec) = self.exec.for_checks() else {
+            return;
+        };
+        match RepairCheck::start(exec, self.repair_interval, repair) {
+            Ok(check) => self.repair = Some(check),
+            Err(error) => tracing::warn!(
+                "cannot start checking our iptables rules between syncs ({error}); the periodic sync repairs them"
+            ),
+        }
     }
 }
 

@@ -24,6 +24,8 @@
 //!   meta, ct, cmp, bitwise, lookup/vmap, immediate verdicts, numgen, nat, masquerade,
 //!   reject, counter, dynset, fib, objref); anything else reads back as [`Expr::Other`].
 //!
+//! - [`events`]: nf_tables change notifications (who changed which table), parsed, and
+//!   the socket subscribed to them.
 //! - [`ipset`]: ipsets over the same socket family (create, add/del members in batches,
 //!   list, destroy), for the ipvs mode.
 //!
@@ -83,6 +85,7 @@ mod batch;
 mod consts;
 mod dump;
 mod error;
+pub mod events;
 mod expr;
 pub mod ipset;
 #[cfg(test)]

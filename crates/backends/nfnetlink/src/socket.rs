@@ -336,6 +336,17 @@ impl Socket {
         generation_of(answer)
     }
 
+    /// The port id the kernel gave this socket: the notifications of the transactions
+    /// it sends carry it ([`crate::events`]), so a listener can tell them apart.
+    pub fn port_id(&self) -> Result<u32, Error> {
+        let mut address = netlink_sys::SocketAddr::new(0, 0);
+        self.channel
+            .socket
+            .get_address(&mut address)
+            .map_err(Error::Socket)?;
+        Ok(address.port_number())
+    }
+
     /// The tables of `family` (every family when `None`).
     pub fn tables(&mut self, family: Option<crate::Family>) -> Result<Vec<TableInfo>, Error> {
         let number = family.map_or(0, |f| f.number());

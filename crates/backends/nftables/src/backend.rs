@@ -17,6 +17,10 @@
 //!   generation, one request per sync) reads back only then, at any sync; else a sync with
 //!   nothing changed (the sync period's tick) reads back, and under steady churn once per
 //!   reconcile period.
+//! - **Repair**: given a [`RepairRequest`] ([`Backend::repair_with`]) over a transport
+//!   with a socket of its own, a thread watches nf_tables notifications
+//!   ([`crate::repair`]); someone else's change to our table makes the next sync full and
+//!   asks for it at once.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -25,7 +29,9 @@ use std::time::{Duration, Instant};
 use kpr_conntrack::Conntrack;
 use kpr_host::{AddressError, InterfaceAddresses, LocalAddresses};
 use kpr_model::{IpFamily, NamespacedName, ServicePortName, Sizes};
-use kpr_state::{Backend, BackendError, FailedStep, ObjectCount, SyncKind, SyncReport, SyncRequest};
+use kpr_state::{
+    Backend, BackendError, FailedStep, ObjectCount, RepairRequest, SyncKind, SyncReport, SyncRequest,
+};
 
 use crate::localhost::LocalhostProxy;
 use crate::metrics::NftablesMetrics;
@@ -37,6 +43,7 @@ use crate::build::{
 };
 use crate::names::{ChainId, EntryKind};
 use crate::options::{NftablesOptions, OptionsError};
+use crate::repair::RepairWatch;
 use crate::transport::{Listing, Transport, TransportError};
 
 /// A full sync at least this often repairs any drift the read-back cannot see (elements).
@@ -90,6 +97,8 @@ pub enum FullSyncReason {
     TableChanged,
     /// A key two owners claimed lost an owner; a full sync settles it in a fixed order.
     ConflictReleased,
+    /// A notification said someone else changed our table ([`crate::repair`]).
+    Repair,
 }
 
 /// What the kernel holds after the last successful sync.
@@ -121,6 +130,8 @@ pub struct NftablesBackend {
     metrics: Option<NftablesMetrics>,
     /// Localhost NodePorts' TCP listeners, when this family serves them.
     localhost: Option<LocalhostProxy>,
+    /// The watch of nf_tables notifications, once a repair request was given.
+    repair: Option<RepairWatch>,
 }
 
 impl std::fmt::Debug for NftablesBackend {
@@ -148,6 +159,7 @@ impl NftablesBackend {
             last_full_reason: None,
             metrics: None,
             localhost: None,
+            repair: None,
         })
     }
 
@@ -284,6 +296,8 @@ impl NftablesBackend {
     }
 
     fn full_sync_reason(&mut self, request: &SyncRequest<'_>) -> Result<Option<FullSyncReason>, SyncError> {
+        // Taken first: any full sync repairs what the notification was about.
+        let repair = self.repair.as_ref().is_some_and(RepairWatch::take_pending);
         let Some(applied) = &self.applied else {
             return Ok(Some(if self.synced_once {
                 FullSyncReason::PreviousSyncFailed
@@ -293,6 +307,9 @@ impl NftablesBackend {
         };
         if request.force_full {
             return Ok(Some(FullSyncReason::Forced));
+        }
+        if repair {
+            return Ok(Some(FullSyncReason::Repair));
         }
         if applied.needs_full {
             return Ok(Some(FullSyncReason::ConflictReleased));
@@ -610,6 +627,22 @@ impl Backend for NftablesBackend {
             .sync_rules(request)
             .map_err(|e| BackendError::new(e.attempted(), e.step(), e));
         kpr_conntrack::clean_up_after(self.conntrack.as_deref_mut(), request, result)
+    }
+
+    /// Starts watching our table's notifications (in the calling thread's network
+    /// namespace, the process's) when the transport has a socket of its own; else the
+    /// periodic sync repairs.
+    fn repair_with(&mut self, repair: RepairRequest) {
+        let Some(own_port) = self.transport.own_port_id() else {
+            return;
+        };
+        match RepairWatch::start(self.opts.family, own_port, repair) {
+            Ok(watch) => self.repair = Some(watch),
+            Err(error) => tracing::warn!(
+                family = ?self.opts.family,
+                "cannot watch nf_tables notifications ({error}); the periodic sync repairs foreign changes"
+            ),
+        }
     }
 }
 

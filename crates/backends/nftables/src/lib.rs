@@ -210,6 +210,7 @@ pub mod names;
 mod netlink;
 mod options;
 mod render;
+pub mod repair;
 mod slots;
 mod support;
 mod transport;

@@ -227,6 +227,13 @@ impl Transport for NetlinkTransport {
         true
     }
 
+    fn own_port_id(&self) -> Option<u32> {
+        self.socket
+            .port_id()
+            .inspect_err(|error| tracing::warn!("cannot read our nf_tables socket's port id: {error}"))
+            .ok()
+    }
+
     fn foreign_changes(&mut self) -> Result<Option<bool>, TransportError> {
         let generation = self.socket.generation().map_err(TransportError::Netlink)?;
         let foreign = self.generations.observed(generation);

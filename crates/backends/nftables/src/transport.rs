@@ -74,6 +74,14 @@ pub trait Transport: Send {
     fn cheap_read_back(&self) -> bool {
         false
     }
+
+    /// The netlink port id our batches carry, when this transport sends them from one
+    /// socket of its own: the backend then watches nf_tables notifications and repairs
+    /// someone else's change to its table at once ([`crate::repair`]). `None`: foreign
+    /// changes are found by the periodic sync.
+    fn own_port_id(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// A transport without a kernel: every batch is accepted, there is no table to read back

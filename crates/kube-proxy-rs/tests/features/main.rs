@@ -126,6 +126,7 @@ mod topology;
 
 // Upstream's e2e scenarios and regression tests for upstream's bugs (docs/upstream-e2e.md).
 mod conntrack;
+mod repair;
 mod services;
 mod traffic_distribution;
 mod upstream_bugs;

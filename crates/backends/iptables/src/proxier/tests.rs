@@ -144,6 +144,10 @@ impl Iptables for Fake {
         }
         Ok(())
     }
+
+    fn for_checks(&self) -> Option<Box<dyn Iptables>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
 fn jump_target(args: &[String]) -> String {
@@ -559,4 +563,52 @@ fn sizes_come_back_after_churn_in_both_families() {
             "{family:?}: the churn never added a chain"
         );
     }
+}
+
+/// The check between syncs (crate::repair) against the fake: nothing while the rules are
+/// intact, one request when the canary is deleted, a full sync for it, then quiet again.
+#[test]
+fn damage_found_between_syncs_asks_once_for_a_full_sync() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let fake = Fake::default();
+    let mut b = backend(&fake, IptablesOptions::default()).with_repair_interval(Duration::from_millis(5));
+    let (asked, requests) = mpsc::channel();
+    let asked = Mutex::new(asked);
+    b.repair_with(RepairRequest::new(move || {
+        let _ = asked.lock().unwrap().send(());
+    }));
+    let s = state(&[("a", "10.96.0.10")]);
+    assert!(sync(&mut b, &s, &["a"]).unwrap().full);
+    let quiet = Duration::from_millis(200);
+    assert!(
+        requests.recv_timeout(quiet).is_err(),
+        "intact rules ask for nothing"
+    );
+    assert!(!sync(&mut b, &s, &[]).unwrap().full);
+
+    fake.kernel()
+        .chains
+        .remove(&(Table::Nat, kpr_naming::chain::CANARY.to_string()));
+    requests
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the deleted canary asks for a sync");
+    assert!(requests.recv_timeout(quiet).is_err(), "one request per damage");
+    assert!(sync(&mut b, &s, &[]).unwrap().full, "the repair sync is full");
+    assert!(requests.recv_timeout(quiet).is_err(), "repaired: quiet again");
+
+    // A deleted jump (the canary intact) asks too.
+    let jumps: Vec<_> = fake.kernel().rules.iter().cloned().collect();
+    fake.kernel()
+        .rules
+        .retain(|(table, chain, _)| !(*table == Table::Nat && chain == "PREROUTING"));
+    requests
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the deleted jump asks for a sync");
+    assert!(sync(&mut b, &s, &[]).unwrap().full);
+    assert_eq!(
+        fake.kernel().rules.iter().cloned().collect::<HashSet<_>>(),
+        jumps.into_iter().collect::<HashSet<_>>(),
+        "the jump is back"
+    );
 }

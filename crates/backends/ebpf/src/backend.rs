@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use kpr_host::{InterfaceAddresses, LocalAddresses, NodePortAddresses, NodePortTargets};
 use kpr_model::IpFamily;
-use kpr_state::{Backend, BackendError, FailedStep, ObjectCount, SyncKind, SyncReport, SyncRequest};
+use kpr_state::{Backend, BackendError, FailedStep, ObjectCount, RepairRequest, SyncKind, SyncReport, SyncRequest};
 
 use crate::layer::{LayerError, SocketLayer};
 use crate::table::{Adopted, Ids, Table, adopted_of};
@@ -168,5 +168,11 @@ impl Backend for EbpfBackend {
         report.objects.total += sockets.total;
         report.objects.written += sockets.written;
         Ok(report)
+    }
+
+    /// nftables' watch repairs its rules; the socket layer's maps are the process's own
+    /// (pinned, written by no one else), so nothing else needs watching.
+    fn repair_with(&mut self, repair: RepairRequest) {
+        self.nftables.repair_with(repair);
     }
 }

@@ -32,6 +32,13 @@ in_mode!(nftables, crate::Mode::Nftables;
     a_flushed_table_is_repaired_at_once,
     a_deleted_chain_is_repaired_at_once
 );
+// ebpf mode's rules are nftables mode's; a pod's connection is translated at connect()
+// either way, so the scenario's probe says little there, but the one repair sync it
+// demands does.
+in_mode!(ebpf, crate::Mode::Ebpf;
+    a_flushed_table_is_repaired_at_once,
+    a_deleted_chain_is_repaired_at_once
+);
 in_mode!(iptables, crate::Mode::Iptables;
     a_flushed_services_chain_is_repaired_at_once,
     a_flushed_nat_table_is_repaired_at_once,

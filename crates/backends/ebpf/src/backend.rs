@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use kpr_host::{InterfaceAddresses, LocalAddresses, NodePortAddresses, NodePortTargets};
 use kpr_model::IpFamily;
-use kpr_state::{Backend, BackendError, FailedStep, ObjectCount, RepairRequest, SyncKind, SyncReport, SyncRequest};
+use kpr_state::{
+    Backend, BackendError, FailedStep, ObjectCount, RepairRequest, SyncKind, SyncReport, SyncRequest,
+};
 
 use crate::layer::{LayerError, SocketLayer};
 use crate::table::{Adopted, Ids, Table, adopted_of};

@@ -2,7 +2,7 @@
 //! (one for the process, started by the first family's backend) on top.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use kpr_explain::Explainer;
 use kpr_host::{InterfaceAddresses, LocalAddresses, NodePortAddresses};
@@ -10,6 +10,9 @@ use kpr_mode::{Deprecation, FamilyMode, Fatal, Gate, Leftovers, Mode, ModeContex
 use kpr_model::IpFamily;
 use kpr_nftables::NftablesMode;
 use kpr_state::{Backend, DesiredState};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 use crate::backend::{EbpfBackend, SharedLayer};
@@ -22,6 +25,17 @@ use crate::table::Adopted;
 /// ebpf mode.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EbpfMode;
+
+/// `kubeproxy_ebpf_socket_map_sync_failures_total`'s labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct FailureLabels {
+    pub ip_family: &'static str,
+    /// `capacity` or `kernel`.
+    pub reason: &'static str,
+}
+
+/// The mode's own metric, registered once.
+pub(crate) static METRICS: OnceLock<Family<FailureLabels, Counter>> = OnceLock::new();
 
 /// The process's socket layer, once started, and what each family adopts from it.
 struct Started {
@@ -37,6 +51,12 @@ fn pin_root(settings: &Settings) -> PathBuf {
         .ebpf_pin_root
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_PIN_ROOT))
+}
+
+/// The maps' sizes: `--ebpf-max-service-addresses`, `--ebpf-max-endpoint-slots`.
+fn capacities(settings: &Settings) -> Capacities {
+    let ebpf = &settings.config.ebpf;
+    Capacities::configured(ebpf.max_service_addresses, ebpf.max_endpoint_slots)
 }
 
 /// The cgroup to attach to: `--cgroup-root`, else the node's cgroup v2 root.
@@ -83,9 +103,20 @@ impl Mode for EbpfMode {
         NftablesMode.uses_service_cidrs()
     }
 
-    /// nftables mode's metrics (its rules are this mode's too).
-    fn register_metrics(&self, registry: &mut Registry) {
-        NftablesMode.register_metrics(registry);
+    /// nftables mode's metrics (its rules are this mode's too), and the socket maps' failed
+    /// writes.
+    fn register_metrics(&self, settings: &Settings, registry: &mut Registry) {
+        NftablesMode.register_metrics(settings, registry);
+        METRICS.get_or_init(|| {
+            let failures = Family::<FailureLabels, Counter>::default();
+            registry.sub_registry_with_prefix("kubeproxy").register(
+                "ebpf_socket_map_sync_failures",
+                "Syncs whose socket map writes failed, by reason: capacity (a map too small for the \
+                 cluster, nothing written) or kernel",
+                failures.clone(),
+            );
+            failures
+        });
     }
 
     fn family(&self, context: &ModeContext<'_>, family: IpFamily) -> Result<Box<dyn FamilyMode>, Fatal> {
@@ -94,6 +125,7 @@ impl Mode for EbpfMode {
             nftables: NftablesMode.family(context, family)?,
             settings_cgroup: context.settings.cgroup_root.clone(),
             pins: Pins::new(pin_root(context.settings)),
+            capacities: capacities(context.settings),
             nodeport_addresses: context.host.nodeport_addresses.clone(),
         }))
     }
@@ -137,6 +169,7 @@ struct EbpfFamily {
     /// mounts nothing.
     settings_cgroup: Option<PathBuf>,
     pins: Pins,
+    capacities: Capacities,
     nodeport_addresses: NodePortAddresses,
 }
 
@@ -146,6 +179,7 @@ fn start_layer(
     family: IpFamily,
     settings_cgroup: Option<&std::path::Path>,
     pins: &Pins,
+    capacities: Capacities,
 ) -> Result<(Arc<Mutex<SharedLayer>>, Adopted), Fatal> {
     let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
     if started.is_none() {
@@ -155,7 +189,7 @@ fn start_layer(
         };
         check_cgroup2(&cgroup).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
         ensure_bpffs(pins.root()).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
-        let layer = SocketLayer::start(pins.clone(), &cgroup, Capacities::default())
+        let layer = SocketLayer::start(pins.clone(), &cgroup, capacities)
             .map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
         let (shared, v4, v6) =
             SharedLayer::new(layer).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
@@ -203,10 +237,11 @@ impl FamilyMode for EbpfFamily {
             nftables,
             settings_cgroup,
             pins,
+            capacities,
             nodeport_addresses,
         } = *self;
         let nftables = nftables.into_backend()?;
-        let (shared, adopted) = start_layer(family, settings_cgroup.as_deref(), &pins)?;
+        let (shared, adopted) = start_layer(family, settings_cgroup.as_deref(), &pins, capacities)?;
         let table = crate::table::Table::new(family, adopted);
         Ok(Box::new(EbpfBackend::new(
             family,

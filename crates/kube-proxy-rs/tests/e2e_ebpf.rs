@@ -100,6 +100,7 @@ fn a_cluster_larger_than_the_maps_is_refused_at_start_up_with_status_1_and_nothi
         std::process::id()
     )));
     let yaml = web_yaml(&[0, 1], None)
+        + "\n---\n"
         + &service("api", "10.96.0.11", 80, 8080, "TCP", None)
         + &slice("api", &[0], 8080, "TCP");
     let output = run(
@@ -123,4 +124,31 @@ fn a_cluster_larger_than_the_maps_is_refused_at_start_up_with_status_1_and_nothi
         "{stderr}"
     );
     assert!(!pins.0.exists(), "nothing left pinned or attached");
+}
+
+/// `--cleanup` removes what was pinned at `--ebpf-pin-root`, not only the default directory.
+#[test]
+fn cleanup_removes_the_layer_pinned_at_the_given_pin_root() {
+    let cgroup = TestCgroup::create("cleanup");
+    let pins = TestPins(PathBuf::from(format!(
+        "/sys/fs/bpf/kpr-e2e-ebpf-{}-cleanup",
+        std::process::id()
+    )));
+    let layer = kpr_ebpf::SocketLayer::start(
+        kpr_ebpf::Pins::new(&pins.0),
+        &cgroup.0,
+        kpr_ebpf::Capacities::default(),
+    )
+    .unwrap();
+    drop(layer);
+    assert!(pins.0.join("links").exists());
+    // In a namespace of its own: --cleanup also removes every mode's firewall objects.
+    let ns = Netns::new("ebpf").unwrap();
+    let mut command = Command::new(proxy_binary());
+    command
+        .arg("--cleanup")
+        .arg(format!("--ebpf-pin-root={}", pins.0.display()));
+    let output = ns.run(|| command.output().unwrap());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!pins.0.exists(), "unpinned and detached: {stderr}");
 }

@@ -128,10 +128,10 @@ impl EbpfBackend {
             self.table.forget();
             self.full_next = true;
             self.count_failure("capacity");
-            if !self.synced_once && !shared.layer.adopted() {
+            if !self.synced_once {
                 // Start-up ends here (status 1): take away what this start attached, so
                 // no half-programmed layer is left. Adopted maps keep serving.
-                if let Err(detail) = crate::layer::remove(shared.layer.pins()) {
+                if let Err(detail) = shared.layer.abandon() {
                     tracing::warn!("socket layer not fully removed: {detail}");
                 }
             }

@@ -320,6 +320,20 @@ impl SocketLayer {
     pub fn adopted(&self) -> bool {
         self.adopted
     }
+
+    /// Start-up failed: detaches and unpins what this start attached and pinned, unless the
+    /// maps were adopted (the programs attached beside them serve the previous process's
+    /// entries until the next start). Whether it was removed.
+    pub fn abandon(&self) -> Result<bool, String> {
+        if self.adopted {
+            tracing::warn!(
+                pins = %self.pins.root().display(),
+                "start-up failed; the adopted socket maps keep serving"
+            );
+            return Ok(false);
+        }
+        remove(&self.pins)
+    }
 }
 
 /// Whether every pinned map (if any) has this build's key and value sizes and the wanted

@@ -91,8 +91,7 @@ impl Mode for EbpfMode {
     /// backend starts, before anything is attached.
     fn check_host(&self, settings: &Settings) -> Result<(), Fatal> {
         cgroup_root(settings)?;
-        ensure_bpffs(std::path::Path::new(DEFAULT_PIN_ROOT))
-            .map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))
+        ensure_bpffs(&pin_root(settings)).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))
     }
 
     fn supports(&self, family: IpFamily) -> bool {
@@ -134,12 +133,12 @@ impl Mode for EbpfMode {
     /// nftables mode's table does); the next start adopts them.
     fn on_shutdown(&self, _families: &[IpFamily]) {}
 
-    /// The pinned links (detached by unpinning) and maps. nftables mode's tables are
-    /// nftables mode's leftovers.
-    fn remove_leftovers(&self) -> Leftovers {
+    /// The pinned links (detached by unpinning) and maps, at `--ebpf-pin-root` (else the
+    /// default directory). nftables mode's tables are nftables mode's leftovers.
+    fn remove_leftovers(&self, settings: &Settings) -> Leftovers {
         let mut leftovers = Leftovers::default();
-        let pins = Pins::new(DEFAULT_PIN_ROOT);
-        let object = format!("BPF socket programs and maps pinned at {DEFAULT_PIN_ROOT}");
+        let pins = Pins::new(pin_root(settings));
+        let object = format!("BPF socket programs and maps pinned at {}", pins.root().display());
         match remove(&pins) {
             Ok(true) => {
                 tracing::info!(%object, "removed what another kube-proxy mode left");
@@ -151,13 +150,26 @@ impl Mode for EbpfMode {
         leftovers
     }
 
+    /// The socket layer this start attached (not one adopted from a previous process).
+    fn abandon_start(&self, _settings: &Settings) {
+        let started = STARTED.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(started) = started {
+            let shared = started.shared.lock().unwrap_or_else(|p| p.into_inner());
+            match shared.layer().abandon() {
+                Ok(true) => tracing::info!("start-up failed: detached and unpinned the socket programs"),
+                Ok(false) => {}
+                Err(detail) => tracing::warn!("start-up failed; socket layer not fully removed: {detail}"),
+            }
+        }
+    }
+
     /// Its rules are nftables mode's tables.
     fn adopts(&self) -> &'static [ProxyMode] {
         &[ProxyMode::Nftables]
     }
 
     fn explainer(&self) -> Option<&dyn Explainer> {
-        Some(&EbpfExplainer)
+        Some(&EbpfExplainer::DEFAULT)
     }
 }
 

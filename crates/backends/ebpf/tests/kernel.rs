@@ -775,3 +775,32 @@ fn a_later_change_too_large_for_the_maps_fails_without_writing() {
     sync_world(&mut backend, &mut v4.world).unwrap();
     assert_eq!(service_keys(&pins), before);
 }
+
+/// Start-up failing after the socket layer attached (the IPv6 family's backend, or a first
+/// sync only the operator can fix): what this start attached and pinned is taken away; a
+/// layer over maps adopted from a previous process keeps serving them.
+#[test]
+fn a_failed_start_detaches_its_own_layer_and_keeps_an_adopted_one() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let cgroup = TestCgroup::create("abandon");
+    let pins = TestPins::new("abandon");
+    let fresh = start(&pins, &cgroup);
+    assert_eq!(fresh.abandon(), Ok(true));
+    assert!(!pins.0.exists(), "nothing left pinned, so nothing attached");
+    drop(fresh);
+
+    let mut first = start(&pins, &cgroup);
+    let mut v4 = Driver::new(IpFamily::V4, Adopted::default(), Ids::default());
+    v4.service("web", "10.96.0.50", &["10.99.0.2 ready"], None);
+    v4.sync(&mut first, true);
+    drop(first);
+    let adopting = start(&pins, &cgroup);
+    assert!(adopting.adopted());
+    assert_eq!(adopting.abandon(), Ok(false));
+    assert_eq!(
+        std::fs::read_dir(pins.0.links()).unwrap().count(),
+        8,
+        "still attached"
+    );
+    assert_eq!(service_keys(&pins), ["10.96.0.50:53", "10.96.0.50:80"]);
+}

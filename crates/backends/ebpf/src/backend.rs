@@ -125,7 +125,7 @@ impl EbpfBackend {
         sizes[index] = self.table.sizes();
         let (services, backends) = sizes.iter().fold((0, 0), |(s, b), (fs, fb)| (s + fs, b + fb));
         if let Err(error) = shared.layer.capacities().check(services, backends) {
-            self.table.forget();
+            self.table.forget_unwritten(&batch.ops);
             self.full_next = true;
             self.count_failure("capacity");
             if !self.synced_once {

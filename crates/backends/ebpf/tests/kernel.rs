@@ -756,6 +756,8 @@ fn a_later_change_too_large_for_the_maps_fails_without_writing() {
     sync_world(&mut backend, &mut v4.world).unwrap();
     let before = service_keys(&pins);
     assert_eq!(before, ["10.96.0.40:53", "10.96.0.40:80"]);
+    // a moves to another endpoint and b comes: too many.
+    v4.service("a", "10.96.0.40", &["10.99.0.3 ready"], None);
     v4.service("b", "10.96.0.41", &["10.99.0.2 ready"], None);
     let error = sync_world(&mut backend, &mut v4.world).unwrap_err();
     assert!(
@@ -774,6 +776,21 @@ fn a_later_change_too_large_for_the_maps_fails_without_writing() {
     v4.world.delete_service("b");
     sync_world(&mut backend, &mut v4.world).unwrap();
     assert_eq!(service_keys(&pins), before);
+    let backends = kpr_ebpf::layer::open_pinned::<kpr_ebpf::maps::BackendKey, kpr_ebpf::maps::AddrPort>(
+        &pins.0,
+        kpr_ebpf::maps::BACKENDS,
+    )
+    .unwrap();
+    let mut slots: Vec<String> = backends
+        .iter()
+        .map(|entry| entry.unwrap().1.socket_addr().to_string())
+        .collect();
+    slots.sort();
+    assert_eq!(
+        slots,
+        ["10.99.0.3:5353", "10.99.0.3:8080"],
+        "a's new endpoint only"
+    );
 }
 
 /// Start-up failing after the socket layer attached (the IPv6 family's backend, or a first

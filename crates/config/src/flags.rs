@@ -211,6 +211,12 @@ pub struct Flags {
     /// ebpf mode: the bpffs directory its maps and links are pinned in (a restart adopts them there). [default: /sys/fs/bpf/kube-proxy-rs]
     #[arg(long, value_name = "PATH")]
     pub ebpf_pin_root: Option<PathBuf>,
+    /// ebpf mode: how many Service addresses (cluster IPs, NodePorts on each node address, external and load-balancer IPs, per port) its map holds; a cluster needing more is refused at start-up. [default: 524288]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub ebpf_max_service_addresses: Option<u32>,
+    /// ebpf mode: how many endpoint slots (each endpoint once per Service port) a sync may program; the map holds twice as many, for an adopting restart. [default: 1048576]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..(1 << 30)))]
+    pub ebpf_max_endpoint_slots: Option<u32>,
     /// Largest manifest file read; a larger one is rejected and what it defined before is kept. [default: 134217728 (128 MiB)]
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     pub manifests_max_file_bytes: Option<u64>,

@@ -49,11 +49,11 @@ pub struct Settings {
     /// bounds; `None` leaves the mode's defaults. Not part of `KubeProxyConfiguration`.
     pub userspace_max_connections: Option<u32>,
     pub userspace_max_udp_sessions: Option<u32>,
-    /// `--cgroup-root`: the cgroup v2 directory ebpf mode attaches to; `None` is the node's
-    /// cgroup v2 root. Not part of `KubeProxyConfiguration`.
+    /// `--cgroup-root` (else the file's `ebpf.cgroupRoot`): the cgroup v2 directory ebpf
+    /// mode attaches to; `None` is the node's cgroup v2 root.
     pub cgroup_root: Option<PathBuf>,
-    /// `--ebpf-pin-root`: where ebpf mode pins its maps and links; `None` is
-    /// `/sys/fs/bpf/kube-proxy-rs`. `--cleanup` and other modes remove the default one.
+    /// `--ebpf-pin-root` (else `ebpf.pinRoot`): where ebpf mode pins its maps and links;
+    /// `None` is `/sys/fs/bpf/kube-proxy-rs`.
     pub ebpf_pin_root: Option<PathBuf>,
     /// `--master`: overrides the API server address from the kubeconfig.
     pub master: Option<String>,
@@ -103,6 +103,8 @@ pub fn settings_from_flags(flags: Flags) -> Result<Settings, ConfigError> {
     let local_mode = config.local_mode().unwrap_or(LocalMode::ClusterCidr);
     let gates = FeatureGates::new(&config.feature_gates);
     let mut warnings = warnings;
+    let cgroup_root = non_blank_path(&config.ebpf.cgroup_root);
+    let ebpf_pin_root = non_blank_path(&config.ebpf.pin_root);
     warnings.extend(
         gates
             .ignored()
@@ -126,11 +128,15 @@ pub fn settings_from_flags(flags: Flags) -> Result<Settings, ConfigError> {
         manifests_max_file_bytes: flags.manifests_max_file_bytes,
         userspace_max_connections: flags.userspace_max_connections,
         userspace_max_udp_sessions: flags.userspace_max_udp_sessions,
-        cgroup_root: flags.cgroup_root,
-        ebpf_pin_root: flags.ebpf_pin_root,
+        cgroup_root,
+        ebpf_pin_root,
         master: flags.master.filter(|m| !m.is_empty()),
         warnings,
     })
+}
+
+fn non_blank_path(text: &str) -> Option<PathBuf> {
+    (!text.trim().is_empty()).then(|| PathBuf::from(text))
 }
 
 fn config_from_file(path: &Path) -> Result<(KubeProxyConfiguration, Vec<String>), ConfigError> {
@@ -198,6 +204,7 @@ fn apply_flags(flags: &Flags, config: &mut KubeProxyConfiguration) -> Result<Fla
     apply_local_traffic_flags(flags, config, &mut origins);
     apply_conntrack_flags(flags, config, &mut origins);
     apply_userspace_flags(flags, config, &mut origins);
+    apply_ebpf_flags(flags, config, &mut origins);
     Ok(origins)
 }
 
@@ -417,6 +424,27 @@ fn apply_userspace_flags(flags: &Flags, config: &mut KubeProxyConfiguration, ori
     let timeout = flags.udp_timeout;
     if let Some(timeout) = origins.given(timeout, "udp-timeout", &["udpIdleTimeout"]) {
         config.udp_idle_timeout = timeout;
+    }
+}
+
+fn apply_ebpf_flags(flags: &Flags, config: &mut KubeProxyConfiguration, origins: &mut FlagOrigins) {
+    let ebpf = &mut config.ebpf;
+    let root = flags.cgroup_root.as_ref().map(|p| p.display().to_string());
+    if let Some(root) = origins.given(root, "cgroup-root", &["ebpf.cgroupRoot"]) {
+        ebpf.cgroup_root = root;
+    }
+    let pins = flags.ebpf_pin_root.as_ref().map(|p| p.display().to_string());
+    if let Some(pins) = origins.given(pins, "ebpf-pin-root", &["ebpf.pinRoot"]) {
+        ebpf.pin_root = pins;
+    }
+    let services = flags.ebpf_max_service_addresses;
+    let field = ["ebpf.maxServiceAddresses"];
+    if let Some(n) = origins.given(services, "ebpf-max-service-addresses", &field) {
+        ebpf.max_service_addresses = Some(n);
+    }
+    let slots = flags.ebpf_max_endpoint_slots;
+    if let Some(n) = origins.given(slots, "ebpf-max-endpoint-slots", &["ebpf.maxEndpointSlots"]) {
+        ebpf.max_endpoint_slots = Some(n);
     }
 }
 

@@ -428,3 +428,33 @@ fn a_bad_node_port_range_is_a_usage_error_naming_the_flag() {
     assert!(message.contains("--service-node-port-range"), "{message}");
     assert!(message.contains("below start port"), "{message}");
 }
+
+#[test]
+fn ebpf_settings_come_from_the_file_unless_flagged() {
+    let scratch = Scratch::new();
+    let body = "mode: ebpf\n\
+                ebpf:\n  cgroupRoot: /sys/fs/cgroup/pods\n  pinRoot: /sys/fs/bpf/kpr\n  maxServiceAddresses: 1000\n";
+    let settings = with_config(&scratch, body, &[]).unwrap();
+    assert_eq!(settings.cgroup_root, Some(PathBuf::from("/sys/fs/cgroup/pods")));
+    assert_eq!(settings.ebpf_pin_root, Some(PathBuf::from("/sys/fs/bpf/kpr")));
+    assert_eq!(settings.config.ebpf.max_service_addresses, Some(1000));
+    assert_eq!(settings.config.ebpf.max_endpoint_slots, None);
+    let flagged = with_config(
+        &scratch,
+        body,
+        &[
+            "--ebpf-pin-root=/sys/fs/bpf/other",
+            "--ebpf-max-endpoint-slots=64",
+        ],
+    )
+    .unwrap();
+    assert_eq!(flagged.ebpf_pin_root, Some(PathBuf::from("/sys/fs/bpf/other")));
+    assert_eq!(flagged.cgroup_root, Some(PathBuf::from("/sys/fs/cgroup/pods")));
+    assert_eq!(flagged.config.ebpf.max_endpoint_slots, Some(64));
+    let zero = "ebpf:\n  maxServiceAddresses: 0\n";
+    let fields = invalid_fields(with_config(&scratch, zero, &[]).unwrap_err());
+    assert_eq!(fields[0].field, "ebpf.maxServiceAddresses");
+    // An upstream configuration is written without the section.
+    let plain = run(&[]).unwrap();
+    assert!(!crate::file::to_yaml(&plain.config).unwrap().contains("ebpf"));
+}

@@ -62,6 +62,10 @@ pub struct KubeProxyConfiguration {
     /// Windows only; accepted so upstream-written files load.
     #[serde(skip_serializing_if = "is_false")]
     pub windows_run_as_service: bool,
+    /// ebpf mode (kube-proxy-rs only, like the mode): left out of what is written while
+    /// unset, so an upstream configuration round-trips unchanged.
+    #[serde(skip_serializing_if = "KubeProxyEbpfConfiguration::is_unset")]
+    pub ebpf: KubeProxyEbpfConfiguration,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -142,6 +146,32 @@ pub struct KubeProxyConntrackConfiguration {
     pub udp_stream_timeout: GoDuration,
 }
 
+/// ebpf mode's section (kube-proxy-rs only; each field has a flag of its own, which wins).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct KubeProxyEbpfConfiguration {
+    /// `--cgroup-root`: the cgroup v2 directory whose processes' connections are translated
+    /// (blank: the node's cgroup v2 root).
+    pub cgroup_root: String,
+    /// `--ebpf-pin-root`: the bpffs directory the maps and links are pinned in (blank:
+    /// `/sys/fs/bpf/kube-proxy-rs`).
+    pub pin_root: String,
+    /// `--ebpf-max-service-addresses`: entries of the Service map (cluster IPs, NodePorts on
+    /// each node address, external and load-balancer IPs, per port and protocol); unset:
+    /// 524288.
+    pub max_service_addresses: Option<u32>,
+    /// `--ebpf-max-endpoint-slots`: endpoint slots one sync may program (an endpoint once per
+    /// Service address set it is in); the map holds twice as many, for an adopting restart.
+    /// Unset: 1048576.
+    pub max_endpoint_slots: Option<u32>,
+}
+
+impl KubeProxyEbpfConfiguration {
+    pub fn is_unset(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 impl KubeProxyConfiguration {
     /// What decoding `{}` gives before defaulting: Go's zero value of every field.
     pub fn zero() -> Self {
@@ -173,6 +203,7 @@ impl KubeProxyConfiguration {
             port_range: String::new(),
             udp_idle_timeout: GoDuration::ZERO,
             windows_run_as_service: false,
+            ebpf: KubeProxyEbpfConfiguration::default(),
         }
     }
 

@@ -34,7 +34,21 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
     validate_node_port_addresses(config, &mut errors);
     validate_detect_local(config, &mut errors);
     validate_misc(config, &mut errors);
+    validate_ebpf(config, &mut errors);
     errors.0
+}
+
+/// ebpf mode's map sizes: at least one entry; endpoint slots below 2^30 (the map holds
+/// twice as many, and the kernel's limit is a u32).
+fn validate_ebpf(config: &KubeProxyConfiguration, errors: &mut Errors) {
+    let ebpf = &config.ebpf;
+    if let Some(n) = ebpf.max_service_addresses {
+        errors.check(n >= 1, "ebpf.maxServiceAddresses", n, "must be at least 1");
+    }
+    if let Some(n) = ebpf.max_endpoint_slots {
+        let ok = (1..1 << 30).contains(&n);
+        errors.check(ok, "ebpf.maxEndpointSlots", n, "must be between 1 and 1073741823");
+    }
 }
 
 #[derive(Default)]

@@ -24,6 +24,12 @@ pub trait Explainer: Sync {
     /// family). `Ok(None)` when the mode has no objects here; `Err` says what could not be
     /// read.
     fn explain(&self, query: &Query, local_addresses: &[IpAddr]) -> Result<Option<Section>, String>;
+
+    /// Whether this mode writes its objects beside another mode's (ebpf mode beside
+    /// nftables mode's tables): its section then does not count as another mode's.
+    fn builds_on_another_mode(&self) -> bool {
+        false
+    }
 }
 
 /// Explains `query` from the kernel objects of this network namespace, in every mode whose
@@ -40,7 +46,9 @@ pub fn explain_live(query: &Query, explainers: &[&dyn Explainer]) -> Explanation
         sections: Vec::new(),
         problems: Vec::new(),
         looked_for: explainers.iter().map(|e| e.looks_for(family)).collect(),
+        add_ons: 0,
     };
+    let mut add_on = Vec::new();
     let local = match InterfaceAddresses.addresses(family) {
         Ok(addresses) => addresses,
         Err(error) => {
@@ -50,15 +58,23 @@ pub fn explain_live(query: &Query, explainers: &[&dyn Explainer]) -> Explanation
     };
     for explainer in explainers {
         match explainer.explain(query, &local) {
-            Ok(Some(section)) => explanation.sections.push(section),
+            Ok(Some(section)) => {
+                explanation.sections.push(section);
+                add_on.push(explainer.builds_on_another_mode());
+            }
             Ok(None) => {}
             Err(problem) => explanation.problems.push(problem),
         }
     }
     if explanation.found() {
-        explanation
-            .sections
-            .retain(|section| !section.findings.is_empty());
+        let (sections, kept): (Vec<Section>, Vec<bool>) = std::mem::take(&mut explanation.sections)
+            .into_iter()
+            .zip(add_on)
+            .filter(|(section, _)| !section.findings.is_empty())
+            .unzip();
+        explanation.sections = sections;
+        add_on = kept;
     }
+    explanation.add_ons = add_on.iter().filter(|a| **a).count();
     explanation
 }

@@ -80,6 +80,9 @@ pub struct Explanation {
     pub problems: Vec<String>,
     /// What every mode's objects are called, for the answer when none exist.
     pub looked_for: Vec<String>,
+    /// Sections of modes that write beside another mode's objects (ebpf mode's socket maps
+    /// beside nftables mode's tables): not another mode for the multi-mode note.
+    pub add_ons: usize,
 }
 
 impl Explanation {
@@ -116,7 +119,7 @@ pub fn render(explanation: &Explanation) -> String {
         );
         return out;
     }
-    if explanation.sections.len() > 1 {
+    if explanation.sections.len().saturating_sub(explanation.add_ons) > 1 {
         let _ = writeln!(
             out,
             "note: objects of more than one proxy mode exist here; each is explained (normally only one mode's objects are programmed: the others are leftovers)"

@@ -10,7 +10,7 @@ use kpr_explain::{Explainer, Query, explain_live, render};
 use crate::mode;
 
 const USAGE: &str = "\
-Usage: kube-proxy-rs explain <ip>:<port>[/tcp|udp|sctp]
+Usage: kube-proxy-rs explain [--ebpf-pin-root=PATH] <ip>:<port>[/tcp|udp|sctp]
 
 Explains what this node's kube-proxy rules do with a new connection to the address: the
 Service port it maps to (cluster IP, NodePort on a node address, external IP, load-balancer
@@ -21,7 +21,9 @@ masquerading) and the kernel objects behind them.
 
 Reads the live kernel of the current network namespace: table ip/ip6 kube-proxy over
 netlink (nftables mode), iptables-save (iptables mode), the IPVS table and kube-ipvs0
-(ipvs mode); each whose objects exist. IPv6 as [addr]:port. TCP when no protocol is given.
+(ipvs mode), the socket maps pinned under bpffs (ebpf mode: at --ebpf-pin-root, as the
+proxy was started with, default /sys/fs/bpf/kube-proxy-rs); each whose objects exist. IPv6
+as [addr]:port. TCP when no protocol is given.
 
 Exit status: 0 when something maps the address, 1 when nothing does, 2 on a usage error.
 ";
@@ -33,11 +35,21 @@ pub fn requested(args: &[OsString]) -> bool {
 
 /// Runs `explain` with the arguments after it.
 pub fn run(args: &[OsString]) -> ExitCode {
-    let rest: Vec<String> = args
+    let mut rest: Vec<String> = args
         .iter()
         .skip(2)
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
+    let mut pin_root = None;
+    if let Some(at) = rest.iter().position(|a| a.starts_with("--ebpf-pin-root")) {
+        let flag = rest.remove(at);
+        pin_root = match flag.strip_prefix("--ebpf-pin-root=") {
+            Some(path) => Some(path.to_owned()),
+            None if flag == "--ebpf-pin-root" && at < rest.len() => Some(rest.remove(at)),
+            None => return usage_error("--ebpf-pin-root needs a path"),
+        };
+    }
+    let ebpf = pin_root.map(kpr_ebpf::EbpfExplainer::at);
     match rest.as_slice() {
         [flag] if flag == "--help" || flag == "-h" => {
             print!("{USAGE}");
@@ -45,7 +57,12 @@ pub fn run(args: &[OsString]) -> ExitCode {
         }
         [address] => match Query::parse(address) {
             Ok(query) => {
-                let explainers: Vec<&dyn Explainer> = mode::all().filter_map(|m| m.explainer()).collect();
+                let explainers: Vec<&dyn Explainer> = mode::all()
+                    .filter_map(|m| match (&ebpf, m.name()) {
+                        (Some(at), kpr_config::ProxyMode::Ebpf) => Some(at as &dyn Explainer),
+                        _ => m.explainer(),
+                    })
+                    .collect();
                 let explanation = explain_live(&query, &explainers);
                 print!("{}", render(&explanation));
                 if explanation.found() {

@@ -66,7 +66,7 @@ fn run(settings: Settings) -> Result<(), Fatal> {
         return Ok(());
     }
     if settings.cleanup {
-        return mode::cleanup();
+        return mode::cleanup(&settings);
     }
     let chosen = mode::implementation(settings.mode);
     mode::refuse_gated(chosen, &settings)?;
@@ -74,7 +74,7 @@ fn run(settings: Settings) -> Result<(), Fatal> {
     if !settings.dry_run {
         // Before anything is changed; `--dry-run` changes nothing and needs nothing.
         chosen.check_host(&settings)?;
-        mode::remove_other_modes_leftovers(chosen);
+        mode::remove_other_modes_leftovers(chosen, &settings);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -103,7 +103,7 @@ pub fn backends(
     service_health: &ServiceHealthDeps,
 ) -> Result<Vec<FamilyBackend>, Fatal> {
     log_missing_primary_detector(context.settings, context.node);
-    families
+    let built: Result<Vec<FamilyBackend>, Fatal> = families
         .iter()
         .map(|&family| {
             let backend = mode.family(context, family)?.into_backend()?;
@@ -117,7 +117,12 @@ pub fn backends(
             );
             Ok(FamilyBackend::new(family, backend).observed_by(health_check_servers))
         })
-        .collect()
+        .collect();
+    if built.is_err() {
+        // Never half-started: what an earlier family's backend put in the kernel goes.
+        mode.abandon_start(context.settings);
+    }
+    built
 }
 
 /// `--init-only`: the host settings every family's backend needs, nothing else.
@@ -148,22 +153,23 @@ pub fn dry_run(
 /// acting on traffic after a switch (ipvs mode's filter rules reject new connections to
 /// addresses in its sets, userspace mode's portals redirect to listeners that are gone).
 /// Best effort: logged, never fatal.
-pub fn remove_other_modes_leftovers(running: &dyn Mode) {
+pub fn remove_other_modes_leftovers(running: &dyn Mode, settings: &kpr_config::Settings) {
     let others = all()
         .rev()
         .filter(|mode| mode.name() != running.name() && !running.adopts().contains(&mode.name()));
     for mode in others {
-        mode.remove_leftovers().log_at_start_up(mode.name().as_str());
+        mode.remove_leftovers(settings)
+            .log_at_start_up(mode.name().as_str());
     }
 }
 
 /// `--cleanup`: what every mode (ours or upstream's, both families and iptables flavours)
 /// left. We never claim success for what nobody looked at: a family that no flavour's tools
 /// could check fails the cleanup (exit 1), where upstream skips it and exits 0.
-pub fn cleanup() -> Result<(), Fatal> {
+pub fn cleanup(settings: &kpr_config::Settings) -> Result<(), Fatal> {
     let mut all_leftovers = Leftovers::default();
     for mode in all().rev() {
-        all_leftovers.merge(mode.remove_leftovers());
+        all_leftovers.merge(mode.remove_leftovers(settings));
     }
     let failures = all_leftovers.cleanup_failures();
     if failures.is_empty() {

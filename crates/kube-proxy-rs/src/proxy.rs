@@ -131,7 +131,13 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     proxy_events.started();
     let proxy = kpr_sync::run(proxy_settings, backends, events, metrics, health);
     tokio::select! {
-        () = proxy => Err(Fatal::runtime("the sync loop stopped: its event sources ended")),
+        stopped = proxy => match stopped {
+            kpr_sync::Stopped::Fatal(why) => {
+                chosen.abandon_start(&settings);
+                Err(Fatal::runtime(why))
+            }
+            kpr_sync::Stopped::SourcesEnded => Err(Fatal::runtime("the sync loop stopped: its event sources ended")),
+        },
         result = shutdown_signal() => {
             chosen.on_shutdown(&families);
             result

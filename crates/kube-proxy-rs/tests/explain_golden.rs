@@ -141,6 +141,7 @@ fn nft_explanations(state: &DesiredState) -> Vec<Explanation> {
             }],
             problems: Vec::new(),
             looked_for: Vec::new(),
+            add_ons: 0,
         })
         .collect()
 }
@@ -170,6 +171,7 @@ fn ipt_explanations(state: &DesiredState) -> Vec<Explanation> {
             }],
             problems: Vec::new(),
             looked_for: Vec::new(),
+            add_ons: 0,
         })
         .collect()
 }
@@ -302,6 +304,7 @@ fn nothing_matching_is_said_plainly() {
         sections: Vec::new(),
         problems: Vec::new(),
         looked_for: Vec::new(),
+        add_ons: 0,
     };
     assert!(!explanation.found());
     assert!(render(&explanation).contains("no kube-proxy rules"));
@@ -316,6 +319,7 @@ fn both_modes_are_explained_and_said_so() {
         sections: vec![nft[0].sections[0].clone(), ipt[0].sections[0].clone()],
         problems: vec!["reading the iptables filter table: example".into()],
         looked_for: Vec::new(),
+        add_ons: 0,
     };
     let text = render(&both);
     assert!(text.starts_with("warning: reading the iptables filter table: example\nnote: objects of more than one proxy mode exist here"), "{text}");
@@ -378,6 +382,7 @@ fn ipv6_destinations_are_explained_from_the_ip6_table() {
             }],
             problems: Vec::new(),
             looked_for: Vec::new(),
+            add_ons: 0,
         });
         assert!(
             text.starts_with("nftables mode (table ip6 kube-proxy):"),

@@ -60,7 +60,7 @@
 //!         Ok(Box::new(NullFamily(family)))
 //!     }
 //!     fn on_shutdown(&self, _families: &[IpFamily]) {}
-//!     fn remove_leftovers(&self) -> Leftovers {
+//!     fn remove_leftovers(&self, _settings: &kpr_config::Settings) -> Leftovers {
 //!         Leftovers::default()
 //!     }
 //!     fn adopts(&self) -> &'static [ProxyMode] {
@@ -153,7 +153,14 @@ pub trait Mode: Sync {
     /// Removes what this mode leaves in the kernel (both IP families, every flavour of its
     /// tools): when another mode starts (upstream's platform cleanup), and for `--cleanup`.
     /// Best effort: what fails is reported, and the rest is still removed.
-    fn remove_leftovers(&self) -> Leftovers;
+    fn remove_leftovers(&self, settings: &Settings) -> Leftovers;
+
+    /// Start-up failed after this mode began programming the kernel (a later family's
+    /// backend could not be built, or a first sync only the operator can fix): take away
+    /// what this start put there that would act without the process, except what it adopted
+    /// from a previous process, which keeps serving. Most modes leave their rules, as after
+    /// any exit.
+    fn abandon_start(&self, _settings: &Settings) {}
 
     /// The other modes whose kernel objects this mode programs too (a mode built on
     /// another's rules): their leftovers are this mode's to adopt, not to remove, when it

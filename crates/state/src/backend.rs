@@ -40,6 +40,11 @@ pub struct BackendError {
     pub attempted: SyncKind,
     pub step: FailedStep,
     pub source: Box<dyn std::error::Error + Send + Sync>,
+    /// Retrying cannot help until the operator changes the configuration (ebpf mode: a map
+    /// too small for the cluster). Before the family's first successful sync this ends the
+    /// process with status 1 (a clear error at start-up); later it is retried and reported
+    /// as any failed sync, nothing of it written.
+    pub needs_operator: bool,
 }
 
 impl BackendError {
@@ -52,6 +57,19 @@ impl BackendError {
             attempted,
             step,
             source: source.into(),
+            needs_operator: false,
+        }
+    }
+
+    /// A failure only a configuration change can fix (the field of this name).
+    pub fn needs_operator(
+        attempted: SyncKind,
+        step: FailedStep,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            needs_operator: true,
+            ..Self::new(attempted, step, source)
         }
     }
 }

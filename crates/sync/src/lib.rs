@@ -167,15 +167,26 @@ impl Shared {
     }
 }
 
+/// Why [`run`] returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// The event sources ended (or a sync loop stopped).
+    SourcesEnded,
+    /// A family's first sync failed in a way only the operator can fix
+    /// ([`kpr_state::BackendError::needs_operator`]): the process should exit with this.
+    Fatal(String),
+}
+
 /// Runs the proxy until the event channel closes: intake, then one sync loop per family
-/// once all sources are in.
+/// once all sources are in. A family whose first sync fails with a failure only the
+/// operator can fix stops it ([`Stopped::Fatal`]); every other failure is retried.
 pub async fn run(
     settings: ProxySettings,
     backends: Vec<FamilyBackend>,
     events: EventReceiver,
     metrics: Metrics,
     health: Arc<ProxyHealth>,
-) {
+) -> Stopped {
     let families: Vec<IpFamily> = backends.iter().map(|b| b.family).collect();
     for &family in &families {
         // Upstream's SyncLoop marks each proxier updated as it starts, "in case Sync() never
@@ -205,7 +216,7 @@ pub async fn run(
     let intake_task = tokio::spawn(intake.run(events));
     if ready_rx.wait_for(|ready| *ready).await.is_err() {
         tracing::warn!("sources ended before delivering their initial state; no rules written");
-        return;
+        return Stopped::SourcesEnded;
     }
     tracing::info!(families = ?families, "all sources synced; starting to program rules");
     // Dropped (and so aborted) when this function returns.
@@ -215,8 +226,17 @@ pub async fn run(
         sync_loops.spawn(sync_loop(shared.clone(), index, backend, runner, repair).instrument(span));
     }
     tokio::select! {
-        _ = sync_loops.join_next() => tracing::error!("a sync loop stopped"),
-        _ = intake_task => tracing::info!("event sources closed; stopping"),
+        stopped = sync_loops.join_next() => match stopped {
+            Some(Ok(Some(fatal))) => Stopped::Fatal(fatal),
+            _ => {
+                tracing::error!("a sync loop stopped");
+                Stopped::SourcesEnded
+            }
+        },
+        _ = intake_task => {
+            tracing::info!("event sources closed; stopping");
+            Stopped::SourcesEnded
+        }
     }
 }
 
@@ -228,14 +248,15 @@ fn repair_request(trigger: &Trigger) -> RepairRequest {
 }
 
 /// Syncs one family whenever its runner says so, each sync on a blocking thread. The
-/// backend gets `repair` before its first sync.
+/// backend gets `repair` before its first sync. Returns (the message) only when the
+/// family's first successful sync is out of reach until the operator changes something.
 async fn sync_loop(
     shared: Arc<Shared>,
     index: usize,
     backend: FamilyBackend,
     runner: SyncRunner,
     repair: RepairRequest,
-) {
+) -> Option<String> {
     let FamilyBackend {
         mut backend,
         after_sync,
@@ -243,28 +264,43 @@ async fn sync_loop(
     } = backend;
     backend.repair_with(repair);
     let backend = Arc::new(Mutex::new(backend));
-    runner
-        .run(move || {
-            let shared = shared.clone();
-            let backend = backend.clone();
-            let after_sync = after_sync.clone();
-            let span = tracing::Span::current();
-            async move {
-                tokio::task::spawn_blocking(move || {
-                    let _in_span = span.enter();
-                    let mut backend = backend.lock().unwrap_or_else(|e| e.into_inner());
-                    let proxier = &shared.proxiers[index];
-                    let state = sync::sync_once(&shared, proxier, backend.as_mut())?;
-                    if let Some(observer) = &after_sync {
-                        observer.synced(&state);
+    let synced_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let runs = runner.run(move || {
+        let shared = shared.clone();
+        let backend = backend.clone();
+        let after_sync = after_sync.clone();
+        let synced_once = synced_once.clone();
+        let fatal_tx = fatal_tx.clone();
+        let span = tracing::Span::current();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let _in_span = span.enter();
+                let mut backend = backend.lock().unwrap_or_else(|e| e.into_inner());
+                let proxier = &shared.proxiers[index];
+                let state = match sync::sync_once(&shared, proxier, backend.as_mut()) {
+                    Ok(state) => state,
+                    Err(failed) => {
+                        if failed.needs_operator && !synced_once.load(std::sync::atomic::Ordering::Relaxed) {
+                            let _ = fatal_tx.send(failed.message.clone());
+                        }
+                        return Err(failed.message);
                     }
-                    Ok::<(), String>(())
-                })
-                .await
-                .map_err(|join| join.to_string())?
-            }
-        })
-        .await;
+                };
+                synced_once.store(true, std::sync::atomic::Ordering::Relaxed);
+                if let Some(observer) = &after_sync {
+                    observer.synced(&state);
+                }
+                Ok::<(), String>(())
+            })
+            .await
+            .map_err(|join| join.to_string())?
+        }
+    });
+    tokio::select! {
+        () = runs => None,
+        fatal = fatal_rx.recv() => fatal,
+    }
 }
 
 /// Collects events until every source has delivered its initial state, and returns the

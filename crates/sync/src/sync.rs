@@ -17,12 +17,26 @@ use crate::{Proxier, Shared};
 /// The `reason` label of objects a backend left out because of unsafe text.
 const UNSAFE_TEXT_REASON: &str = "unsafe_text";
 
+/// A failed sync, as the sync loop sees it.
+#[derive(Debug)]
+pub(crate) struct SyncFailed {
+    pub message: String,
+    /// Only a configuration change can fix it ([`kpr_state::BackendError::needs_operator`]).
+    pub needs_operator: bool,
+}
+
+impl std::fmt::Display for SyncFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Syncs `proxier`'s family; returns the state its backend programmed.
 pub(crate) fn sync_once(
     shared: &Shared,
     proxier: &Proxier,
     backend: &mut dyn Backend,
-) -> Result<DesiredState, String> {
+) -> Result<DesiredState, SyncFailed> {
     let started = Instant::now();
     let (pending, force_full, trigger_times) = {
         let mut t = proxier.trackers();
@@ -57,7 +71,10 @@ pub(crate) fn sync_once(
             shared
                 .health
                 .proxier_sync_failed(proxier.family, format!("last sync failed: {error}"));
-            Err(error.to_string())
+            Err(SyncFailed {
+                message: error.to_string(),
+                needs_operator: error.needs_operator,
+            })
         }
     }
 }

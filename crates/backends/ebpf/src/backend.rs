@@ -68,6 +68,9 @@ pub struct EbpfBackend {
     /// The node addresses the NodePort entries were written for.
     node_addresses: Option<Vec<IpAddr>>,
     full_next: bool,
+    /// Whether a sync of this family succeeded (before that, a capacity failure ends
+    /// start-up, and this start's programs are taken away).
+    synced_once: bool,
 }
 
 impl EbpfBackend {
@@ -86,6 +89,7 @@ impl EbpfBackend {
             nodeport_addresses,
             node_addresses: None,
             full_next: true,
+            synced_once: false,
         }
     }
 
@@ -103,7 +107,9 @@ impl EbpfBackend {
         Ok(addresses)
     }
 
-    fn sync_sockets(&mut self, request: &SyncRequest<'_>) -> Result<(bool, ObjectCount), BackendError> {
+    /// The socket maps' writes for `request`, checked against the maps' capacities before
+    /// anything (nftables' rules included) is written.
+    fn plan(&mut self, request: &SyncRequest<'_>) -> Result<Planned, BackendError> {
         let node_addresses = self
             .node_addresses()
             .map_err(|e| BackendError::new(SyncKind::Full, FailedStep::Other, e))?;
@@ -117,55 +123,93 @@ impl EbpfBackend {
             .table
             .sync(request.state, changed, &node_addresses, &mut shared.ids);
         let index = usize::from(self.family == IpFamily::V6);
-        shared.sizes[index] = self.table.sizes();
-        let (services, backends) = shared
-            .sizes
-            .iter()
-            .fold((0, 0), |(s, b), (fs, fb)| (s + fs, b + fb));
-        let capacities = shared.layer.capacities();
-        let over = if services > capacities.services as usize {
-            Some(LayerError::Capacity {
-                what: "Service addresses",
-                needed: services,
-                capacity: capacities.services,
-            })
-        } else if backends > (capacities.backends / 2) as usize {
-            Some(LayerError::Capacity {
-                what: "endpoint slots (half the map: an adopting restart needs the other half)",
-                needed: backends,
-                capacity: capacities.backends / 2,
-            })
-        } else {
-            None
-        };
-        let applied = match over {
-            Some(error) => Err(error),
-            None => shared.layer.apply(&batch.ops),
-        };
-        if let Err(error) = applied {
+        let mut sizes = shared.sizes;
+        sizes[index] = self.table.sizes();
+        let (services, backends) = sizes.iter().fold((0, 0), |(s, b), (fs, fb)| (s + fs, b + fb));
+        if let Err(error) = shared.layer.capacities().check(services, backends) {
+            self.table.forget_unwritten(&batch.ops);
+            self.full_next = true;
+            self.count_failure("capacity");
+            if !self.synced_once {
+                // Start-up ends here (status 1): take away what this start attached, so
+                // no half-programmed layer is left. Adopted maps keep serving.
+                if let Err(detail) = shared.layer.abandon() {
+                    tracing::warn!("socket layer not fully removed: {detail}");
+                }
+            }
+            return Err(BackendError::needs_operator(kind, FailedStep::Restore, error));
+        }
+        shared.sizes = sizes;
+        Ok(Planned {
+            full,
+            kind,
+            node_addresses,
+            ops: batch.ops,
+        })
+    }
+
+    fn apply(&mut self, planned: Planned) -> Result<(bool, ObjectCount), BackendError> {
+        let mut shared = lock(&self.shared);
+        if let Err(error) = shared.layer.apply(&planned.ops) {
             self.table.forget();
             self.full_next = true;
-            return Err(BackendError::new(kind, FailedStep::Restore, error));
+            let reason = if matches!(error, LayerError::Capacity { .. }) {
+                "capacity"
+            } else {
+                "kernel"
+            };
+            self.count_failure(reason);
+            return Err(BackendError::new(planned.kind, FailedStep::Restore, error));
         }
         self.full_next = false;
-        self.node_addresses = Some(node_addresses);
+        self.synced_once = true;
+        self.node_addresses = Some(planned.node_addresses);
         let (services, backends) = self.table.sizes();
         Ok((
-            full,
+            planned.full,
             ObjectCount {
                 total: services + backends,
-                written: batch.ops.len(),
+                written: planned.ops.len(),
             },
         ))
     }
+
+    fn count_failure(&self, reason: &'static str) {
+        if let Some(metrics) = crate::mode::METRICS.get() {
+            metrics
+                .get_or_create(&crate::mode::FailureLabels {
+                    ip_family: self.family.label(),
+                    reason,
+                })
+                .inc();
+        }
+    }
+}
+
+/// A sync's socket map writes, checked to fit.
+struct Planned {
+    full: bool,
+    kind: SyncKind,
+    node_addresses: Vec<IpAddr>,
+    ops: Vec<crate::table::Op>,
 }
 
 impl Backend for EbpfBackend {
     /// nftables first, so that a Service the socket layer starts translating already has
     /// its rules (for REJECT, and for traffic that meets no socket program).
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        let mut report = self.nftables.sync(request)?;
-        let (full, sockets) = self.sync_sockets(request)?;
+        // The socket writes are planned (and checked to fit) first: a cluster too large for
+        // the maps fails the sync before anything is written.
+        let planned = self.plan(request)?;
+        let mut report = match self.nftables.sync(request) {
+            Ok(report) => report,
+            Err(error) => {
+                self.table.forget();
+                self.full_next = true;
+                return Err(error);
+            }
+        };
+        let (full, sockets) = self.apply(planned)?;
         report.full |= full;
         report.objects.total += sockets.total;
         report.objects.written += sockets.written;

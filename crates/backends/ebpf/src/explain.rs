@@ -2,6 +2,7 @@
 //! goes to, affinity). The nftables rules beside them are nftables mode's explainer's.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 
 use kpr_explain::{Endpoint, EndpointGroup, Explainer, Finding, Outcome, Query, Section, Weight};
 use kpr_model::IpFamily;
@@ -9,17 +10,45 @@ use kpr_model::IpFamily;
 use crate::layer::{DEFAULT_PIN_ROOT, Pins, open_pinned};
 use crate::maps::{AddrPort, BACKENDS, BackendKey, FLAG_EXTERNAL, SERVICES, ServiceKey, ServiceValue};
 
-/// Reads the maps pinned at [`DEFAULT_PIN_ROOT`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct EbpfExplainer;
+/// Reads the maps pinned at a pin root (`--ebpf-pin-root`), by default [`DEFAULT_PIN_ROOT`].
+#[derive(Clone, Debug, Default)]
+pub struct EbpfExplainer {
+    /// `None`: [`DEFAULT_PIN_ROOT`].
+    pin_root: Option<PathBuf>,
+}
+
+impl EbpfExplainer {
+    /// The maps at [`DEFAULT_PIN_ROOT`].
+    pub const DEFAULT: Self = Self { pin_root: None };
+
+    /// The maps at `pin_root`.
+    pub fn at(pin_root: impl Into<PathBuf>) -> Self {
+        Self {
+            pin_root: Some(pin_root.into()),
+        }
+    }
+
+    fn pins(&self) -> Pins {
+        Pins::new(
+            self.pin_root
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_PIN_ROOT)),
+        )
+    }
+}
 
 impl Explainer for EbpfExplainer {
     fn looks_for(&self, _family: IpFamily) -> String {
-        format!("BPF socket maps pinned at {DEFAULT_PIN_ROOT}")
+        format!("BPF socket maps pinned at {}", self.pins().root().display())
     }
 
     fn explain(&self, query: &Query, _local_addresses: &[IpAddr]) -> Result<Option<Section>, String> {
-        explain_at(&Pins::new(DEFAULT_PIN_ROOT), query)
+        explain_at(&self.pins(), query)
+    }
+
+    /// Its section sits beside nftables mode's, whose tables this mode writes.
+    fn builds_on_another_mode(&self) -> bool {
+        true
     }
 }
 

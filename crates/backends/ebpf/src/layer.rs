@@ -47,6 +47,8 @@ pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/kube-proxy-rs";
 
 /// How many entries each map holds. The hash maps allocate per entry (no preallocation),
 /// so a large capacity costs nothing until used; the two LRU maps are allocated whole.
+/// The Service and endpoint maps are sized by `--ebpf-max-service-addresses` and
+/// `--ebpf-max-endpoint-slots` ([`SERVICES_KNOB`], [`BACKENDS_KNOB`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacities {
     /// Service addresses (cluster IPs, NodePorts x node addresses, external and LB IPs).
@@ -58,6 +60,49 @@ pub struct Capacities {
     pub affinity: u32,
     /// Translated sockets x endpoints they were given (least recently used evicted first).
     pub revnat: u32,
+}
+
+/// What sizes the Service map.
+pub const SERVICES_KNOB: &str = "--ebpf-max-service-addresses (ebpf.maxServiceAddresses in the config file)";
+/// What sizes the endpoint map.
+pub const BACKENDS_KNOB: &str = "--ebpf-max-endpoint-slots (ebpf.maxEndpointSlots in the config file)";
+
+impl Capacities {
+    /// The capacities for the configured maxima (`None`: the default), the endpoint map
+    /// twice the slots one sync may program.
+    pub fn configured(max_service_addresses: Option<u32>, max_endpoint_slots: Option<u32>) -> Self {
+        let default = Self::default();
+        Self {
+            services: max_service_addresses.unwrap_or(default.services),
+            backends: max_endpoint_slots.map_or(default.backends, |n| n.saturating_mul(2)),
+            ..default
+        }
+    }
+
+    /// Whether `services` Service addresses and `slots` endpoint slots fit (half the
+    /// endpoint map: an adopting restart writes its own beside the previous process's);
+    /// if not, the error naming the map, its capacity, the need and the knob.
+    pub fn check(&self, services: usize, slots: usize) -> Result<(), LayerError> {
+        if services > self.services as usize {
+            return Err(LayerError::Capacity {
+                map: SERVICES,
+                what: "Service addresses",
+                needed: services,
+                capacity: self.services,
+                knob: SERVICES_KNOB,
+            });
+        }
+        if slots > (self.backends / 2) as usize {
+            return Err(LayerError::Capacity {
+                map: BACKENDS,
+                what: "endpoint slots (half its entries: an adopting restart needs the other half)",
+                needed: slots,
+                capacity: self.backends / 2,
+                knob: BACKENDS_KNOB,
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Default for Capacities {
@@ -82,11 +127,17 @@ pub enum LayerError {
     Pin { path: PathBuf, detail: String },
     #[error("map {map}: {detail}")]
     Map { map: &'static str, detail: String },
-    #[error("map capacity exceeded: {what} needs {needed} entries, the map holds {capacity}")]
+    #[error(
+        "map capacity exceeded: map {map} holds {capacity} {what}, the cluster needs {needed}; \
+         {knob} sizes it"
+    )]
     Capacity {
+        map: &'static str,
         what: &'static str,
         needed: usize,
         capacity: u32,
+        /// The flag (and config file field) that sizes the map.
+        knob: &'static str,
     },
 }
 
@@ -232,14 +283,24 @@ impl SocketLayer {
     pub fn apply(&mut self, ops: &[Op]) -> Result<(), LayerError> {
         for op in ops {
             match op {
-                Op::PutBackend(key, value) => self
-                    .backends
-                    .insert(key, value, 0)
-                    .map_err(|e| full_or(BACKENDS, "endpoint slots", self.capacities.backends, &e))?,
-                Op::PutService(key, value) => self
-                    .services
-                    .insert(key, value, 0)
-                    .map_err(|e| full_or(SERVICES, "Service addresses", self.capacities.services, &e))?,
+                Op::PutBackend(key, value) => self.backends.insert(key, value, 0).map_err(|e| {
+                    full_or(
+                        BACKENDS,
+                        "endpoint slots",
+                        BACKENDS_KNOB,
+                        self.capacities.backends,
+                        &e,
+                    )
+                })?,
+                Op::PutService(key, value) => self.services.insert(key, value, 0).map_err(|e| {
+                    full_or(
+                        SERVICES,
+                        "Service addresses",
+                        SERVICES_KNOB,
+                        self.capacities.services,
+                        &e,
+                    )
+                })?,
                 Op::DeleteService(key) => {
                     absent_ok(self.services.remove(key)).map_err(|e| map_error(SERVICES, &e))?
                 }
@@ -253,6 +314,25 @@ impl SocketLayer {
 
     pub fn pins(&self) -> &Pins {
         &self.pins
+    }
+
+    /// Whether the maps were a previous process's (it left programs serving from them).
+    pub fn adopted(&self) -> bool {
+        self.adopted
+    }
+
+    /// Start-up failed: detaches and unpins what this start attached and pinned, unless the
+    /// maps were adopted (the programs attached beside them serve the previous process's
+    /// entries until the next start). Whether it was removed.
+    pub fn abandon(&self) -> Result<bool, String> {
+        if self.adopted {
+            tracing::warn!(
+                pins = %self.pins.root().display(),
+                "start-up failed; the adopted socket maps keep serving"
+            );
+            return Ok(false);
+        }
+        remove(&self.pins)
     }
 }
 
@@ -478,13 +558,21 @@ fn absent_ok(result: Result<(), MapError>) -> Result<(), MapError> {
 }
 
 /// A full map refuses an insert with E2BIG.
-fn full_or(map: &'static str, what: &'static str, capacity: u32, error: &MapError) -> LayerError {
+fn full_or(
+    map: &'static str,
+    what: &'static str,
+    knob: &'static str,
+    capacity: u32,
+    error: &MapError,
+) -> LayerError {
     match error {
         MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(nix::libc::E2BIG) => {
             LayerError::Capacity {
+                map,
                 what,
                 needed: capacity as usize + 1,
                 capacity,
+                knob,
             }
         }
         other => map_error(map, other),

@@ -2,7 +2,7 @@
 //! (one for the process, started by the first family's backend) on top.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use kpr_explain::Explainer;
 use kpr_host::{InterfaceAddresses, LocalAddresses, NodePortAddresses};
@@ -10,6 +10,9 @@ use kpr_mode::{Deprecation, FamilyMode, Fatal, Gate, Leftovers, Mode, ModeContex
 use kpr_model::IpFamily;
 use kpr_nftables::NftablesMode;
 use kpr_state::{Backend, DesiredState};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 use crate::backend::{EbpfBackend, SharedLayer};
@@ -22,6 +25,17 @@ use crate::table::Adopted;
 /// ebpf mode.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EbpfMode;
+
+/// `kubeproxy_ebpf_socket_map_sync_failures_total`'s labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct FailureLabels {
+    pub ip_family: &'static str,
+    /// `capacity` or `kernel`.
+    pub reason: &'static str,
+}
+
+/// The mode's own metric, registered once.
+pub(crate) static METRICS: OnceLock<Family<FailureLabels, Counter>> = OnceLock::new();
 
 /// The process's socket layer, once started, and what each family adopts from it.
 struct Started {
@@ -37,6 +51,12 @@ fn pin_root(settings: &Settings) -> PathBuf {
         .ebpf_pin_root
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_PIN_ROOT))
+}
+
+/// The maps' sizes: `--ebpf-max-service-addresses`, `--ebpf-max-endpoint-slots`.
+fn capacities(settings: &Settings) -> Capacities {
+    let ebpf = &settings.config.ebpf;
+    Capacities::configured(ebpf.max_service_addresses, ebpf.max_endpoint_slots)
 }
 
 /// The cgroup to attach to: `--cgroup-root`, else the node's cgroup v2 root.
@@ -71,8 +91,7 @@ impl Mode for EbpfMode {
     /// backend starts, before anything is attached.
     fn check_host(&self, settings: &Settings) -> Result<(), Fatal> {
         cgroup_root(settings)?;
-        ensure_bpffs(std::path::Path::new(DEFAULT_PIN_ROOT))
-            .map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))
+        ensure_bpffs(&pin_root(settings)).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))
     }
 
     fn supports(&self, family: IpFamily) -> bool {
@@ -83,9 +102,20 @@ impl Mode for EbpfMode {
         NftablesMode.uses_service_cidrs()
     }
 
-    /// nftables mode's metrics (its rules are this mode's too).
+    /// nftables mode's metrics (its rules are this mode's too), and the socket maps' failed
+    /// writes.
     fn register_metrics(&self, settings: &Settings, registry: &mut Registry) {
         NftablesMode.register_metrics(settings, registry);
+        METRICS.get_or_init(|| {
+            let failures = Family::<FailureLabels, Counter>::default();
+            registry.sub_registry_with_prefix("kubeproxy").register(
+                "ebpf_socket_map_sync_failures",
+                "Syncs whose socket map writes failed, by reason: capacity (a map too small for the \
+                 cluster, nothing written) or kernel",
+                failures.clone(),
+            );
+            failures
+        });
     }
 
     fn family(&self, context: &ModeContext<'_>, family: IpFamily) -> Result<Box<dyn FamilyMode>, Fatal> {
@@ -94,6 +124,7 @@ impl Mode for EbpfMode {
             nftables: NftablesMode.family(context, family)?,
             settings_cgroup: context.settings.cgroup_root.clone(),
             pins: Pins::new(pin_root(context.settings)),
+            capacities: capacities(context.settings),
             nodeport_addresses: context.host.nodeport_addresses.clone(),
         }))
     }
@@ -102,12 +133,12 @@ impl Mode for EbpfMode {
     /// nftables mode's table does); the next start adopts them.
     fn on_shutdown(&self, _families: &[IpFamily]) {}
 
-    /// The pinned links (detached by unpinning) and maps. nftables mode's tables are
-    /// nftables mode's leftovers.
-    fn remove_leftovers(&self) -> Leftovers {
+    /// The pinned links (detached by unpinning) and maps, at `--ebpf-pin-root` (else the
+    /// default directory). nftables mode's tables are nftables mode's leftovers.
+    fn remove_leftovers(&self, settings: &Settings) -> Leftovers {
         let mut leftovers = Leftovers::default();
-        let pins = Pins::new(DEFAULT_PIN_ROOT);
-        let object = format!("BPF socket programs and maps pinned at {DEFAULT_PIN_ROOT}");
+        let pins = Pins::new(pin_root(settings));
+        let object = format!("BPF socket programs and maps pinned at {}", pins.root().display());
         match remove(&pins) {
             Ok(true) => {
                 tracing::info!(%object, "removed what another kube-proxy mode left");
@@ -119,13 +150,26 @@ impl Mode for EbpfMode {
         leftovers
     }
 
+    /// The socket layer this start attached (not one adopted from a previous process).
+    fn abandon_start(&self, _settings: &Settings) {
+        let started = STARTED.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(started) = started {
+            let shared = started.shared.lock().unwrap_or_else(|p| p.into_inner());
+            match shared.layer().abandon() {
+                Ok(true) => tracing::info!("start-up failed: detached and unpinned the socket programs"),
+                Ok(false) => {}
+                Err(detail) => tracing::warn!("start-up failed; socket layer not fully removed: {detail}"),
+            }
+        }
+    }
+
     /// Its rules are nftables mode's tables.
     fn adopts(&self) -> &'static [ProxyMode] {
         &[ProxyMode::Nftables]
     }
 
     fn explainer(&self) -> Option<&dyn Explainer> {
-        Some(&EbpfExplainer)
+        Some(&EbpfExplainer::DEFAULT)
     }
 }
 
@@ -137,6 +181,7 @@ struct EbpfFamily {
     /// mounts nothing.
     settings_cgroup: Option<PathBuf>,
     pins: Pins,
+    capacities: Capacities,
     nodeport_addresses: NodePortAddresses,
 }
 
@@ -146,6 +191,7 @@ fn start_layer(
     family: IpFamily,
     settings_cgroup: Option<&std::path::Path>,
     pins: &Pins,
+    capacities: Capacities,
 ) -> Result<(Arc<Mutex<SharedLayer>>, Adopted), Fatal> {
     let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
     if started.is_none() {
@@ -155,7 +201,7 @@ fn start_layer(
         };
         check_cgroup2(&cgroup).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
         ensure_bpffs(pins.root()).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
-        let layer = SocketLayer::start(pins.clone(), &cgroup, Capacities::default())
+        let layer = SocketLayer::start(pins.clone(), &cgroup, capacities)
             .map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
         let (shared, v4, v6) =
             SharedLayer::new(layer).map_err(|e| Fatal::runtime(format!("ebpf mode: {e}")))?;
@@ -203,10 +249,11 @@ impl FamilyMode for EbpfFamily {
             nftables,
             settings_cgroup,
             pins,
+            capacities,
             nodeport_addresses,
         } = *self;
         let nftables = nftables.into_backend()?;
-        let (shared, adopted) = start_layer(family, settings_cgroup.as_deref(), &pins)?;
+        let (shared, adopted) = start_layer(family, settings_cgroup.as_deref(), &pins, capacities)?;
         let table = crate::table::Table::new(family, adopted);
         Ok(Box::new(EbpfBackend::new(
             family,

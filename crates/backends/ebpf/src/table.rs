@@ -268,6 +268,22 @@ impl Table {
         self.backend_entries = 0;
         self.adopted = Some(adopted);
     }
+
+    /// After a sync whose `ops` were computed but not written (they did not fit): the maps
+    /// still hold the previous sync's entries, including those `ops` would have deleted,
+    /// which the table no longer knows; they are adopted with the rest, so the next full
+    /// sync deletes them unless written again.
+    pub fn forget_unwritten(&mut self, ops: &[Op]) {
+        self.forget();
+        let adopted = self.adopted.get_or_insert_with(Adopted::default);
+        for op in ops {
+            match op {
+                Op::DeleteService(key) => adopted.services.push(*key),
+                Op::DeleteBackend(key) => adopted.backends.push(*key),
+                Op::PutBackend(..) | Op::PutService(..) => {}
+            }
+        }
+    }
 }
 
 fn backend_key(id: u32, slot: usize) -> BackendKey {

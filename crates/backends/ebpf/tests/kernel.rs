@@ -481,7 +481,7 @@ fn a_full_map_is_reported_as_capacity_exceeded() {
     assert!(
         error
             .to_string()
-            .starts_with("map capacity exceeded: Service addresses"),
+            .starts_with("map capacity exceeded: map kpr_services holds 2 Service addresses"),
         "{error}"
     );
 }
@@ -640,4 +640,184 @@ fn connects_through_the_socket_layer_and_direct() {
         s / d,
         a / d
     );
+}
+
+/// Stands in for nftables mode's backend: the socket layer's capacity is under test.
+struct NoRules;
+
+impl kpr_state::Backend for NoRules {
+    fn sync(
+        &mut self,
+        _request: &kpr_state::SyncRequest<'_>,
+    ) -> Result<kpr_state::SyncReport, kpr_state::BackendError> {
+        Ok(kpr_state::SyncReport::default())
+    }
+}
+
+/// ebpf mode's IPv4 backend over a layer started with room for two Service addresses (one
+/// Service of the test: TCP and UDP), and its metrics.
+fn small_backend(
+    pins: &TestPins,
+    cgroup: &TestCgroup,
+) -> (kpr_ebpf::EbpfBackend, prometheus_client::registry::Registry) {
+    use kpr_mode::Mode as _;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let settings = kpr_config::load(["kube-proxy"]).unwrap();
+    kpr_ebpf::EbpfMode.register_metrics(&settings, &mut registry);
+    let layer = SocketLayer::start(
+        pins.0.clone(),
+        &cgroup.path,
+        Capacities {
+            services: 2,
+            ..capacities()
+        },
+    )
+    .unwrap();
+    let (shared, v4, _) = kpr_ebpf::SharedLayer::new(layer).unwrap();
+    let backend = kpr_ebpf::EbpfBackend::new(
+        IpFamily::V4,
+        Box::new(NoRules),
+        shared,
+        Table::new(IpFamily::V4, v4),
+        kpr_host::NodePortAddresses::All,
+    );
+    (backend, registry)
+}
+
+fn sync_world(backend: &mut kpr_ebpf::EbpfBackend, world: &mut World) -> Result<(), kpr_state::BackendError> {
+    use kpr_state::Backend as _;
+    let (state, changed) = world.take();
+    let request = kpr_state::SyncRequest {
+        state: &state,
+        changed: &changed,
+        service_changes: &[],
+        endpoint_changes: &[],
+        force_full: false,
+    };
+    backend.sync(&request).map(|_| ())
+}
+
+fn service_keys(pins: &TestPins) -> Vec<String> {
+    let services = kpr_ebpf::layer::open_pinned::<kpr_ebpf::maps::ServiceKey, kpr_ebpf::maps::ServiceValue>(
+        &pins.0,
+        kpr_ebpf::maps::SERVICES,
+    )
+    .unwrap();
+    let mut keys: Vec<String> = services
+        .keys()
+        .map(|k| k.unwrap())
+        .map(|k| format!("{}:{}", k.ip(), k.port()))
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// The first sync of a cluster larger than the maps: an error only the operator can fix
+/// (the binary exits 1 with it), naming the map, its capacity, the need and the flag; and
+/// what this start attached and pinned is taken away.
+#[test]
+fn a_cluster_too_large_for_the_maps_at_the_first_sync_is_fatal_and_detaches() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let cgroup = TestCgroup::create("capacity-first");
+    let pins = TestPins::new("capacity-first");
+    let (mut backend, registry) = small_backend(&pins, &cgroup);
+    let mut v4 = Driver::new(IpFamily::V4, Adopted::default(), Ids::default());
+    v4.service("a", "10.96.0.40", &["10.99.0.2 ready"], None);
+    v4.service("b", "10.96.0.41", &["10.99.0.2 ready"], None);
+    let error = sync_world(&mut backend, &mut v4.world).unwrap_err();
+    assert!(error.needs_operator, "{error}");
+    let message = error.to_string();
+    assert_eq!(
+        message,
+        "map capacity exceeded: map kpr_services holds 2 Service addresses, the cluster needs 4; \
+         --ebpf-max-service-addresses (ebpf.maxServiceAddresses in the config file) sizes it"
+    );
+    assert!(!pins.0.exists(), "nothing left pinned (so nothing attached)");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains(
+            "kubeproxy_ebpf_socket_map_sync_failures_total{ip_family=\"IPv4\",reason=\"capacity\"} 1"
+        ),
+        "{text}"
+    );
+}
+
+/// A later change that does not fit fails its sync (retried, reported as any failed sync)
+/// before anything is written: the maps keep what the previous sync wrote.
+#[test]
+fn a_later_change_too_large_for_the_maps_fails_without_writing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let cgroup = TestCgroup::create("capacity-later");
+    let pins = TestPins::new("capacity-later");
+    let (mut backend, _registry) = small_backend(&pins, &cgroup);
+    let mut v4 = Driver::new(IpFamily::V4, Adopted::default(), Ids::default());
+    v4.service("a", "10.96.0.40", &["10.99.0.2 ready"], None);
+    sync_world(&mut backend, &mut v4.world).unwrap();
+    let before = service_keys(&pins);
+    assert_eq!(before, ["10.96.0.40:53", "10.96.0.40:80"]);
+    // a moves to another endpoint and b comes: too many.
+    v4.service("a", "10.96.0.40", &["10.99.0.3 ready"], None);
+    v4.service("b", "10.96.0.41", &["10.99.0.2 ready"], None);
+    let error = sync_world(&mut backend, &mut v4.world).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("map capacity exceeded: map kpr_services"),
+        "{error}"
+    );
+    assert_eq!(service_keys(&pins), before, "nothing of the failed sync written");
+    assert_eq!(
+        std::fs::read_dir(pins.0.links()).unwrap().count(),
+        8,
+        "still attached"
+    );
+    // Once it fits again (b gone), the next (full) sync succeeds.
+    v4.world.delete_service("b");
+    sync_world(&mut backend, &mut v4.world).unwrap();
+    assert_eq!(service_keys(&pins), before);
+    let backends = kpr_ebpf::layer::open_pinned::<kpr_ebpf::maps::BackendKey, kpr_ebpf::maps::AddrPort>(
+        &pins.0,
+        kpr_ebpf::maps::BACKENDS,
+    )
+    .unwrap();
+    let mut slots: Vec<String> = backends
+        .iter()
+        .map(|entry| entry.unwrap().1.socket_addr().to_string())
+        .collect();
+    slots.sort();
+    assert_eq!(
+        slots,
+        ["10.99.0.3:5353", "10.99.0.3:8080"],
+        "a's new endpoint only"
+    );
+}
+
+/// Start-up failing after the socket layer attached (the IPv6 family's backend, or a first
+/// sync only the operator can fix): what this start attached and pinned is taken away; a
+/// layer over maps adopted from a previous process keeps serving them.
+#[test]
+fn a_failed_start_detaches_its_own_layer_and_keeps_an_adopted_one() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let cgroup = TestCgroup::create("abandon");
+    let pins = TestPins::new("abandon");
+    let fresh = start(&pins, &cgroup);
+    assert_eq!(fresh.abandon(), Ok(true));
+    assert!(!pins.0.exists(), "nothing left pinned, so nothing attached");
+    drop(fresh);
+
+    let mut first = start(&pins, &cgroup);
+    let mut v4 = Driver::new(IpFamily::V4, Adopted::default(), Ids::default());
+    v4.service("web", "10.96.0.50", &["10.99.0.2 ready"], None);
+    v4.sync(&mut first, true);
+    drop(first);
+    let adopting = start(&pins, &cgroup);
+    assert!(adopting.adopted());
+    assert_eq!(adopting.abandon(), Ok(false));
+    assert_eq!(
+        std::fs::read_dir(pins.0.links()).unwrap().count(),
+        8,
+        "still attached"
+    );
+    assert_eq!(service_keys(&pins), ["10.96.0.50:53", "10.96.0.50:80"]);
 }

@@ -81,7 +81,7 @@ impl Mode for IptablesMode {
     /// The rules keep serving without the process, as upstream's do.
     fn on_shutdown(&self, _families: &[IpFamily]) {}
 
-    fn remove_leftovers(&self) -> Leftovers {
+    fn remove_leftovers(&self, _settings: &Settings) -> Leftovers {
         remove_everywhere(&IptablesFootprint)
     }
 

@@ -84,7 +84,7 @@ impl Mode for IpvsMode {
     /// The virtual servers keep serving without the process, as upstream's do.
     fn on_shutdown(&self, _families: &[IpFamily]) {}
 
-    fn remove_leftovers(&self) -> Leftovers {
+    fn remove_leftovers(&self, _settings: &Settings) -> Leftovers {
         crate::leftovers::remove_all()
     }
 

@@ -121,7 +121,7 @@ impl Mode for NftablesMode {
     fn on_shutdown(&self, _families: &[IpFamily]) {}
 
     /// Both families' tables.
-    fn remove_leftovers(&self) -> Leftovers {
+    fn remove_leftovers(&self, _settings: &Settings) -> Leftovers {
         let mut leftovers = Leftovers::default();
         for family in [IpFamily::V4, IpFamily::V6] {
             let object = format!("nftables table {} {TABLE}", family_name(family));

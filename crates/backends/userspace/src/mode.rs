@@ -85,7 +85,7 @@ impl Mode for UserspaceMode {
         }
     }
 
-    fn remove_leftovers(&self) -> Leftovers {
+    fn remove_leftovers(&self, _settings: &Settings) -> Leftovers {
         remove_everywhere(&PortalFootprint)
     }
 

@@ -14,7 +14,7 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 
 use crate::test_support::{FAMILY, metrics_text, service_event, settings, slice_event};
-use crate::{FamilyBackend, run};
+use crate::{FamilyBackend, Stopped, run};
 
 #[derive(Debug, Default)]
 struct Seen {
@@ -24,6 +24,8 @@ struct Seen {
     failures: VecDeque<(SyncKind, FailedStep)>,
     /// Reported as newly left out by the next successful sync.
     unsafe_objects: Vec<UnsafeObject>,
+    /// The failures are ones only the operator can fix (a map too small).
+    needs_operator: bool,
 }
 
 struct Recording(Arc<Mutex<Seen>>);
@@ -35,6 +37,9 @@ impl Backend for Recording {
         seen.syncs
             .push((request.state.ports().len(), changed, request.force_full));
         if let Some((attempted, step)) = seen.failures.pop_front() {
+            if seen.needs_operator {
+                return Err(BackendError::needs_operator(attempted, step, "map too small"));
+            }
             return Err(BackendError::new(attempted, step, "kernel said no"));
         }
         Ok(SyncReport {
@@ -476,4 +481,69 @@ async fn the_after_sync_observer_hears_successful_syncs_only() {
         [vec!["default/a"], vec!["default/a", "default/b"]],
         "one call per successful sync, each with the whole state"
     );
+}
+
+/// A backend failing as only the operator can fix, at the `fail_at`th sync (1-based).
+async fn needing_the_operator_at(
+    fail_at: usize,
+) -> (Arc<Mutex<Seen>>, EventSender, tokio::task::JoinHandle<Stopped>) {
+    let seen = Arc::new(Mutex::new(Seen {
+        needs_operator: true,
+        ..Default::default()
+    }));
+    if fail_at == 1 {
+        seen.lock().unwrap().failures.push_back(FULL_RESTORE);
+    }
+    let (events, rx) = event_channel();
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let health = Arc::new(ProxyHealth::new(Duration::from_secs(60)));
+    let stopped = tokio::spawn(run(
+        settings(vec!["manifests"]),
+        vec![FamilyBackend::new(FAMILY, Box::new(Recording(seen.clone())))],
+        rx,
+        metrics,
+        health,
+    ));
+    (seen, events, stopped)
+}
+
+#[tokio::test]
+async fn a_first_sync_only_the_operator_can_fix_stops_the_proxy_with_its_message() {
+    let (_seen, events, stopped) = needing_the_operator_at(1).await;
+    events.send(service("a", "10.0.0.1")).await.unwrap();
+    events.send(Event::Synced { source: "manifests" }).await.unwrap();
+    let stopped = tokio::time::timeout(Duration::from_secs(5), stopped)
+        .await
+        .expect("the proxy stops")
+        .unwrap();
+    assert_eq!(stopped, Stopped::Fatal("map too small".to_owned()));
+}
+
+#[tokio::test]
+async fn the_same_failure_after_a_successful_sync_is_retried() {
+    let (seen, events, stopped) = needing_the_operator_at(2).await;
+    events.send(service("a", "10.0.0.1")).await.unwrap();
+    events.send(Event::Synced { source: "manifests" }).await.unwrap();
+    for _ in 0..500 {
+        if seen.lock().unwrap().syncs.len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    seen.lock()
+        .unwrap()
+        .failures
+        .push_back((SyncKind::Partial, FailedStep::Restore));
+    events.send(service("b", "10.0.0.2")).await.unwrap();
+    // The failed sync, then its retry (backoff starts at 1 s).
+    for _ in 0..500 {
+        if seen.lock().unwrap().syncs.len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(seen.lock().unwrap().syncs.len(), 3, "failed, then retried");
+    assert!(!stopped.is_finished(), "the proxy keeps running");
+    stopped.abort();
 }

@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use kpr_explain::{Explainer, Query, explain_live, render};
+use kpr_explain::{Query, explain_live, render};
 
 use crate::mode;
 
@@ -57,12 +57,7 @@ pub fn run(args: &[OsString]) -> ExitCode {
         }
         [address] => match Query::parse(address) {
             Ok(query) => {
-                let explainers: Vec<&dyn Explainer> = mode::all()
-                    .filter_map(|m| match (&ebpf, m.name()) {
-                        (Some(at), kpr_config::ProxyMode::Ebpf) => Some(at as &dyn Explainer),
-                        _ => m.explainer(),
-                    })
-                    .collect();
+                let explainers = mode::explainers(ebpf.as_ref());
                 let explanation = explain_live(&query, &explainers);
                 print!("{}", render(&explanation));
                 if explanation.found() {

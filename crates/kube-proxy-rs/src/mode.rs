@@ -32,6 +32,17 @@ pub fn all() -> impl DoubleEndedIterator<Item = &'static dyn Mode> {
     ProxyMode::ALL.into_iter().map(implementation)
 }
 
+/// Every mode's `explain` reader; `ebpf_at`, when given, reads ebpf mode's maps where
+/// `--ebpf-pin-root` put them instead of the default directory.
+pub fn explainers(ebpf_at: Option<&kpr_ebpf::EbpfExplainer>) -> Vec<&dyn kpr_explain::Explainer> {
+    all()
+        .filter_map(|m| match (ebpf_at, m.name()) {
+            (Some(at), ProxyMode::Ebpf) => Some(at as &dyn kpr_explain::Explainer),
+            _ => m.explainer(),
+        })
+        .collect()
+}
+
 /// Upstream 1.37's warning when no mode was configured (k/k #139957, KEP-5343): the default
 /// stays iptables until 1.40, then becomes nftables.
 pub const DEFAULTED_MODE_WARNING: &str = "No proxy mode was configured, so the default, iptables, is used. \

@@ -82,6 +82,8 @@
 
 mod attr;
 mod batch;
+#[cfg(test)]
+mod captured;
 mod consts;
 mod dump;
 mod error;

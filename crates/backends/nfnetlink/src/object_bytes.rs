@@ -5,22 +5,11 @@
 
 use crate::attr::Writer;
 use crate::batch::Batch;
+use crate::captured::{hex, without_sequence};
 use crate::dump;
 use crate::expr::{Expr, RejectKind, encode_list};
 use crate::objects::{Counter, Family, ObjectType, Table};
 use crate::socket::objects_request;
-
-fn hex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
-        .collect()
-}
-
-fn without_sequence(mut bytes: Vec<u8>) -> Vec<u8> {
-    bytes[8..12].copy_from_slice(&[0; 4]);
-    bytes
-}
 
 /// The one message of `batch` against nft's.
 fn same(batch: &Batch, nft: &str) {

@@ -4,18 +4,7 @@
 //! numbers are zeroed on both sides; everything else must match byte for byte.
 
 use super::*;
-
-fn hex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
-        .collect()
-}
-
-fn without_sequence(mut bytes: Vec<u8>) -> Vec<u8> {
-    bytes[8..12].copy_from_slice(&[0; 4]);
-    bytes
-}
+use crate::captured::{hex, without_sequence};
 
 fn same(ours: Vec<u8>, tools: &str) {
     assert_eq!(without_sequence(ours), without_sequence(hex(tools)));

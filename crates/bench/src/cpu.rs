@@ -40,11 +40,16 @@ impl Threads {
         }
     }
 
+    /// The registered threads' ids (to move them into a cgroup, for instance).
+    pub fn ids(&self) -> Vec<u32> {
+        self.ids.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// CPU time of every registered thread still alive (a thread that ended took its count
     /// with it; runtime workers live as long as the runtime).
     pub fn cpu_time(&self) -> Duration {
-        let ids = self.ids.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        ids.iter()
+        self.ids()
+            .iter()
             .filter_map(|tid| std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok())
             .filter_map(|stat| stat_cpu_time(&stat))
             .sum()

@@ -16,9 +16,10 @@
 //! product's pipeline in-process, heap bytes per stage, counted by this binary's own
 //! allocator), and, only when asked for, the soak (it lasts half an hour by default: the
 //! real binary's memory and metric series under long churn with watch drops and forced
-//! relists) and the L4 data path (`l4`: TCP throughput, new connections per second and
-//! latency through the userspace mode beside HAProxy, the iptables mode and no proxy; it
-//! needs `haproxy`).
+//! relists), ebpf mode's socket maps (`ebpf-maps`: cold load and single endpoint changes)
+//! and the L4 data path (`l4`: TCP throughput, new connections per second and latency
+//! through the userspace mode beside HAProxy, the iptables, nftables and ebpf modes and no
+//! proxy, from outside the node or, with `--l4-client pod`, from a pod; it needs `haproxy`).
 
 mod api_lab;
 mod churn;
@@ -28,6 +29,7 @@ mod commentary;
 mod counting;
 mod cpu;
 mod e2e;
+mod ebpf;
 mod flushed;
 mod format;
 mod histogram;
@@ -102,6 +104,9 @@ struct Args {
     /// Single changes of each kind (endpoint change, new Service) timed in nftables mode.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
     changes: u16,
+    /// Cluster sizes (services) for ebpf mode's socket maps (`--parts ebpf-maps`).
+    #[arg(long, value_delimiter = ',', default_value = "10000,50000")]
+    ebpf_services: Vec<usize>,
     /// Cluster sizes (services) for the end-to-end run of the real binary, per mode and source.
     #[arg(long, value_delimiter = ',', default_value = "10000,50000")]
     e2e_services: Vec<usize>,
@@ -195,6 +200,9 @@ struct Args {
     /// The paths the L4 benchmark measures (default: all; fewer for a quick comparison).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = l4::cluster::Path::ALL)]
     l4_paths: Vec<l4::cluster::Path>,
+    /// Where the L4 benchmark's client runs: outside the node, or in a pod of its own.
+    #[arg(long, value_enum, default_value = "outside")]
+    l4_client: l4::cluster::Placement,
     /// The haproxy program for the L4 benchmark (default: `haproxy` from PATH).
     #[arg(long, value_name = "FILE")]
     haproxy: Option<PathBuf>,
@@ -213,6 +221,9 @@ enum BenchMode {
     /// The real binary only (end to end, churn, soak): the userspace mode has no
     /// in-process part of its own.
     Userspace,
+    /// The real binary (end to end, churn, soak), its programs attached to a cgroup of the
+    /// run's own; the socket maps in-process with `--parts ebpf-maps`.
+    Ebpf,
 }
 
 /// The parts of a run (`--parts`).
@@ -231,6 +242,9 @@ enum Part {
     Soak,
     /// Heap bytes per pipeline stage, in-process (`--stage-services`, `--stage-sources`).
     Stages,
+    /// ebpf mode's socket maps: cold load and single endpoint changes (`--ebpf-services`;
+    /// only when asked for).
+    EbpfMaps,
     /// The L4 data path: TCP through the userspace mode beside HAProxy, the iptables mode
     /// and no proxy (`--l4-*`; only when asked for).
     L4,
@@ -242,6 +256,7 @@ impl BenchMode {
             Self::Iptables => "iptables",
             Self::Nftables => "nftables",
             Self::Userspace => "userspace",
+            Self::Ebpf => "ebpf",
         }
     }
 }
@@ -306,6 +321,25 @@ fn run(args: &Args) -> Result<(), String> {
             nft_rows.push(row);
         }
     }
+    let mut ebpf_rows = Vec::new();
+    if args.parts.contains(&Part::EbpfMaps) && !args.render_only {
+        for &services in &args.ebpf_services {
+            let plan = ebpf::EbpfPlan {
+                shape: Shape {
+                    services,
+                    endpoints: args.endpoints.into(),
+                },
+                changes: args.changes.into(),
+            };
+            eprintln!(
+                "[{services} services, ebpf maps] cold load and {} changes",
+                plan.changes
+            );
+            let row = ebpf::measure(&plan)?;
+            eprintln!("[{services} services, ebpf maps] {row:?}");
+            ebpf_rows.push(row);
+        }
+    }
     let real_binary = |part| args.parts.contains(&part) && !args.render_only;
     let e2e_rows = if real_binary(Part::E2e) {
         end_to_end(args)?
@@ -336,6 +370,7 @@ fn run(args: &Args) -> Result<(), String> {
     let measured = report::Measured {
         rows: &rows,
         nft_rows: &nft_rows,
+        ebpf_rows: &ebpf_rows,
         e2e_rows: &e2e_rows,
         churn_rows: &churn_rows,
         soak_rows: &soak_rows,
@@ -467,6 +502,7 @@ fn l4(args: &Args) -> Result<l4::L4Run, String> {
         paths: &args.l4_paths,
         turns: args.l4_turns.into(),
         turn_window: Duration::from_secs(args.l4_turn_seconds),
+        placement: args.l4_client,
     };
     eprintln!(
         "[l4] {} pods; {} round(s) of {} runs of {} s per phase; 1 and {} streams, {} connections at once",

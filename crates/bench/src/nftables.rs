@@ -145,7 +145,7 @@ fn measure_inside(plan: &NftPlan) -> Result<NftRow, String> {
 }
 
 /// `n` timed runs of `step`; the first failure ends the series and is reported.
-fn repeat(n: usize, mut step: impl FnMut(usize) -> Result<Duration, String>) -> Outcome<Spread> {
+pub fn repeat(n: usize, mut step: impl FnMut(usize) -> Result<Duration, String>) -> Outcome<Spread> {
     let mut samples = Vec::with_capacity(n);
     for i in 0..n {
         match step(i) {

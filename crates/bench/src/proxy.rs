@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kpr_netns::Netns;
+use kpr_netns::{Netns, SocketCgroup};
 
 use crate::cluster::NODE_NAME;
 use crate::load::Outcome;
@@ -31,6 +31,10 @@ const POLL_PER_SCRAPE: u32 = 10;
 /// One scrape of /metrics; a proxy busy loading 50k Services may answer slowly.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 const LOG_TAIL_LINES: usize = 5;
+/// The mode whose programs attach to a cgroup: it gets a cgroup and a pin directory of the
+/// run's own, never the node's root cgroup (where it would translate every process's
+/// connections on this machine).
+const SOCKET_MODE: &str = "ebpf";
 
 /// Where the proxy reads the cluster from.
 pub enum Source<'a> {
@@ -67,13 +71,20 @@ pub struct RunningProxy<'a> {
     child: Child,
     started: Instant,
     log: ScratchFile,
+    /// ebpf mode's cgroup and pins, removed after the child is killed (which detaches
+    /// its programs).
+    sockets: Option<SocketCgroup>,
 }
 
 impl<'a> RunningProxy<'a> {
     /// Spawns the proxy inside `netns`; the clock for [`Self::wait_first_sync`] starts here.
     pub fn spawn(netns: &'a Netns, launch: &Launch<'_>) -> Result<Self, String> {
         let log = ScratchFile::create("proxy.log", b"")?;
-        let mut command = command(launch);
+        let sockets = (launch.mode == SOCKET_MODE)
+            .then(|| SocketCgroup::create("bench", &[]))
+            .transpose()
+            .map_err(|e| format!("ebpf mode's cgroup: {e}"))?;
+        let mut command = command(launch, sockets.as_ref().map(|s| (s.path(), s.pins())));
         let file = std::fs::File::options()
             .append(true)
             .open(log.path())
@@ -91,7 +102,14 @@ impl<'a> RunningProxy<'a> {
             child,
             started,
             log,
+            sockets,
         })
+    }
+
+    /// The cgroup ebpf mode's programs are attached to: threads moved there have their
+    /// connections translated.
+    pub fn socket_cgroup(&self) -> Option<&Path> {
+        self.sockets.as_ref().map(SocketCgroup::path)
     }
 
     /// Waits until the metrics report the first successful sync: the time since spawning,
@@ -178,9 +196,14 @@ pub fn cleanup(netns: &Netns, binary: &Path) -> Result<(), String> {
     ))
 }
 
-fn command(launch: &Launch<'_>) -> Command {
+/// The proxy's command line; `sockets` is ebpf mode's (cgroup, pin directory).
+fn command(launch: &Launch<'_>, sockets: Option<(&Path, &Path)>) -> Command {
     let mut command = Command::new(launch.binary);
     command.args(["--proxy-mode", launch.mode, "--hostname-override", NODE_NAME]);
+    if let Some((cgroup, pins)) = sockets {
+        command.arg("--cgroup-root").arg(cgroup);
+        command.arg("--ebpf-pin-root").arg(pins);
+    }
     match launch.source {
         Source::Manifest(path) => command.arg("--manifests").arg(path),
         Source::Api { kubeconfig } => command.arg("--kubeconfig").arg(kubeconfig),
@@ -209,7 +232,11 @@ mod tests {
     use super::*;
 
     fn args(launch: &Launch<'_>) -> Vec<String> {
-        command(launch)
+        args_with(launch, None)
+    }
+
+    fn args_with(launch: &Launch<'_>, sockets: Option<(&Path, &Path)>) -> Vec<String> {
+        command(launch, sockets)
             .get_args()
             .map(|a| a.to_string_lossy().into_owned())
             .collect()
@@ -249,5 +276,27 @@ mod tests {
         .join(" ");
         assert!(from_file.contains("--manifests /tmp/m.json"), "{from_file}");
         assert!(!from_file.contains("min-sync-period"), "{from_file}");
+        assert!(!from_file.contains("--cgroup-root"), "{from_file}");
+    }
+
+    /// ebpf mode is given the run's own cgroup and pins, never left to default to the
+    /// machine's root cgroup.
+    #[test]
+    fn ebpf_mode_gets_the_runs_cgroup_and_pin_directory() {
+        let launch = Launch {
+            binary: Path::new("/bin/kube-proxy-rs"),
+            mode: SOCKET_MODE,
+            source: Source::Manifest(Path::new("/tmp/m.json")),
+            min_sync_period: None,
+        };
+        let joined = args_with(
+            &launch,
+            Some((Path::new("/cg/kpr"), Path::new("/sys/fs/bpf/kpr"))),
+        )
+        .join(" ");
+        assert!(
+            joined.contains("--proxy-mode ebpf --hostname-override bench-node-0 --cgroup-root /cg/kpr --ebpf-pin-root /sys/fs/bpf/kpr"),
+            "{joined}"
+        );
     }
 }

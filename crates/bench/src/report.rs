@@ -54,6 +54,8 @@ pub struct Settings {
 pub struct Measured<'a> {
     pub rows: &'a [Row],
     pub nft_rows: &'a [NftRow],
+    /// ebpf mode's socket maps (`--parts ebpf-maps`).
+    pub ebpf_rows: &'a [crate::ebpf::EbpfRow],
     pub e2e_rows: &'a [E2eRow],
     pub churn_rows: &'a [ChurnRow],
     pub soak_rows: &'a [SoakRow],
@@ -75,6 +77,10 @@ pub fn results(m: &Measured<'_>) -> String {
     if !m.nft_rows.is_empty() {
         out.push('\n');
         nft_table(&mut out, m.nft_rows);
+    }
+    if !m.ebpf_rows.is_empty() {
+        out.push('\n');
+        crate::ebpf::table(&mut out, m.ebpf_rows);
     }
     if !m.e2e_rows.is_empty() {
         out.push('\n');
@@ -332,6 +338,7 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
     let Measured {
         rows,
         nft_rows,
+        ebpf_rows,
         e2e_rows,
         churn_rows,
         soak_rows,
@@ -355,6 +362,7 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
         nft_table(&mut out, nft_rows);
         out.push('\n');
     }
+    crate::ebpf::section(&mut out, ebpf_rows);
     if !e2e_rows.is_empty() {
         let _ = write!(
             out,
@@ -570,6 +578,7 @@ pub(crate) mod tests {
         let text = results(&Measured {
             rows: &rows,
             nft_rows: &[],
+            ebpf_rows: &[],
             e2e_rows: &[],
             churn_rows: &[],
             soak_rows: &[],
@@ -665,6 +674,7 @@ pub(crate) mod tests {
         let text = results(&Measured {
             rows: &[],
             nft_rows: &[],
+            ebpf_rows: &[],
             e2e_rows: &[],
             churn_rows: &[],
             soak_rows: &[],
@@ -702,6 +712,7 @@ pub(crate) mod tests {
         let text = results(&Measured {
             rows: &[],
             nft_rows: &[],
+            ebpf_rows: &[],
             e2e_rows: &e2e,
             churn_rows: &[],
             soak_rows: &[],
@@ -740,6 +751,7 @@ pub(crate) mod tests {
         let text = results(&Measured {
             rows: &[],
             nft_rows: &[],
+            ebpf_rows: &[],
             e2e_rows: &[],
             churn_rows: &churn,
             soak_rows: &[],
@@ -792,6 +804,7 @@ pub(crate) mod tests {
             &Measured {
                 rows: &rows,
                 nft_rows: &[],
+                ebpf_rows: &[],
                 e2e_rows: &[],
                 churn_rows: &[],
                 soak_rows: &[],
@@ -822,6 +835,7 @@ pub(crate) mod tests {
             &Measured {
                 rows: &[],
                 nft_rows: &[],
+                ebpf_rows: &[],
                 e2e_rows: &[],
                 churn_rows: &churn,
                 soak_rows: &[],

@@ -281,6 +281,7 @@ mod tests {
         targets_section(&Measured {
             rows: &[],
             nft_rows: &[],
+            ebpf_rows: &[],
             e2e_rows: e2e,
             churn_rows: churn,
             soak_rows: &[],
@@ -298,6 +299,7 @@ mod tests {
         let text = targets_section(&Measured {
             rows: &[],
             nft_rows: &[],
+            ebpf_rows: &[],
             e2e_rows: &[],
             churn_rows: &[],
             soak_rows: &[flat, grown, stopped],
@@ -396,6 +398,7 @@ mod tests {
             targets_section(&Measured {
                 rows: &[],
                 nft_rows: &[],
+                ebpf_rows: &[],
                 e2e_rows: &[],
                 churn_rows: &[],
                 soak_rows: &[],

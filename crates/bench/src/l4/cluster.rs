@@ -69,13 +69,23 @@ pub enum Path {
     HaproxyBesidePortal,
     /// kube-proxy-rs `--proxy-mode iptables`: client → cluster IP, DNAT in the node's kernel → pod.
     Iptables,
+    /// kube-proxy-rs `--proxy-mode nftables`: client → cluster IP, DNAT in the node's kernel → pod.
+    Nftables,
+    /// kube-proxy-rs `--proxy-mode ebpf`, the client's threads in the cgroup its programs
+    /// are attached to: connect() to the cluster IP is rewritten to a pod's address, so the
+    /// packets go client → pod as on the direct path.
+    Ebpf,
     /// Client → pod, no proxy: the floor every other row is measured against.
     Direct,
+    /// Client → pod while ebpf mode runs, the client's threads in its cgroup: what a pod's
+    /// connections to anything but a Service pay for the mode (its program's lookup, the
+    /// node's nftables rules, and conntrack on the node's bridge once those rules need it).
+    DirectBesideEbpf,
 }
 
 impl Path {
     /// In the report's order: the (a) to (d).
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 11] = [
         Self::Userspace,
         Self::UserspaceListener,
         Self::Haproxy,
@@ -83,13 +93,16 @@ impl Path {
         Self::HaproxyPortal,
         Self::HaproxyBesidePortal,
         Self::Iptables,
+        Self::Nftables,
+        Self::Ebpf,
         Self::Direct,
+        Self::DirectBesideEbpf,
     ];
 
     /// The order rows run in: paths that leave the node's netfilter untouched first. A
     /// kube-proxy-rs row registers conntrack and NAT in the node namespace, which then costs
     /// every later packet; no row may pay for an earlier row's rules.
-    pub const RUN_ORDER: [Self; 8] = [
+    pub const RUN_ORDER: [Self; 11] = [
         Self::Direct,
         Self::Haproxy,
         Self::HaproxySplice,
@@ -98,6 +111,9 @@ impl Path {
         Self::Userspace,
         Self::UserspaceListener,
         Self::Iptables,
+        Self::Nftables,
+        Self::Ebpf,
+        Self::DirectBesideEbpf,
     ];
 
     pub fn label(self) -> &'static str {
@@ -109,7 +125,10 @@ impl Path {
             Self::HaproxyPortal => "(b) HAProxy mode tcp behind the portal",
             Self::HaproxyBesidePortal => "(b) HAProxy mode tcp beside the portal",
             Self::Iptables => "(c) kube-proxy-rs iptables",
+            Self::Nftables => "(c) kube-proxy-rs nftables",
+            Self::Ebpf => "(e) kube-proxy-rs ebpf",
             Self::Direct => "(d) direct to the pod",
+            Self::DirectBesideEbpf => "(d) direct to the pod, ebpf mode running",
         }
     }
 
@@ -118,6 +137,8 @@ impl Path {
         match self {
             Self::Userspace | Self::UserspaceListener => Some("userspace"),
             Self::Iptables => Some("iptables"),
+            Self::Nftables => Some("nftables"),
+            Self::Ebpf | Self::DirectBesideEbpf => Some("ebpf"),
             Self::Haproxy
             | Self::HaproxySplice
             | Self::HaproxyPortal
@@ -132,16 +153,27 @@ impl Path {
     /// proxies spread them).
     pub fn target(self, port: Port, backends: usize, n: usize, listeners: Option<Listeners>) -> SocketAddr {
         match self {
-            Self::Userspace | Self::Iptables | Self::HaproxyPortal => {
+            Self::Userspace | Self::Iptables | Self::Nftables | Self::Ebpf | Self::HaproxyPortal => {
                 SocketAddr::from((CLUSTER_IP, port.service))
             }
             Self::UserspaceListener => SocketAddr::from((NODE_IP, listeners.map_or(0, |l| l.port(port)))),
             Self::Haproxy | Self::HaproxySplice | Self::HaproxyBesidePortal => {
                 SocketAddr::from((NODE_IP, port.haproxy))
             }
-            Self::Direct => SocketAddr::from((pod_ip(n % backends.max(1)), port.target)),
+            Self::Direct | Self::DirectBesideEbpf => {
+                SocketAddr::from((pod_ip(n % backends.max(1)), port.target))
+            }
         }
     }
+}
+
+/// Where the client runs: outside the cluster (its connections arrive on the node's
+/// link), or in a pod of its own on the node's bridge (not an endpoint), as a workload
+/// calling a Service does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Placement {
+    Outside,
+    Pod,
 }
 
 /// The node ports the userspace mode's listeners for [`BULK`] and [`RR`] took (from a

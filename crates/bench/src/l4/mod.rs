@@ -39,7 +39,7 @@ use crate::load::Outcome;
 use crate::proxy::{Launch, RunningProxy, Source};
 use crate::scratch::ScratchFile;
 use client::{Bulk, Client, Rounds};
-use cluster::{BULK, CLUSTER_IP, Listeners, Path, RR};
+use cluster::{BULK, CLUSTER_IP, Listeners, Path, Placement, RR};
 use figures::{Cpu, Figures, Phase, accepted_between, gbit_per_second, median_by, p50_ms, rounds_per_second};
 use interleaved::{Contestant, Interleaved, SECOND_CLUSTER_IP, Slice};
 use servers::{BLOCK, Servers};
@@ -75,6 +75,8 @@ pub struct L4Plan<'a> {
     pub turns: usize,
     /// Each slice of a turn.
     pub turn_window: Duration,
+    /// Where the client runs.
+    pub placement: Placement,
 }
 
 /// The whole L4 run: how it was set up, and a row per path.
@@ -90,6 +92,7 @@ pub struct L4Run {
     /// HAProxy's `nbthread`, kube-proxy-rs's worker threads.
     pub threads: usize,
     pub haproxy_version: String,
+    pub placement: Placement,
     pub rows: Vec<L4Row>,
     /// The proxies at once, in turns (when asked for).
     pub interleaved: Option<Outcome<Interleaved>>,
@@ -116,8 +119,13 @@ impl L4Run {
 /// Builds the lab and measures every path.
 pub fn measure(plan: &L4Plan<'_>) -> Result<L4Run, String> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let lab = Lab::new(plan.backends).map_err(|e| format!("lab: {e}"))?;
-    tune(&lab)?;
+    let client_pod = usize::from(plan.placement == Placement::Pod);
+    let lab = Lab::new(plan.backends + client_pod).map_err(|e| format!("lab: {e}"))?;
+    let client_netns = match plan.placement {
+        Placement::Outside => lab.client(),
+        Placement::Pod => lab.pod(plan.backends),
+    };
+    tune(&[client_netns, lab.node()])?;
     let mut seed = SplitMix64(SEED);
     let block: Arc<[u8]> = (0..BLOCK).map(|_| seed.below(256) as u8).collect();
     let requests: Arc<[u8]> = (0..REQUESTS).map(|_| seed.below(256) as u8).collect();
@@ -131,7 +139,7 @@ pub fn measure(plan: &L4Plan<'_>) -> Result<L4Run, String> {
         })
         .collect();
     let servers = Servers::start(&pods, Arc::clone(&block))?;
-    let client = Client::start(lab.client())?;
+    let client = Client::start(client_netns)?;
     let manifest = ScratchFile::create("l4.json", cluster::manifest_json(plan.backends).as_bytes())?;
     let bench = Bench {
         plan,
@@ -180,6 +188,7 @@ pub fn measure(plan: &L4Plan<'_>) -> Result<L4Run, String> {
         rounds,
         threads,
         haproxy_version: haproxy::version(plan.haproxy),
+        placement: plan.placement,
         rows,
         interleaved,
     })
@@ -211,8 +220,8 @@ fn pooled_row(rounds: Vec<L4Row>) -> Option<L4Row> {
 /// Many short connections from one client address, and from the node to the pods: the
 /// widest ephemeral port range and reuse of ports in TIME-WAIT, so ports never run out
 /// (per namespace; the root namespace is untouched).
-fn tune(lab: &Lab) -> Result<(), String> {
-    for netns in [lab.client(), lab.node()] {
+fn tune(namespaces: &[&kpr_netns::Netns]) -> Result<(), String> {
+    for netns in namespaces {
         netns
             .set_sysctl("net.ipv4.ip_local_port_range", "1024 65535")
             .and_then(|()| netns.set_sysctl("net.ipv4.tcp_tw_reuse", "1"))
@@ -248,7 +257,12 @@ impl Bench<'_> {
                 portal.remove()?;
                 Ok(outcome)
             }
-            Path::Userspace | Path::UserspaceListener | Path::Iptables => {
+            Path::Userspace
+            | Path::UserspaceListener
+            | Path::Iptables
+            | Path::Nftables
+            | Path::Ebpf
+            | Path::DirectBesideEbpf => {
                 let outcome = self.proxy_row(path, manifest);
                 crate::proxy::cleanup(self.lab.node(), self.plan.proxy)?;
                 Ok(outcome)
@@ -311,6 +325,13 @@ impl Bench<'_> {
             },
             _ => None,
         };
+        if let Some(cgroup) = proxy.socket_cgroup() {
+            // The client's sockets are now the ones the programs translate, as a pod's in
+            // the node's cgroup; the proxy's drop takes the whole process back out.
+            if let Err(why) = join_cgroup(cgroup, &self.client.threads.ids()) {
+                return Outcome::Failed(why);
+            }
+        }
         self.measured(path, listeners, &|| proxy.cpu_time())
     }
 
@@ -524,6 +545,15 @@ impl Bench<'_> {
             runs: Vec::new(),
         })
     }
+}
+
+/// Moves threads `tids` of this process into the threaded cgroup at `cgroup`.
+fn join_cgroup(cgroup: &FilePath, tids: &[u32]) -> Result<(), String> {
+    let threads = cgroup.join("cgroup.threads");
+    tids.iter().try_for_each(|tid| {
+        std::fs::write(&threads, tid.to_string())
+            .map_err(|e| format!("moving the client's thread {tid} to {}: {e}", threads.display()))
+    })
 }
 
 fn last_line(text: &str) -> &str {

@@ -1,11 +1,14 @@
 //! The L4 run's part of the report: the figures per path, the CPU each party used per
 //! phase, and the userspace mode against HAProxy line by line (issue 10's target: at least
-//! HAProxy's figures on every line, against the better of its two configurations).
+//! HAProxy's figures on every line, against the better of its two configurations). From a
+//! pod ([`Placement::Pod`]) the section is another: ebpf mode against the direct path
+//! (issue 23's target: at least 0.95x of it on every line), and the userspace mode against
+//! HAProxy from where workloads call Services (issue 24).
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::cluster::Path;
+use super::cluster::{Path, Placement};
 use super::figures::{
     Cpu, Figures, Phase, core_percent, gbit_per_second, latency_quantiles, rounds_per_second,
 };
@@ -13,12 +16,14 @@ use super::{L4Run, client::ROUND_TIMEOUT};
 use crate::format::{count, duration, one_line, outcome};
 use crate::load::Outcome;
 
-/// One figure of the userspace mode against HAProxy's better configuration.
+/// One figure of a row against another's (the better of several).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Versus {
     pub what: String,
     pub ours: Option<String>,
     pub haproxy: Option<String>,
+    /// How many times as good ours is (higher is better, also for latencies).
+    pub ratio: Option<f64>,
     /// `None` when either side was not measured.
     pub met: Option<bool>,
 }
@@ -134,28 +139,42 @@ const COMPARISONS: [(&str, Path, &[Path]); 3] = [
     ),
 ];
 
-/// Row `ours` against the better of rows `theirs`, figure by figure.
+/// Row `ours` against the better of rows `theirs`, figure by figure: met when at least as
+/// good.
 pub fn versus(run: &L4Run, ours: Path, theirs: &[Path]) -> Vec<Versus> {
+    versus_within(run, ours, theirs, 1.0)
+}
+
+/// Row `ours` against the better of rows `theirs`, figure by figure: met when at least
+/// `factor` times as good (a latency: at most 1/`factor` times as long).
+pub fn versus_within(run: &L4Run, ours: Path, theirs: &[Path], factor: f64) -> Vec<Versus> {
     let ours = run.row(ours);
     let theirs: Vec<&Figures> = theirs.iter().filter_map(|&p| run.row(p)).collect();
+    let verdict = |ratio: Option<f64>| ratio.map(|r| r >= factor);
     let more = |what: String, figure: fn(&Figures) -> f64, show: fn(f64) -> String| {
         let best = theirs.iter().map(|f| figure(f)).reduce(f64::max);
         let mine = ours.map(figure);
+        let ratio = mine.zip(best).map(|(m, b)| m / b);
         Versus {
             what,
             ours: mine.map(show),
             haproxy: best.map(show),
-            met: mine.zip(best).map(|(m, b)| m >= b),
+            ratio,
+            met: verdict(ratio),
         }
     };
     let less = |what: &str, figure: fn(&Figures) -> Option<Duration>| {
         let best = theirs.iter().filter_map(|f| figure(f)).min();
         let mine = ours.and_then(figure);
+        let ratio = mine
+            .zip(best)
+            .map(|(m, b)| b.as_secs_f64() / m.as_secs_f64().max(f64::MIN_POSITIVE));
         Versus {
             what: what.to_string(),
             ours: mine.map(duration),
             haproxy: best.map(duration),
-            met: mine.zip(best).map(|(m, b)| m <= b),
+            ratio,
+            met: verdict(ratio),
         }
     };
     vec![
@@ -185,6 +204,13 @@ pub fn versus(run: &L4Run, ours: Path, theirs: &[Path]) -> Vec<Versus> {
 
 /// The whole section of BENCHMARKS.md.
 pub fn section(out: &mut String, run: &L4Run) {
+    match run.placement {
+        Placement::Outside => outside_section(out, run),
+        Placement::Pod => pod_section(out, run),
+    }
+}
+
+fn outside_section(out: &mut String, run: &L4Run) {
     let _ = write!(
         out,
         "### L4 data path beside HAProxy (userspace mode, issue 10)\n\n\
@@ -248,27 +274,97 @@ pub fn section(out: &mut String, run: &L4Run) {
     out.push_str("\nCPU per phase (percent of one core):\n\n");
     cpu_table(out, run);
     for (title, ours, theirs) in COMPARISONS {
-        versus_table(out, run, title, ours, theirs);
+        versus_table_within(out, run, title, ours, theirs, 1.0);
     }
     if let Some(interleaved) = &run.interleaved {
         super::interleaved::section(out, interleaved);
     }
 }
 
-fn versus_table(out: &mut String, run: &L4Run, title: &str, ours: Path, theirs: &[Path]) {
+/// The section of a run whose client is a pod: what a workload on the node sees.
+fn pod_section(out: &mut String, run: &L4Run) {
     let _ = write!(
         out,
-        "\n{title}:\n\n| figure | {ours} | {theirs} | at least HAProxy's |\n|---|---:|---:|---|\n",
+        "### L4 from a pod: ebpf mode beside nftables mode and the direct path (issue 23), the userspace mode beside HAProxy (issue 24)\n\n\
+         The lab of the section *L4 data path beside HAProxy*, with the client moved into a pod \
+         of its own on the node's bridge (not an endpoint of the Service), as a workload \
+         calling a Service is: {backends} backend pods, the same servers, Service, client \
+         ({workers} worker threads in the client pod's namespace), phases, runs ({runs} per \
+         phase, median shown, lowest and highest in brackets) and checks as there. Paths: \
+         the pods straight from the client pod, in turn (the floor); kube-proxy-rs \
+         `--proxy-mode nftables` and `iptables` (the client connects to the cluster IP, routed \
+         to the node, DNAT there); kube-proxy-rs `--proxy-mode ebpf` with its programs attached \
+         to a cgroup of the run's own and the client's threads moved into it, as a pod's \
+         processes live in the node's cgroup tree (connect() to the cluster IP is rewritten to a \
+         pod's address, so no NAT and no detour through the node's routing); the userspace \
+         mode (its portal in the node's `PREROUTING` leads the connection to the proxy) and \
+         HAProxy ({haproxy}) `mode tcp` on the node's address, configured as in the section above. \
+         Rows run one after the other; kube-proxy-rs's rules are removed with `--cleanup` after \
+         each, ebpf mode's programs detached and unpinned.\n\n",
+        backends = run.backends,
+        workers = super::client::WORKERS,
+        runs = run.runs,
+        haproxy = run.haproxy_version,
+    );
+    figures_table(out, run);
+    failures(out, run);
+    out.push_str("\nCPU per phase (percent of one core):\n\n");
+    cpu_table(out, run);
+    for (title, ours, theirs, factor) in POD_COMPARISONS {
+        if run.row(ours).is_some() {
+            versus_table_within(out, run, title, ours, theirs, factor);
+        }
+    }
+}
+
+/// From a pod: each figure's target, as a share of the other row's.
+const POD_COMPARISONS: [(&str, Path, &[Path], f64); 4] = [
+    (
+        "ebpf mode against the direct path (issue 23's target: at least 0.95x on each figure)",
+        Path::Ebpf,
+        &[Path::Direct],
+        0.95,
+    ),
+    (
+        "ebpf mode against the direct path with ebpf mode running (what translating the Service address costs, apart from what the node's rules cost every connection)",
+        Path::Ebpf,
+        &[Path::DirectBesideEbpf],
+        0.95,
+    ),
+    (
+        "nftables mode against the direct path (what kernel NAT costs a pod; no target)",
+        Path::Nftables,
+        &[Path::Direct],
+        0.95,
+    ),
+    (
+        "The userspace mode against HAProxy's better configuration, from a pod (issue 24's target: at least HAProxy's)",
+        Path::Userspace,
+        &[Path::Haproxy, Path::HaproxySplice],
+        1.0,
+    ),
+];
+
+fn versus_table_within(out: &mut String, run: &L4Run, title: &str, ours: Path, theirs: &[Path], factor: f64) {
+    let target = if factor == 1.0 {
+        "at least as good".to_string()
+    } else {
+        format!("at least {factor:.2}x")
+    };
+    let _ = write!(
+        out,
+        "\n{title}:\n\n| figure | {ours} | {theirs} | ratio | {target} |\n|---|---:|---:|---:|---|\n",
         ours = ours.label(),
         theirs = theirs.iter().map(|p| p.label()).collect::<Vec<_>>().join(" or "),
     );
-    for line in versus(run, ours, theirs) {
+    for line in versus_within(run, ours, theirs, factor) {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} |",
             line.what,
             line.ours.as_deref().unwrap_or("not measured"),
             line.haproxy.as_deref().unwrap_or("not measured"),
+            line.ratio.map_or_else(|| "—".to_string(), |r| format!("{r:.2}x")),
             match line.met {
                 Some(true) => "yes",
                 Some(false) => "**no**",
@@ -453,6 +549,7 @@ pub(crate) mod tests {
             rounds: 1,
             threads: 2,
             haproxy_version: "HAProxy version 2.6.12".into(),
+            placement: Placement::Outside,
             rows: vec![
                 row(Path::Userspace, userspace),
                 row(Path::Haproxy, Outcome::Done(figures(3.0, 8_000, 2))),
@@ -564,13 +661,48 @@ pub(crate) mod tests {
         let mut text = String::new();
         section(&mut text, &run);
         assert!(
-            text.contains("| figure | (a) kube-proxy-rs userspace, its listener reached directly | (b) HAProxy mode tcp beside the portal | at least HAProxy's |"),
+            text.contains("| figure | (a) kube-proxy-rs userspace, its listener reached directly | (b) HAProxy mode tcp beside the portal | ratio | at least as good |"),
             "{text}"
         );
         assert!(
-            text.contains("| new connections/s, 32 at once | 9,000/s | 6,000/s | yes |"),
+            text.contains("| new connections/s, 32 at once | 9,000/s | 6,000/s | 1.50x | yes |"),
             "{text}"
         );
+    }
+
+    /// From a pod, ebpf mode is held to 0.95x of the direct path: a figure 0.96x as good
+    /// meets it, one 0.90x as good does not, and a latency counts inverted.
+    #[test]
+    fn from_a_pod_ebpf_mode_is_measured_against_the_direct_path_at_095() {
+        let mut run = run(Outcome::Done(figures(4.0, 9_000, 2)));
+        run.placement = Placement::Pod;
+        // Direct: 10 Gbit/s, 13,000/s, 1 ms.
+        let mut ebpf = figures(9.6, 11_700, 1);
+        ebpf.latency = rounds(1, 1000, 2);
+        run.rows.push(row(Path::Ebpf, Outcome::Done(ebpf)));
+        let lines = versus_within(&run, Path::Ebpf, &[Path::Direct], 0.95);
+        let verdicts: Vec<(Option<String>, Option<bool>)> = lines
+            .iter()
+            .map(|l| (l.ratio.map(|r| format!("{r:.2}")), l.met))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [
+                (Some("0.96".into()), Some(true)),
+                (Some("0.96".into()), Some(true)),
+                (Some("0.90".into()), Some(false)),
+                (Some("0.50".into()), Some(false)),
+                (Some("0.50".into()), Some(false)),
+            ]
+        );
+        let mut text = String::new();
+        section(&mut text, &run);
+        assert!(text.starts_with("### L4 from a pod"), "{text}");
+        assert!(
+            text.contains("| new connections/s, 32 at once | 11,700/s | 13,000/s | 0.90x | **no** |"),
+            "{text}"
+        );
+        assert!(!text.contains("nftables mode against"), "no nftables row: {text}");
     }
 
     #[test]

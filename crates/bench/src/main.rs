@@ -200,6 +200,11 @@ struct Args {
     /// The paths the L4 benchmark measures (default: all; fewer for a quick comparison).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = l4::cluster::Path::ALL)]
     l4_paths: Vec<l4::cluster::Path>,
+    /// Turns of the L4 benchmark's comparison of each kernel mode's Service address with
+    /// its pods reached directly, the mode running (nftables and ebpf, those in
+    /// `--l4-paths`; 0: none).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=200))]
+    l4_service_turns: u16,
     /// Where the L4 benchmark's client runs: outside the node, or in a pod of its own.
     #[arg(long, value_enum, default_value = "outside")]
     l4_client: l4::cluster::Placement,
@@ -503,6 +508,7 @@ fn l4(args: &Args) -> Result<l4::L4Run, String> {
         turns: args.l4_turns.into(),
         turn_window: Duration::from_secs(args.l4_turn_seconds),
         placement: args.l4_client,
+        service_turns: args.l4_service_turns.into(),
     };
     eprintln!(
         "[l4] {} pods; {} round(s) of {} runs of {} s per phase; 1 and {} streams, {} connections at once",

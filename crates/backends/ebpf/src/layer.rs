@@ -205,6 +205,29 @@ impl SocketLayer {
     /// them to `cgroup` and pins the links, replacing a previous process's links only once
     /// every new one is attached. The pin directory must be on a bpffs.
     pub fn start(pins: Pins, cgroup: &Path, capacities: Capacities) -> Result<Self, LayerError> {
+        Self::start_from(pins, cgroup, capacities, OBJECT)
+    }
+
+    /// [`Self::start`] with the programs of `object` (an ELF built as bpf/socket_lb.c is)
+    /// instead of the built-in ones: for a test of what the kernel refuses. A start that
+    /// fails leaves what it found: nothing when the pin directory was new, else the
+    /// previous process's maps and links.
+    pub fn start_from(
+        pins: Pins,
+        cgroup: &Path,
+        capacities: Capacities,
+        object: &[u8],
+    ) -> Result<Self, LayerError> {
+        let fresh = !pins.exists();
+        let undo = |pins: &Pins, created_maps: bool| {
+            if fresh {
+                if let Err(detail) = remove(pins) {
+                    tracing::warn!("pin directory not fully removed: {detail}");
+                }
+            } else if created_maps {
+                unpin_maps(pins);
+            }
+        };
         if !pinned_maps_fit(&pins, capacities) {
             // Another layout (an upgrade) or other capacities: new maps. The old programs
             // keep the old maps and translate until their links are replaced below; the
@@ -223,21 +246,17 @@ impl SocketLayer {
         };
         std::fs::create_dir_all(pins.maps()).map_err(|e| pin_error(&pins.maps(), &e))?;
         std::fs::create_dir_all(pins.links()).map_err(|e| pin_error(&pins.links(), &e))?;
-        let loaded = load(&pins, capacities);
+        let loaded = load(&pins, capacities, object);
         let mut ebpf = match loaded {
             Ok(ebpf) => ebpf,
             Err(error) => {
-                if created_maps {
-                    unpin_maps(&pins);
-                }
+                undo(&pins, created_maps);
                 return Err(error);
             }
         };
         if let Err(error) = attach_all(&mut ebpf, &pins, cgroup) {
             drop(ebpf);
-            if created_maps {
-                unpin_maps(&pins);
-            }
+            undo(&pins, created_maps);
             return Err(error);
         }
         let services = take_hash(&mut ebpf, SERVICES)?;
@@ -380,7 +399,7 @@ fn pinned_maps_fit(pins: &Pins, capacities: Capacities) -> bool {
     })
 }
 
-fn load(pins: &Pins, capacities: Capacities) -> Result<Ebpf, LayerError> {
+fn load(pins: &Pins, capacities: Capacities, object: &[u8]) -> Result<Ebpf, LayerError> {
     let mut loader = EbpfLoader::new();
     loader
         .default_map_pin_directory(pins.maps())
@@ -392,7 +411,7 @@ fn load(pins: &Pins, capacities: Capacities) -> Result<Ebpf, LayerError> {
         .map_max_entries(AFFINITY, capacities.affinity)
         .map_max_entries(REVNAT, capacities.revnat);
     let mut ebpf = loader
-        .load(OBJECT)
+        .load(object)
         .map_err(|e| LayerError::Load(error_chain(&e)))?;
     for name in PROGRAMS {
         let program: &mut CgroupSockAddr = ebpf

@@ -611,4 +611,28 @@ mod tests {
             ]
         );
     }
+
+    /// A sync whose writes were not made (they did not fit the maps) removed a Service: its
+    /// entries are still in the maps though the table's new state lacks them, so they must
+    /// be adopted for the next full sync to delete them (a plain `forget` would leave them).
+    #[test]
+    fn what_an_unwritten_sync_would_have_deleted_the_next_full_sync_deletes() {
+        let mut f = Fixture::new();
+        web(&mut f.world, json!({}), &["10.0.0.2 ready"]);
+        f.sync(true);
+        f.world.delete_service("web");
+        let unwritten = f.sync(false);
+        assert!(
+            unwritten.contains(&Op::DeleteService(key("10.96.0.10", 80))),
+            "{unwritten:?}"
+        );
+        f.table.forget_unwritten(&unwritten);
+        assert_eq!(
+            f.sync(true),
+            [
+                Op::DeleteService(key("10.96.0.10", 80)),
+                Op::DeleteBackend(BackendKey { id: 0, slot: 0 }),
+            ]
+        );
+    }
 }

@@ -821,3 +821,55 @@ fn a_failed_start_detaches_its_own_layer_and_keeps_an_adopted_one() {
     );
     assert_eq!(service_keys(&pins), ["10.96.0.50:53", "10.96.0.50:80"]);
 }
+
+/// bpf/socket_lb.c built with one program breaking a kernel rule (a getpeername program
+/// must return 1; build.rs builds it beside the real object).
+static REFUSED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/socket_lb_refused.o"));
+
+/// Everything under a pin directory (empty when nothing is left).
+fn pinned_files(pins: &TestPins) -> Vec<String> {
+    [pins.0.maps(), pins.0.links()]
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
+        .map(|entry| entry.unwrap().path().display().to_string())
+        .collect()
+}
+
+/// A program the verifier refuses: a clear error naming the program and quoting the
+/// verifier, before anything is attached. A fresh start leaves no pin at all; a start over
+/// a previous process's layer leaves that layer serving (its links and its entries).
+#[test]
+fn a_program_the_verifier_refuses_is_a_clear_error_and_leaves_nothing_behind() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let cgroup = TestCgroup::create("refused");
+    let pins = TestPins::new("refused");
+    let refused = |pins: &TestPins| {
+        SocketLayer::start_from(pins.0.clone(), &cgroup.path, capacities(), REFUSED)
+            .expect_err("the verifier refuses kpr_getpeername6")
+            .to_string()
+    };
+    let message = refused(&pins);
+    assert!(
+        message.starts_with(
+            "BPF programs refused by the kernel (verifier or missing feature): kpr_getpeername6: "
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("R0"),
+        "the verifier's own reason (about R0, the return value): {message}"
+    );
+    assert!(!pins.0.exists(), "left pinned: {:?}", pinned_files(&pins));
+
+    let mut first = start(&pins, &cgroup);
+    let mut v4 = Driver::new(IpFamily::V4, Adopted::default(), Ids::default());
+    v4.service("web", "10.96.0.50", &["10.99.0.2 ready"], None);
+    v4.sync(&mut first, true);
+    drop(first);
+    let before = pinned_files(&pins);
+    assert_eq!(before.len(), 4 + 8, "four maps, eight links");
+    refused(&pins);
+    assert_eq!(pinned_files(&pins), before, "the previous layer is untouched");
+    assert_eq!(service_keys(&pins), ["10.96.0.50:53", "10.96.0.50:80"]);
+}

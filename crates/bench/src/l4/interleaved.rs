@@ -173,19 +173,33 @@ pub struct Paired {
     pub median: f64,
     pub lowest: f64,
     pub highest: f64,
-    /// Turns in which ours was at least as good.
+    /// Turns in which ours was at least as good (or as the share asked for).
     pub ours_at_least: usize,
     pub turns: usize,
 }
 
 /// `ours` against `theirs` on `figure`, turn by turn; `None` when no turn has both.
 pub fn paired(run: &Interleaved, ours: Contestant, theirs: Contestant, figure: Figure) -> Option<Paired> {
-    let advantages: Vec<f64> = run
-        .turns
-        .iter()
-        .filter_map(|turn| {
-            let ours = figure.of(&turn[ours.index()])?;
-            let theirs = figure.of(&turn[theirs.index()])?;
+    paired_slices(
+        run.turns
+            .iter()
+            .map(|turn| (&turn[ours.index()], &turn[theirs.index()])),
+        figure,
+        1.0,
+    )
+}
+
+/// Each turn's (ours, theirs) on `figure`: the advantages' median and spread, and the turns
+/// in which ours was at least `factor` as good; `None` when no turn has both.
+pub fn paired_slices<'a>(
+    turns: impl Iterator<Item = (&'a Slice, &'a Slice)>,
+    figure: Figure,
+    factor: f64,
+) -> Option<Paired> {
+    let advantages: Vec<f64> = turns
+        .filter_map(|(ours, theirs)| {
+            let ours = figure.of(ours)?;
+            let theirs = figure.of(theirs)?;
             (ours > 0.0 && theirs > 0.0).then(|| figure.advantage(ours, theirs))
         })
         .collect();
@@ -194,18 +208,19 @@ pub fn paired(run: &Interleaved, ours: Contestant, theirs: Contestant, figure: F
         median,
         lowest: advantages.iter().copied().fold(f64::INFINITY, f64::min),
         highest: advantages.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-        ours_at_least: advantages.iter().filter(|a| **a >= 1.0).count(),
+        ours_at_least: advantages.iter().filter(|a| **a >= factor).count(),
         turns: advantages.len(),
     })
 }
 
 /// One contestant's figure over the turns: median, lowest, highest.
 pub fn spread(run: &Interleaved, who: Contestant, figure: Figure) -> Option<(f64, f64, f64)> {
-    let values: Vec<f64> = run
-        .turns
-        .iter()
-        .filter_map(|turn| figure.of(&turn[who.index()]))
-        .collect();
+    spread_of(run.turns.iter().map(|turn| &turn[who.index()]), figure)
+}
+
+/// `figure` over some slices: median, lowest, highest.
+pub fn spread_of<'a>(slices: impl Iterator<Item = &'a Slice>, figure: Figure) -> Option<(f64, f64, f64)> {
+    let values: Vec<f64> = slices.filter_map(|slice| figure.of(slice)).collect();
     let median = median_by(values.clone(), |v| *v)?;
     let lowest = values.iter().copied().fold(f64::INFINITY, f64::min);
     let highest = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -310,7 +325,12 @@ pub fn section(out: &mut String, outcome: &Outcome<Interleaved>) {
 }
 
 fn spread_text(run: &Interleaved, who: Contestant, figure: Figure) -> String {
-    let Some((median, lowest, highest)) = spread(run, who, figure) else {
+    figure_spread_text(spread(run, who, figure), figure)
+}
+
+/// A figure's (median, lowest, highest) as text: "none" when not measured.
+pub fn figure_spread_text(spread: Option<(f64, f64, f64)>, figure: Figure) -> String {
+    let Some((median, lowest, highest)) = spread else {
         return "none".to_string();
     };
     let show = |v: f64| match figure {

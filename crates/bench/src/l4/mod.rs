@@ -27,6 +27,7 @@ pub mod interleaved;
 pub mod portal;
 pub mod report;
 pub mod servers;
+pub mod service_turns;
 
 use std::path::Path as FilePath;
 use std::sync::Arc;
@@ -43,6 +44,7 @@ use cluster::{BULK, CLUSTER_IP, Listeners, Path, Placement, RR};
 use figures::{Cpu, Figures, Phase, accepted_between, gbit_per_second, median_by, p50_ms, rounds_per_second};
 use interleaved::{Contestant, Interleaved, SECOND_CLUSTER_IP, Slice};
 use servers::{BLOCK, Servers};
+use service_turns::{ServiceTurns, Via};
 
 /// Seeded request bytes the rounds cycle through.
 const REQUESTS: usize = 4096;
@@ -77,6 +79,9 @@ pub struct L4Plan<'a> {
     pub turn_window: Duration,
     /// Where the client runs.
     pub placement: Placement,
+    /// Turns of each kernel mode's Service address against its pods directly
+    /// ([`service_turns`]; 0: none).
+    pub service_turns: usize,
 }
 
 /// The whole L4 run: how it was set up, and a row per path.
@@ -96,6 +101,9 @@ pub struct L4Run {
     pub rows: Vec<L4Row>,
     /// The proxies at once, in turns (when asked for).
     pub interleaved: Option<Outcome<Interleaved>>,
+    /// Each kernel mode's Service address against its pods directly, in turns (when asked
+    /// for).
+    pub service_turns: Vec<Outcome<ServiceTurns>>,
 }
 
 #[derive(Clone, Debug)]
@@ -177,6 +185,14 @@ pub fn measure(plan: &L4Plan<'_>) -> Result<L4Run, String> {
         0 => None,
         _ => Some(bench.interleaved(manifest.path())?),
     };
+    let mut service_turns = Vec::new();
+    if plan.service_turns > 0 {
+        for mode in [Path::Nftables, Path::Ebpf] {
+            if plan.paths.contains(&mode) {
+                service_turns.push(bench.service_turns(mode, manifest.path())?);
+            }
+        }
+    }
     servers.stop();
     Ok(L4Run {
         backends: plan.backends,
@@ -191,6 +207,7 @@ pub fn measure(plan: &L4Plan<'_>) -> Result<L4Run, String> {
         placement: plan.placement,
         rows,
         interleaved,
+        service_turns,
     })
 }
 
@@ -418,6 +435,65 @@ impl Bench<'_> {
             run.turns.push(slices);
         }
         let _ = haproxy.stop();
+        Ok(run)
+    }
+
+    /// `mode`'s Service address and the pods directly, in turns ([`service_turns`]). `Err`
+    /// only when the lab is in doubt (rules that could not be removed).
+    fn service_turns(&self, mode: Path, manifest: &FilePath) -> Result<Outcome<ServiceTurns>, String> {
+        let outcome = match self.turns_through(mode, manifest) {
+            Ok(run) => Outcome::Done(run),
+            Err(why) => Outcome::Failed(why),
+        };
+        crate::proxy::cleanup(self.lab.node(), self.plan.proxy)?;
+        Ok(outcome)
+    }
+
+    fn turns_through(&self, mode: Path, manifest: &FilePath) -> Result<ServiceTurns, String> {
+        let proxy = self.start_proxy(mode.proxy_mode().unwrap_or("nftables"), manifest)?;
+        if let Some(cgroup) = proxy.socket_cgroup() {
+            join_cgroup(cgroup, &self.client.threads.ids())?;
+        }
+        let backends = self.plan.backends;
+        for via in Via::ALL {
+            self.client
+                .probe(via.path(mode).target(RR, backends, 0, None), READY)?;
+        }
+        let window = self.plan.turn_window;
+        let rounds = |path: Path, concurrency: usize| {
+            let result = self.client.rounds(
+                move |n| path.target(RR, backends, n, None),
+                Arc::clone(&self.requests),
+                concurrency,
+                window,
+            );
+            std::thread::sleep(SETTLE);
+            result
+        };
+        let mut run = ServiceTurns {
+            mode,
+            concurrency: self.plan.concurrency,
+            window,
+            turns: Vec::with_capacity(self.plan.service_turns),
+        };
+        for turn in 0..self.plan.service_turns {
+            let mut slices = [Slice::default(); 2];
+            for via in service_turns::order(turn) {
+                let path = via.path(mode);
+                let many = rounds(path, self.plan.concurrency)?;
+                let one = rounds(path, 1)?;
+                slices[via.index()] = Slice::measured(&many, &one, None);
+            }
+            eprintln!(
+                "[l4] {} turn {}/{}: via the Service {:.0}/s, directly {:.0}/s",
+                mode.label(),
+                turn + 1,
+                self.plan.service_turns,
+                slices[Via::Service.index()].rate,
+                slices[Via::Direct.index()].rate,
+            );
+            run.turns.push(slices);
+        }
         Ok(run)
     }
 

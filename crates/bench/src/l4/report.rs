@@ -315,6 +315,7 @@ fn pod_section(out: &mut String, run: &L4Run) {
             versus_table_within(out, run, title, ours, theirs, factor);
         }
     }
+    super::service_turns::section(out, &run.service_turns);
 }
 
 /// From a pod: each figure's target, as a share of the other row's.
@@ -558,6 +559,7 @@ pub(crate) mod tests {
                 row(Path::Direct, Outcome::Done(figures(10.0, 13_000, 1))),
             ],
             interleaved: None,
+            service_turns: Vec::new(),
         }
     }
 

@@ -50,6 +50,9 @@ pub struct Latency {
     pub p99: Duration,
     /// Samples in the histogram: one per change when every change was measured.
     pub samples: u64,
+    /// The histogram's cumulative buckets (`le` in seconds, count), `+Inf` last: the whole
+    /// distribution, which the report's plot draws as a CDF.
+    pub buckets: Vec<(f64, u64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -184,6 +187,7 @@ fn summarize(histogram: &Histogram) -> Outcome<Latency> {
             p50: Duration::from_secs_f64(p50),
             p99: Duration::from_secs_f64(p99),
             samples: histogram.count(),
+            buckets: histogram.buckets.clone(),
         }),
         _ => Outcome::Failed("the latency histogram has no samples".to_string()),
     }
@@ -271,6 +275,7 @@ mod tests {
             panic!("no summary");
         };
         assert_eq!(latency.samples, 100);
+        assert_eq!(latency.buckets, h.buckets);
         // Rank 50: 10 of 58 into (0.01, 0.05]; rank 99: 1 of 2 into (0.05, 0.1].
         let close = |d: Duration, secs: f64| (d.as_secs_f64() - secs).abs() < 1e-9;
         assert!(close(latency.p50, 0.01 + 0.04 * 10.0 / 58.0), "{latency:?}");

@@ -7,7 +7,10 @@
 //! ```
 //!
 //! Kernel loads happen only in network namespaces this process creates (needs root); the
-//! results are printed as Markdown and, with `--out`, written as the whole BENCHMARKS.md.
+//! results are printed as Markdown and, with `--out`, written as the whole BENCHMARKS.md,
+//! with its plots (SVG, drawn by `plots` with plotters) in `benchmarks/` beside it: the
+//! programming latency under churn, RSS over the soak, cold sync time and peak RSS against
+//! the number of Services, and the L4 paths as bars, each when its part ran.
 //!
 //! Five parts, each selectable with `--parts`: the iptables backend's rendering and kernel
 //! loads, the nftables backend's syncs, the real binary's start-up end to end (from a manifest
@@ -40,6 +43,7 @@ mod memory;
 mod nftables;
 mod options;
 mod payloads;
+mod plots;
 mod proxy;
 mod render;
 mod report;
@@ -387,6 +391,9 @@ fn run(args: &Args) -> Result<(), String> {
         let text = report::document(&machine, &settings, &measured);
         std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());
+        for plot in plots::write_beside(path, &measured)? {
+            eprintln!("wrote {}", plot.display());
+        }
     }
     Ok(())
 }

@@ -384,11 +384,17 @@ pub fn document(machine: &Machine, settings: &Settings, m: &Measured<'_>) -> Str
         );
         e2e_table(&mut out, e2e_rows);
         out.push('\n');
+        if crate::plots::e2e::drawn(e2e_rows) {
+            crate::plots::embed(&mut out, &crate::plots::e2e::FIGURE);
+        }
     }
     if !churn_rows.is_empty() {
         churn_intro(&mut out, churn_rows);
         churn_table(&mut out, churn_rows);
         out.push('\n');
+        if crate::plots::churn::drawn(churn_rows) {
+            crate::plots::embed(&mut out, &crate::plots::churn::FIGURE);
+        }
     }
     crate::soak::report::section(&mut out, soak_rows);
     if !stage_rows.is_empty() {
@@ -602,6 +608,20 @@ pub(crate) mod tests {
         );
     }
 
+    /// No rows of any part.
+    pub(crate) fn measured_none() -> Measured<'static> {
+        Measured {
+            rows: &[],
+            nft_rows: &[],
+            ebpf_rows: &[],
+            e2e_rows: &[],
+            churn_rows: &[],
+            soak_rows: &[],
+            stage_rows: &[],
+            l4: None,
+        }
+    }
+
     pub(crate) fn e2e_row(mode: &'static str, source: E2eSource, first_sync: Outcome<Duration>) -> E2eRow {
         E2eRow {
             shape: Shape {
@@ -638,6 +658,7 @@ pub(crate) mod tests {
                 p50: Duration::from_millis(12),
                 p99: Duration::from_millis(p99_ms),
                 samples,
+                buckets: vec![(0.01, samples / 2), (0.1, samples), (f64::INFINITY, samples)],
             }),
             churn_cpu: Some(Duration::from_millis(3_001)),
             memory: crate::proxy::Memory {
@@ -849,5 +870,28 @@ pub(crate) mod tests {
         );
         assert!(!doc.contains("### Full sync"), "{doc}");
         assert!(doc.contains("| 10,000 × 10 | nftables | 1s |"), "{doc}");
+    }
+
+    #[test]
+    fn sections_with_plots_end_with_their_image_and_others_have_none() {
+        let (settings, machine) = (settings(), machine());
+        let churn = [churn_row("nftables", 6_000, 80)];
+        let e2e = [e2e_row("nftables", E2eSource::Api, Outcome::Failed("no".into()))];
+        let m = Measured {
+            churn_rows: &churn,
+            e2e_rows: &e2e,
+            ..measured_none()
+        };
+        let doc = document(&machine, &settings, &m);
+        let churn_table_end = doc.find("| 10,000 × 10 | nftables | 1s |").unwrap();
+        let churn_image = doc.find("](benchmarks/churn-latency.svg)\n").unwrap();
+        assert!(churn_image > churn_table_end, "{doc}");
+        assert!(doc.contains("](benchmarks/e2e-cold-sync.svg)"), "{doc}");
+        assert!(
+            !doc.contains("soak-rss.svg") && !doc.contains("l4-paths.svg"),
+            "{doc}"
+        );
+        let none = document(&machine, &settings, &measured_none());
+        assert!(!none.contains("![") && !none.contains("benchmarks/"), "{none}");
     }
 }

@@ -210,6 +210,15 @@ pub fn section(out: &mut String, run: &L4Run) {
     }
 }
 
+/// The figures table's plot, right below it and its failures (the section's later tables
+/// and subsections are about other things).
+fn plot(out: &mut String, run: &L4Run) {
+    if crate::plots::l4::drawn(run) {
+        out.push('\n');
+        crate::plots::embed(out, &crate::plots::l4::FIGURE);
+    }
+}
+
 fn outside_section(out: &mut String, run: &L4Run) {
     let _ = write!(
         out,
@@ -271,6 +280,7 @@ fn outside_section(out: &mut String, run: &L4Run) {
     );
     figures_table(out, run);
     failures(out, run);
+    plot(out, run);
     out.push_str("\nCPU per phase (percent of one core):\n\n");
     cpu_table(out, run);
     for (title, ours, theirs) in COMPARISONS {
@@ -308,6 +318,7 @@ fn pod_section(out: &mut String, run: &L4Run) {
     );
     figures_table(out, run);
     failures(out, run);
+    plot(out, run);
     out.push_str("\nCPU per phase (percent of one core):\n\n");
     cpu_table(out, run);
     for (title, ours, theirs, factor) in POD_COMPARISONS {
@@ -670,6 +681,10 @@ pub(crate) mod tests {
             text.contains("| new connections/s, 32 at once | 9,000/s | 6,000/s | 1.50x | yes |"),
             "{text}"
         );
+        // The bars follow the figures table, before the CPU table.
+        let image = text.find("](benchmarks/l4-paths.svg)").unwrap();
+        assert!(image < text.find("CPU per phase").unwrap(), "{text}");
+        assert!(image > text.find("| (d) direct to the pod |").unwrap(), "{text}");
     }
 
     /// From a pod, ebpf mode is held to 0.95x of the direct path: a figure 0.96x as good

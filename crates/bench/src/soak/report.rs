@@ -126,6 +126,9 @@ pub fn section(out: &mut String, rows: &[SoakRow]) {
         over_time_table(out, row);
         out.push('\n');
     }
+    if crate::plots::soak::drawn(rows) {
+        crate::plots::embed(out, &crate::plots::soak::FIGURE);
+    }
 }
 
 /// RSS over time, one row per [`TABLE_STEP`] and the last sample.
@@ -221,6 +224,10 @@ pub(crate) mod tests {
         let row = soak_row(&rss, (0, 7, 7));
         let mut out = String::new();
         section(&mut out, &[row]);
+        assert!(
+            out.ends_with("](benchmarks/soak-rss.svg)\n\n"),
+            "the plot ends the section: {out}"
+        );
         // Warm-up: 60 s; 102 MiB then, 110 MiB at the end: +7.8 %; RssAnon 82 → 90: +9.8 %.
         assert!(
             out.contains(

@@ -215,7 +215,7 @@ pub fn section(out: &mut String, run: &L4Run) {
 fn plot(out: &mut String, run: &L4Run) {
     if crate::plots::l4::drawn(run) {
         out.push('\n');
-        crate::plots::embed(out, &crate::plots::l4::FIGURE);
+        crate::plots::embed(out, &crate::plots::l4::figure(run));
     }
 }
 
@@ -327,6 +327,9 @@ fn pod_section(out: &mut String, run: &L4Run) {
         }
     }
     super::service_turns::section(out, &run.service_turns);
+    if let Some(interleaved) = &run.interleaved {
+        super::interleaved::section(out, interleaved);
+    }
 }
 
 /// From a pod: each figure's target, as a share of the other row's.

@@ -7,13 +7,27 @@ use plotters::prelude::*;
 use super::Figure;
 use super::chart::{self, failed};
 use crate::l4::L4Run;
-use crate::l4::cluster::Path;
+use crate::l4::cluster::{Path, Placement};
 use crate::l4::figures::{Figures, gbit_per_second, rounds_per_second};
 
 pub const FIGURE: Figure = Figure {
     file: "l4-paths.svg",
     alt: "L4 paths: new connections per second, and throughput over 1 stream and over several streams",
 };
+
+/// The same bars for a run whose client is a pod (its own section, its own file).
+pub const POD_FIGURE: Figure = Figure {
+    file: "l4-pod-paths.svg",
+    alt: "L4 paths from a pod: new connections per second, and throughput over 1 stream and over several streams",
+};
+
+/// The figure of `run`, by where its client ran.
+pub fn figure(run: &L4Run) -> Figure {
+    match run.placement {
+        Placement::Outside => FIGURE,
+        Placement::Pod => POD_FIGURE,
+    }
+}
 
 /// Height of one bar's slot, and what a panel needs besides its bars.
 const BAR_HEIGHT: u32 = 30;

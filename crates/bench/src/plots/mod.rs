@@ -40,7 +40,7 @@ pub fn render(m: &Measured<'_>) -> Result<Vec<(Figure, String)>, String> {
         (churn::FIGURE, churn::svg(m.churn_rows)),
         (soak::FIGURE, soak::svg(m.soak_rows)),
         (e2e::FIGURE, e2e::svg(m.e2e_rows)),
-        (l4::FIGURE, m.l4.and_then(l4::svg)),
+        (m.l4.map_or(l4::FIGURE, l4::figure), m.l4.and_then(l4::svg)),
     ];
     plots
         .into_iter()

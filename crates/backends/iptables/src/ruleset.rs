@@ -309,6 +309,22 @@ impl Ruleset {
         {
             return single();
         }
+        // Nor may a Service's chain jump into another Service's: they could land in
+        // different restores (upstream's rules never do it).
+        let owner_of = |name: &str| match self.nat.chain(name).map(|c| &c.kind) {
+            Some(ChainKind::Service(owner)) => Some(owner),
+            _ => None,
+        };
+        if groups.iter().flatten().any(|chain| {
+            chain
+                .rules
+                .iter()
+                .filter_map(Rule::jump_target)
+                .filter_map(owner_of)
+                .any(|target| Some(target) != owner_of(chain.name.as_str()))
+        }) {
+            return single();
+        }
         let (first, last): (Vec<&Chain>, Vec<&Chain>) =
             shared.into_iter().partition(|c| first.contains(&c.name.as_str()));
         let mut chunks: Vec<Vec<&Chain>> = vec![first];
@@ -906,6 +922,15 @@ mod tests {
             &chain("KUBE-MARK-MASQ"),
             Rule::builder().jump(chain("KUBE-SVC-0")),
         );
+        assert_eq!(rs.render_split(|_| true, &[], Some(4)), [rs.render_full()]);
+    }
+
+    /// A Service's chain jumping into another Service's chain: not split either.
+    #[test]
+    fn a_jump_between_services_keeps_one_restore() {
+        let mut rs = split_ruleset(4);
+        rs.nat
+            .append(&chain("KUBE-SEP-3-1"), Rule::builder().jump(chain("KUBE-SVC-0")));
         assert_eq!(rs.render_split(|_| true, &[], Some(4)), [rs.render_full()]);
     }
 

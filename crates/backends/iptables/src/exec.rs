@@ -98,6 +98,12 @@ impl std::fmt::Display for IptablesVersion {
 pub trait Iptables: Send {
     /// `iptables --version`.
     fn version(&self) -> Result<IptablesVersion, ExecError>;
+    /// Whether these are the nf_tables flavour's binaries, whose `--noflush` restores cost
+    /// more than linearly in the size of their input, so large writes are split
+    /// ([`crate::RESTORE_CHUNK_CHAINS`]). The default: no (one restore per sync).
+    fn is_nf_tables(&self) -> bool {
+        false
+    }
     /// `iptables-restore --noflush --counters` with `payload` on stdin (one or more tables).
     fn restore(&self, payload: &[u8]) -> Result<(), ExecError>;
     /// `iptables-save -t <table>`.
@@ -358,6 +364,21 @@ impl Iptables for IptablesCli {
             command: self.command_line(&program, &args),
             output,
         })
+    }
+
+    /// `Nft`, or plain names whose `--version` says `nf_tables`.
+    fn is_nf_tables(&self) -> bool {
+        match self.variant {
+            Variant::Nft => true,
+            Variant::Legacy => false,
+            Variant::Auto | Variant::Plain => {
+                let program = self.binary(self.variant, Tool::Main);
+                self.run(&program, &["--version".to_string()], None)
+                    .is_ok_and(|out| {
+                        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("nf_tables")
+                    })
+            }
+        }
     }
 
     fn restore(&self, payload: &[u8]) -> Result<(), ExecError> {

@@ -8,9 +8,17 @@
 //!   either proxy can take over a node from the other. Per-service decisions (which
 //!   endpoints, REJECT vs DROP, which chains) come from kpr-state's `PortPlan`.
 //!   [`render_dry_run`] prints what a full sync would apply.
-//! - **One atomic write per sync.** Each sync is one `iptables-restore --noflush` covering
-//!   filter and nat; chains that are not ours are never named, so never touched. Jump rules
-//!   from built-in chains are ensured one by one (`-C`, then `-I`) on full syncs only.
+//! - **One atomic write per sync, but for large full syncs on nf_tables.** Each sync is one
+//!   `iptables-restore --noflush` covering filter and nat; chains that are not ours are never
+//!   named, so never touched. Jump rules from built-in chains are ensured one by one (`-C`,
+//!   then `-I`) on full syncs only. Exception: a full sync on iptables-nft declaring more
+//!   than [`RESTORE_CHUNK_CHAINS`] chains is several restores ([`Ruleset::render_split`]),
+//!   because `iptables-nft-restore --noflush` costs more than linearly in one input's size
+//!   (10,000 Services x 10 endpoints: over 150 s as one input, about 24 s split). First
+//!   restores of whole Services' chains (each Service switches atomically, old jumps still
+//!   lead to existing chains), then one with the filter table, nat's shared chains and the
+//!   deletions. Each Service stays atomic; the sync as a whole does not (upstream writes
+//!   one transaction). iptables-legacy and partial syncs keep one transaction.
 //! - **Partial syncs via chain hashes.** [`IptablesBackend`] remembers a hash of every
 //!   per-service chain it wrote. A partial sync rewrites the fixed chains, the chains of
 //!   services reported changed whose hash differs, and deletes chains that disappeared.
@@ -71,7 +79,7 @@ pub use options::{
     DEFAULT_LARGE_CLUSTER_ENDPOINTS_THRESHOLD, DEFAULT_MASQUERADE_BIT, IptablesOptions, LocalMatch,
     OptionsError,
 };
-pub use proxier::{FULL_SYNC_PERIOD, FullSyncReason, IptablesBackend, SyncError};
+pub use proxier::{FULL_SYNC_PERIOD, FullSyncReason, IptablesBackend, RESTORE_CHUNK_CHAINS, SyncError};
 pub use rules::{Mark, MarkWithMask, build, build_with_cache, refused_field, render_dry_run};
 pub use ruleset::{
     Arg, Chain, ChainHashes, ChainKind, Payload, PayloadBuilder, RefusedPort, Rule, RuleBuilder, Ruleset,

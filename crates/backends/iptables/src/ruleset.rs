@@ -207,14 +207,148 @@ impl Ruleset {
     /// Rules per table after a sync that wrote `payload`, for upstream's
     /// `sync_proxy_rules_iptables_total`/`_last`.
     pub fn table_counts(&self, payload: &Payload) -> Vec<TableCount> {
+        self.table_counts_of(std::slice::from_ref(payload))
+    }
+
+    /// Like [`Self::table_counts`], for a sync written as several restores.
+    pub fn table_counts_of(&self, payloads: &[Payload]) -> Vec<TableCount> {
         [Table::Filter, Table::Nat]
             .into_iter()
             .map(|table| TableCount {
                 table: table.as_str(),
                 total: self.table(table).map_or(0, TableRules::rule_count),
-                written: payload.written_rules(table),
+                written: payloads.iter().map(|p| p.written_rules(table)).sum(),
             })
             .collect()
+    }
+
+    /// The restore inputs of one sync, applied in order: the chains `write` selects in
+    /// filter and nat, then `delete`'s nat chains deleted.
+    ///
+    /// With `max_chains` `None`, or when the sync declares at most `max_chains` chains in
+    /// all, that is one input: one transaction, as upstream. Otherwise the nat per-Service
+    /// chains ([`ChainKind::Service`]) are split off into inputs that each hold whole
+    /// Services (every chain of a Service that is written, declarations and rules) and at
+    /// most `max_chains` chains, unless one Service alone has more; the last input holds
+    /// everything else: the filter table, nat's shared chains, and the deletions. Every
+    /// state in between is consistent: a declaration flushes and refills a chain inside
+    /// its input's transaction, so each Service is switched whole; the shared chains that
+    /// jump into Services switch last, when every chain they name exists; nothing is
+    /// deleted before nothing refers to it. The shared chains that Service chains jump to
+    /// (KUBE-MARK-MASQ) go first, with the first Services, so their targets exist from the
+    /// start; rewriting them with the same rules changes nothing for traffic.
+    ///
+    /// Why split at all: `iptables-nft-restore --noflush`'s cost grows faster than the
+    /// size of one input (see [`crate::RESTORE_CHUNK_CHAINS`]).
+    pub fn render_split(
+        &self,
+        write: impl Fn(&Chain) -> bool,
+        delete: &[ChainName],
+        max_chains: Option<usize>,
+    ) -> Vec<Payload> {
+        let filter: Vec<&Chain> = self.filter.chains().iter().filter(|c| write(c)).collect();
+        let nat: Vec<&Chain> = self.nat.chains().iter().filter(|c| write(c)).collect();
+        let single = || {
+            let mut payload = PayloadBuilder::default();
+            payload.chains(Table::Filter, &filter, &[]);
+            payload.chains(Table::Nat, &nat, delete);
+            vec![payload.finish()]
+        };
+        let Some(max_chains) = max_chains.map(|m| m.max(1)) else {
+            return single();
+        };
+        if filter.len() + nat.len() + delete.len() <= max_chains {
+            return single();
+        }
+        // The Services' chains, grouped by Service in order of first appearance.
+        let mut groups: Vec<Vec<&Chain>> = Vec::new();
+        let mut group_of: HashMap<&NamespacedName, usize> = HashMap::new();
+        let mut shared: Vec<&Chain> = Vec::new();
+        for chain in &nat {
+            match &chain.kind {
+                ChainKind::Service(owner) => {
+                    let i = *group_of.entry(owner).or_insert_with(|| {
+                        groups.push(Vec::new());
+                        groups.len() - 1
+                    });
+                    groups[i].push(chain);
+                }
+                _ => shared.push(chain),
+            }
+        }
+        if groups.is_empty() {
+            return single();
+        }
+        // The shared chains Service chains jump to, and those they jump to in turn.
+        let shared_names: HashMap<&str, &Chain> = shared
+            .iter()
+            .map(|&c: &&Chain| -> (&str, &Chain) { (c.name.as_str(), c) })
+            .collect();
+        let mut first: Vec<&str> = Vec::new();
+        let mut todo: Vec<&Chain> = groups.iter().flatten().copied().collect();
+        while let Some(chain) = todo.pop() {
+            for target in chain.rules.iter().filter_map(Rule::jump_target) {
+                if let Some(&target) = shared_names.get(target)
+                    && !first.contains(&target.name.as_str())
+                {
+                    first.push(target.name.as_str());
+                    todo.push(target);
+                }
+            }
+        }
+        // A shared chain that must go first may not itself need a Service's chain.
+        let service_chain = |name: &str| {
+            self.nat
+                .chain(name)
+                .is_some_and(|c| matches!(c.kind, ChainKind::Service(_)))
+        };
+        if first
+            .iter()
+            .filter_map(|name| shared_names.get(name))
+            .any(|c| c.rules.iter().filter_map(Rule::jump_target).any(service_chain))
+        {
+            return single();
+        }
+        // Nor may a Service's chain jump into another Service's: they could land in
+        // different restores (upstream's rules never do it).
+        let owner_of = |name: &str| match self.nat.chain(name).map(|c| &c.kind) {
+            Some(ChainKind::Service(owner)) => Some(owner),
+            _ => None,
+        };
+        if groups.iter().flatten().any(|chain| {
+            chain
+                .rules
+                .iter()
+                .filter_map(Rule::jump_target)
+                .filter_map(owner_of)
+                .any(|target| Some(target) != owner_of(chain.name.as_str()))
+        }) {
+            return single();
+        }
+        let (first, last): (Vec<&Chain>, Vec<&Chain>) =
+            shared.into_iter().partition(|c| first.contains(&c.name.as_str()));
+        let mut chunks: Vec<Vec<&Chain>> = vec![first];
+        for group in groups {
+            let current = chunks.last_mut().expect("one chunk at least");
+            if !current.is_empty() && current.len() + group.len() > max_chains {
+                chunks.push(group);
+            } else {
+                current.extend(group);
+            }
+        }
+        let mut payloads: Vec<Payload> = chunks
+            .into_iter()
+            .map(|chunk| {
+                let mut payload = PayloadBuilder::default();
+                payload.chains(Table::Nat, &chunk, &[]);
+                payload.finish()
+            })
+            .collect();
+        let mut payload = PayloadBuilder::default();
+        payload.chains(Table::Filter, &filter, &[]);
+        payload.chains(Table::Nat, &last, delete);
+        payloads.push(payload.finish());
+        payloads
     }
 
     /// The restore input of a full sync: every chain, nothing deleted.
@@ -291,12 +425,17 @@ impl PayloadBuilder {
     /// referenced them has already been rewritten in the same transaction.
     pub fn table(&mut self, table: &TableRules, write: impl Fn(&Chain) -> bool, delete: &[ChainName]) {
         let chosen: Vec<&Chain> = table.chains().iter().filter(|c| write(c)).collect();
+        self.chains(table.table, &chosen, delete);
+    }
+
+    /// Like [`Self::table`], with the chains to write given (written in the order given).
+    pub fn chains(&mut self, table: Table, chosen: &[&Chain], delete: &[ChainName]) {
         if chosen.is_empty() && delete.is_empty() {
             return;
         }
         let text = &mut self.payload.text;
-        let _ = writeln!(text, "*{}", table.table);
-        for chain in &chosen {
+        let _ = writeln!(text, "*{table}");
+        for chain in chosen {
             let _ = writeln!(text, ":{} - [0:0]", chain.name);
         }
         for name in delete {
@@ -307,7 +446,7 @@ impl PayloadBuilder {
             deleted_chains: delete.len(),
             rules: 0,
         };
-        for chain in &chosen {
+        for chain in chosen {
             for rule in &chain.rules {
                 let _ = write!(text, "-A {} ", chain.name);
                 rule.write_restore(text);
@@ -319,7 +458,7 @@ impl PayloadBuilder {
             let _ = writeln!(text, "-X {name}");
         }
         text.push_str("COMMIT\n");
-        self.payload.written.push((table.table, count));
+        self.payload.written.push((table, count));
     }
 
     pub fn finish(self) -> Payload {
@@ -431,6 +570,17 @@ impl Rule {
                 out.push_str(arg);
             }
         }
+    }
+
+    /// The chain a `-j`/`-g` argument names, if any (targets such as `MARK` included).
+    pub fn jump_target(&self) -> Option<&str> {
+        let mut args = self.args();
+        while let Some(arg) = args.next() {
+            if arg == "-j" || arg == "-g" || arg == "--jump" || arg == "--goto" {
+                return args.next();
+            }
+        }
+        None
     }
 
     pub fn restore_text(&self) -> String {
@@ -566,6 +716,231 @@ mod tests {
             "*nat\n:KUBE-A - [0:0]\n-A KUBE-A -j RETURN\n-A KUBE-A -j ACCEPT\nCOMMIT\n"
         );
         assert_eq!(payload.written_rules(Table::Filter), 0);
+    }
+
+    /// nat as a full sync has it, in upstream's order: the shared chains first, then per
+    /// Service `n`: KUBE-SVC-n jumping to its KUBE-SEP-n-0/1, each of which jumps to the
+    /// shared KUBE-MARK-MASQ; filter holds one chain. Chains of Service 1 are declared
+    /// late (after Service 2's), as when a Service's chains are interleaved.
+    fn split_ruleset(services: usize) -> Ruleset {
+        let mut rs = Ruleset::default();
+        rs.filter
+            .append(&chain("KUBE-FORWARD"), Rule::builder().jump("ACCEPT"));
+        rs.filter.declare(&chain("KUBE-PROXY-CANARY"), ChainKind::Canary);
+        rs.nat.declare(&chain("KUBE-SERVICES"), ChainKind::Fixed);
+        rs.nat.declare(&chain("KUBE-PROXY-CANARY"), ChainKind::Canary);
+        rs.nat.append(
+            &chain("KUBE-MARK-MASQ"),
+            Rule::builder()
+                .args(&["-j", "MARK", "--or-mark", "0x4000"])
+                .build(),
+        );
+        rs.nat
+            .append(&chain("KUBE-POSTROUTING"), Rule::builder().jump("RETURN"));
+        let name = |s: String| ChainName::parse(&s).unwrap();
+        let mut order: Vec<usize> = (0..services).collect();
+        if services > 2 {
+            order.swap(1, 2);
+        }
+        for n in order {
+            let owner = ChainKind::Service(NamespacedName::new("d", &format!("s{n}")));
+            let svc = name(format!("KUBE-SVC-{n}"));
+            rs.nat
+                .append(&chain("KUBE-SERVICES"), Rule::builder().jump(svc.clone()));
+            rs.nat.declare(&svc, owner.clone());
+            for e in 0..2 {
+                let sep = name(format!("KUBE-SEP-{n}-{e}"));
+                rs.nat.append(&svc, Rule::builder().jump(sep.clone()));
+                rs.nat.declare(&sep, owner.clone());
+                rs.nat.append(&sep, Rule::builder().jump(chain("KUBE-MARK-MASQ")));
+                rs.nat.append(&sep, Rule::builder().args(&["-j", "DNAT"]).build());
+            }
+        }
+        rs
+    }
+
+    fn declared(payload: &Payload) -> Vec<&str> {
+        payload
+            .text
+            .lines()
+            .filter_map(|l| Some(l.strip_prefix(':')?.split(' ').next().unwrap()))
+            .collect()
+    }
+
+    /// Every line but table headers and COMMITs, sorted: what a restore changes.
+    fn body_lines<'a>(payloads: impl IntoIterator<Item = &'a Payload>) -> Vec<&'a str> {
+        let mut lines: Vec<&str> = payloads
+            .into_iter()
+            .flat_map(|p| p.text.lines())
+            .filter(|l| !l.starts_with('*') && *l != "COMMIT")
+            .collect();
+        lines.sort_unstable();
+        lines
+    }
+
+    #[test]
+    fn a_large_write_splits_into_whole_services_then_the_shared_chains() {
+        let rs = split_ruleset(5);
+        let stale = [chain("KUBE-SVC-OLD"), chain("KUBE-SEP-OLD")];
+        let all = |_: &Chain| true;
+        let split = rs.render_split(all, &stale, Some(7));
+        let chunks: Vec<Vec<&str>> = split.iter().map(declared).collect();
+        assert_eq!(
+            chunks,
+            [
+                vec![
+                    "KUBE-MARK-MASQ",
+                    "KUBE-SVC-0",
+                    "KUBE-SEP-0-0",
+                    "KUBE-SEP-0-1",
+                    "KUBE-SVC-2",
+                    "KUBE-SEP-2-0",
+                    "KUBE-SEP-2-1"
+                ],
+                vec![
+                    "KUBE-SVC-1",
+                    "KUBE-SEP-1-0",
+                    "KUBE-SEP-1-1",
+                    "KUBE-SVC-3",
+                    "KUBE-SEP-3-0",
+                    "KUBE-SEP-3-1"
+                ],
+                vec!["KUBE-SVC-4", "KUBE-SEP-4-0", "KUBE-SEP-4-1"],
+                vec![
+                    "KUBE-FORWARD",
+                    "KUBE-PROXY-CANARY",
+                    "KUBE-SERVICES",
+                    "KUBE-PROXY-CANARY",
+                    "KUBE-POSTROUTING",
+                    "KUBE-SVC-OLD",
+                    "KUBE-SEP-OLD",
+                ],
+            ],
+            "whole Services of at most 7 chains each (the first with KUBE-MARK-MASQ, which \
+             they jump to), then filter, nat's shared chains and the deletions"
+        );
+        assert_eq!(
+            split[2].text,
+            "*nat\n:KUBE-SVC-4 - [0:0]\n:KUBE-SEP-4-0 - [0:0]\n:KUBE-SEP-4-1 - [0:0]\n\
+             -A KUBE-SVC-4 -j KUBE-SEP-4-0\n-A KUBE-SVC-4 -j KUBE-SEP-4-1\n\
+             -A KUBE-SEP-4-0 -j KUBE-MARK-MASQ\n-A KUBE-SEP-4-0 -j DNAT\n\
+             -A KUBE-SEP-4-1 -j KUBE-MARK-MASQ\n-A KUBE-SEP-4-1 -j DNAT\nCOMMIT\n"
+        );
+        assert!(
+            split[0].text.starts_with("*nat\n:KUBE-MARK-MASQ - [0:0]\n")
+                && split[0]
+                    .text
+                    .contains("\n-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n"),
+            "{}",
+            split[0].text
+        );
+        let last = split.last().unwrap();
+        assert!(last.text.starts_with("*filter\n"), "{}", last.text);
+        assert!(
+            last.text.ends_with("-X KUBE-SVC-OLD\n-X KUBE-SEP-OLD\nCOMMIT\n"),
+            "{}",
+            last.text
+        );
+        for chunk in &split[..split.len() - 1] {
+            assert!(chunk.text.starts_with("*nat\n") && chunk.text.matches("COMMIT").count() == 1);
+            assert!(!chunk.text.contains("-X "), "no deletion before the last restore");
+        }
+
+        // Nothing lost or duplicated, and the counts add up to the unsplit write's.
+        let whole = rs.render_split(all, &stale, None);
+        assert_eq!(whole.len(), 1);
+        assert_eq!(body_lines(&split), body_lines(&whole));
+        assert_eq!(rs.table_counts_of(&split), rs.table_counts(&whole[0]));
+        let written = |payloads: &[Payload], table| -> WrittenCount {
+            payloads
+                .iter()
+                .flat_map(|p| &p.written)
+                .filter(|(t, _)| *t == table)
+                .fold(WrittenCount::default(), |a, (_, w)| WrittenCount {
+                    chains: a.chains + w.chains,
+                    rules: a.rules + w.rules,
+                    deleted_chains: a.deleted_chains + w.deleted_chains,
+                })
+        };
+        assert_eq!(written(&split, Table::Nat), written(&whole, Table::Nat));
+        assert_eq!(written(&split, Table::Filter), written(&whole, Table::Filter));
+    }
+
+    /// A Service with more chains than the bound still goes whole, in a restore of its own.
+    #[test]
+    fn a_service_larger_than_the_bound_stays_whole() {
+        let rs = split_ruleset(3);
+        let split = rs.render_split(|_| true, &[], Some(2));
+        let chunks: Vec<Vec<&str>> = split.iter().map(declared).collect();
+        assert_eq!(
+            chunks[..4],
+            [
+                vec!["KUBE-MARK-MASQ"],
+                vec!["KUBE-SVC-0", "KUBE-SEP-0-0", "KUBE-SEP-0-1"],
+                vec!["KUBE-SVC-2", "KUBE-SEP-2-0", "KUBE-SEP-2-1"],
+                vec!["KUBE-SVC-1", "KUBE-SEP-1-0", "KUBE-SEP-1-1"],
+            ]
+        );
+        assert_eq!(split.len(), 5);
+        assert_eq!(
+            body_lines(&split),
+            body_lines(&rs.render_split(|_| true, &[], None))
+        );
+    }
+
+    /// At or below the bound, or without one, a write is one restore, exactly as before;
+    /// so is a write of shared chains only (a partial sync of no Service).
+    #[test]
+    fn a_small_write_is_one_restore() {
+        let rs = split_ruleset(5);
+        let total = rs.filter.chains().len() + rs.nat.chains().len();
+        assert_eq!(total, 21);
+        let full = rs.render_full();
+        assert_eq!(
+            rs.render_split(|_| true, &[], Some(total)),
+            std::slice::from_ref(&full)
+        );
+        assert_eq!(rs.render_split(|_| true, &[], None), [full]);
+        let shared_only = |c: &Chain| !matches!(c.kind, ChainKind::Service(_));
+        let split = rs.render_split(shared_only, &[], Some(2));
+        assert_eq!(split.len(), 1);
+        assert!(
+            declared(&split[0])
+                .iter()
+                .all(|c| !c.starts_with("KUBE-SVC-") && !c.starts_with("KUBE-SEP-")),
+            "{}",
+            split[0].text
+        );
+    }
+
+    /// A shared chain that Service chains jump to and that jumps into a Service cannot be
+    /// written before or after the Services: such a ruleset is not split.
+    #[test]
+    fn a_shared_chain_needing_a_service_keeps_one_restore() {
+        let mut rs = split_ruleset(4);
+        rs.nat.append(
+            &chain("KUBE-MARK-MASQ"),
+            Rule::builder().jump(chain("KUBE-SVC-0")),
+        );
+        assert_eq!(rs.render_split(|_| true, &[], Some(4)), [rs.render_full()]);
+    }
+
+    /// A Service's chain jumping into another Service's chain: not split either.
+    #[test]
+    fn a_jump_between_services_keeps_one_restore() {
+        let mut rs = split_ruleset(4);
+        rs.nat
+            .append(&chain("KUBE-SEP-3-1"), Rule::builder().jump(chain("KUBE-SVC-0")));
+        assert_eq!(rs.render_split(|_| true, &[], Some(4)), [rs.render_full()]);
+    }
+
+    #[test]
+    fn jump_targets() {
+        let r = Rule::builder().args(&["-p", "tcp"]).jump(chain("KUBE-SVC-A"));
+        assert_eq!(r.jump_target(), Some("KUBE-SVC-A"));
+        let g = Rule::builder().args(&["-g", "KUBE-X"]).build();
+        assert_eq!(g.jump_target(), Some("KUBE-X"));
+        assert_eq!(Rule::builder().args(&["-p", "tcp"]).build().jump_target(), None);
     }
 
     #[test]

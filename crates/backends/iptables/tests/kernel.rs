@@ -61,6 +61,9 @@ impl Iptables for Recording {
     fn version(&self) -> Result<IptablesVersion, ExecError> {
         self.cli.version()
     }
+    fn is_nf_tables(&self) -> bool {
+        self.cli.is_nf_tables()
+    }
     fn create_chain(&self, table: Table, chain: &str) -> Result<(), ExecError> {
         self.cli.create_chain(table, chain)
     }
@@ -571,6 +574,194 @@ fn cleanup_removes_every_kube_rule_and_keeps_foreign_ones(variant: Variant) {
     assert!(again.is_ok() && again.applied.is_empty(), "{again:?}");
 }
 
+/// `iptables-save` of `table` without its comment lines (they carry the time), sorted.
+fn sorted_save(node: &Node, table: Table) -> Vec<String> {
+    let mut lines: Vec<String> = node
+        .save(table)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// A world of `count` Services, every fifth a NodePort Service (KUBE-EXT chains too),
+/// each with 3 endpoints, plus one Service without endpoints (filter's REJECT).
+fn many_services(count: usize) -> World {
+    let mut world = World::new();
+    for i in 0..count {
+        let name = format!("svc{i}");
+        let spec = if i % 5 == 0 {
+            json!({"type": "NodePort", "clusterIP": format!("10.96.1.{i}"),
+                   "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30000 + i}]})
+        } else {
+            json!({"clusterIP": format!("10.96.1.{i}"),
+                   "ports": [{"name": "http", "port": 80, "targetPort": 8080}]})
+        };
+        let pods: Vec<String> = (0..3).map(|e| format!("10.244.{e}.{i}")).collect();
+        world.service(&name, spec).slice(
+            &name,
+            json!([{"name": "http", "port": 8080}]),
+            pods.iter().map(|ip| ep(ip)).collect(),
+        );
+    }
+    world.service(
+        "empty",
+        json!({"clusterIP": "10.96.0.99", "ports": [{"name": "http", "port": 80}]}),
+    );
+    world
+}
+
+/// A full sync written as several restores (a small bound on chains per restore, as
+/// nf_tables gets with [`kpr_iptables::RESTORE_CHUNK_CHAINS`] at scale) leaves exactly what
+/// one restore leaves; so does a full resync over it (a restart), and a restart that finds
+/// a removed Service's chains deletes them.
+fn split_full_sync_programs_what_one_restore_does(variant: Variant) {
+    let (Some(split), Some(whole)) = (Node::new(variant), Node::new(variant)) else {
+        return;
+    };
+    let mut world = many_services(40);
+    let mut whole_backend = whole.backend().with_restore_chunk_chains(None);
+    let (whole_report, _) = sync(&mut whole_backend, &mut world);
+    assert_eq!(whole.restores.lock().unwrap().len(), 1);
+
+    let mut backend = split.backend().with_restore_chunk_chains(Some(25));
+    let (report, pending) = sync(&mut backend, &mut world);
+    let restores = split.restores.lock().unwrap().len();
+    assert!(restores > 3, "{restores} restores");
+    assert_eq!(report, whole_report);
+    for table in [Table::Nat, Table::Filter] {
+        assert_eq!(sorted_save(&split, table), sorted_save(&whole, table), "{table}");
+    }
+    assert_eq!(split.service_chains(), wanted_service_chains(&split, &pending));
+
+    // A restart: the full sync rewrites every chain that is already there.
+    let mut restarted = split.backend().with_restore_chunk_chains(Some(25));
+    let (report, _) = sync(&mut restarted, &mut world);
+    assert!(report.full);
+    assert_eq!(split.restores.lock().unwrap().len(), 2 * restores);
+    for table in [Table::Nat, Table::Filter] {
+        assert_eq!(sorted_save(&split, table), sorted_save(&whole, table), "{table}");
+    }
+
+    // Services gone while the proxy was down: the next full sync deletes their chains last.
+    for i in 0..10 {
+        world.delete_service(&format!("svc{i}"));
+    }
+    let mut restarted = split.backend().with_restore_chunk_chains(Some(25));
+    sync(&mut restarted, &mut world);
+    let mut whole_backend = whole.backend().with_restore_chunk_chains(None);
+    sync(&mut whole_backend, &mut world);
+    assert!(
+        split.last_restore().contains("-X KUBE-SVC-"),
+        "{}",
+        split.last_restore()
+    );
+    for table in [Table::Nat, Table::Filter] {
+        assert_eq!(sorted_save(&split, table), sorted_save(&whole, table), "{table}");
+    }
+    split.assert_foreign_rules_intact();
+}
+
+/// A timing run, not a test: the first full sync and a full resync of 10,000 Services x
+/// 10 endpoints on iptables-nft, with the time each restore took printed. Run with
+/// `cargo nextest run -p kpr-iptables --test kernel --run-ignored only --no-capture
+/// scale_timing` (`KPR_SCALE_SERVICES` overrides the 10,000).
+#[test]
+#[ignore = "a timing run of about a minute"]
+fn scale_timing_nft() {
+    let services: usize = std::env::var("KPR_SCALE_SERVICES").map_or(10_000, |v| v.parse().unwrap());
+    let Some(node) = Node::new(Variant::Nft) else {
+        return;
+    };
+    let mut world = World::new();
+    for i in 0..services {
+        let name = format!("svc{i}");
+        let ip = format!("10.{}.{}.{}", 96 + i / 65536, (i / 256) % 256, i % 256);
+        world
+            .service(
+                &name,
+                json!({"clusterIP": ip, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+            )
+            .slice(
+                &name,
+                json!([{"name": "http", "port": 8080}]),
+                (0..10)
+                    .map(|e| ep(&format!("10.{}.{}.{}", 128 + e, (i / 256) % 256, i % 256)))
+                    .collect(),
+            );
+    }
+    let timed = Arc::new(Mutex::new(Vec::new()));
+    let exec = Timed {
+        cli: node.cli(),
+        times: timed.clone(),
+    };
+    let mut backend = IptablesBackend::new(node.opts.clone(), Box::new(exec)).unwrap();
+    if let Ok(bound) = std::env::var("KPR_SCALE_CHUNK_CHAINS") {
+        backend = backend.with_restore_chunk_chains(Some(bound.parse().unwrap()));
+    }
+    for round in ["first sync", "full resync"] {
+        let pending = world.pending();
+        let started = std::time::Instant::now();
+        backend.sync_rules(&pending.request(true)).unwrap();
+        let elapsed = started.elapsed();
+        let times = std::mem::take(&mut *timed.lock().unwrap());
+        let restore: std::time::Duration = times.iter().map(|(t, _)| *t).sum();
+        let (last, _) = times.last().copied().unwrap();
+        let slowest = times.iter().map(|(t, _)| *t).max().unwrap();
+        let bytes: usize = times.iter().map(|(_, b)| *b).sum();
+        println!(
+            "{services} Services x 10 endpoints, {round}: {elapsed:.2?} in all, {} restores \
+             ({bytes} bytes) {restore:.2?}, slowest {slowest:.2?}, last (shared chains) {last:.2?}",
+            times.len()
+        );
+    }
+    assert!(node.chains(Table::Nat).len() > services);
+}
+
+/// Passes every call to the real CLI, timing each restore.
+struct Timed {
+    cli: IptablesCli,
+    times: Arc<Mutex<Vec<(std::time::Duration, usize)>>>,
+}
+
+impl Iptables for Timed {
+    fn version(&self) -> Result<IptablesVersion, ExecError> {
+        self.cli.version()
+    }
+    fn is_nf_tables(&self) -> bool {
+        self.cli.is_nf_tables()
+    }
+    fn create_chain(&self, table: Table, chain: &str) -> Result<(), ExecError> {
+        self.cli.create_chain(table, chain)
+    }
+    fn restore(&self, payload: &[u8]) -> Result<(), ExecError> {
+        let started = std::time::Instant::now();
+        let result = self.cli.restore(payload);
+        self.times
+            .lock()
+            .unwrap()
+            .push((started.elapsed(), payload.len()));
+        result
+    }
+    fn save(&self, table: Table) -> Result<String, ExecError> {
+        self.cli.save(table)
+    }
+    fn chain_exists(&self, table: Table, chain: &str) -> Result<bool, ExecError> {
+        self.cli.chain_exists(table, chain)
+    }
+    fn rule_exists(&self, table: Table, chain: &str, args: &[String]) -> Result<bool, ExecError> {
+        self.cli.rule_exists(table, chain, args)
+    }
+    fn insert_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError> {
+        self.cli.insert_rule(table, chain, args)
+    }
+    fn delete_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError> {
+        self.cli.delete_rule(table, chain, args)
+    }
+}
+
 /// The scenarios above, once per variant, so a failure names the variant.
 macro_rules! per_variant {
     ($($variant:ident => $value:expr),+ $(,)?) => {$(
@@ -605,6 +796,11 @@ macro_rules! per_variant {
             #[test]
             fn flushed_nat_table_forces_a_full_sync() {
                 super::flushed_nat_table_forces_a_full_sync($value);
+            }
+
+            #[test]
+            fn split_full_sync_programs_what_one_restore_does() {
+                super::split_full_sync_programs_what_one_restore_does($value);
             }
 
             #[test]

@@ -27,6 +27,8 @@ struct Kernel {
     version: Option<IptablesVersion>,
     fail_save: bool,
     fail_restore: bool,
+    /// Fails only the restore with this 1-based number (counting every restore).
+    fail_restore_number: Option<usize>,
     fail_canary_check: bool,
 }
 
@@ -70,7 +72,7 @@ impl Iptables for Fake {
         k.restores.push(text.clone());
         let rules = k.rules.len();
         k.rules_at_restore.push(rules);
-        if k.fail_restore {
+        if k.fail_restore || k.fail_restore_number == Some(k.restores.len()) {
             return Err(ExecError::Restore {
                 command: "iptables-restore".into(),
                 line: None,
@@ -610,5 +612,96 @@ fn damage_found_between_syncs_asks_once_for_a_full_sync() {
         fake.kernel().rules.iter().cloned().collect::<HashSet<_>>(),
         jumps.into_iter().collect::<HashSet<_>>(),
         "the jump is back"
+    );
+}
+
+/// Every restore line but table headers and COMMITs, sorted.
+fn body_lines(restores: &[String]) -> Vec<String> {
+    let mut lines: Vec<String> = restores
+        .iter()
+        .flat_map(|r| r.lines())
+        .filter(|l| !l.starts_with('*') && *l != "COMMIT")
+        .map(str::to_string)
+        .collect();
+    lines.sort_unstable();
+    lines
+}
+
+/// With a bound on chains per restore, a full sync above it is several restores that
+/// together write what one restore would; the shared chains and deletions come last;
+/// partial syncs stay one restore; a failed part fails the sync, says which part, and
+/// makes the next sync full.
+#[test]
+fn a_large_full_sync_is_split_and_a_partial_one_is_not() {
+    let services = [
+        ("web", "10.96.0.10"),
+        ("api", "10.96.0.11"),
+        ("db", "10.96.0.12"),
+        ("cache", "10.96.0.13"),
+    ];
+    let s = state(&services);
+    let whole = Fake::default();
+    let whole_report = sync(&mut backend(&whole, IptablesOptions::default()), &s, &[]).unwrap();
+    assert_eq!(whole.kernel().restores.len(), 1, "no bound: one restore");
+
+    let fake = Fake::default();
+    let mut b = backend(&fake, IptablesOptions::default()).with_restore_chunk_chains(Some(6));
+    let report = sync(&mut b, &s, &[]).unwrap();
+    let restores = fake.kernel().restores.clone();
+    assert!(restores.len() > 2, "{restores:#?}");
+    assert_eq!(body_lines(&restores), body_lines(&whole.kernel().restores));
+    assert_eq!(report, whole_report, "the counts are the unsplit write's");
+    let (last, parts) = restores.split_last().unwrap();
+    assert!(
+        last.contains(":KUBE-SERVICES ") && last.starts_with("*filter\n"),
+        "{last}"
+    );
+    for part in parts {
+        assert!(
+            !part.contains("*filter") && !part.contains(":KUBE-SERVICES "),
+            "{part}"
+        );
+        let chains = part.lines().filter(|l| l.starts_with(':')).count();
+        assert!(chains <= 6, "{part}");
+    }
+
+    // A Service removed: its chains are deleted in the last restore.
+    let fewer = state(&services[..3]);
+    let before = fake.kernel().restores.len();
+    sync(&mut b, &fewer, &["cache"]).unwrap();
+    assert_eq!(
+        fake.kernel().restores.len(),
+        before + 1,
+        "a partial sync is one restore"
+    );
+    assert!(
+        fake.last_restore().contains("-X KUBE-SVC-"),
+        "{}",
+        fake.last_restore()
+    );
+
+    // A failed middle part fails the full sync and names its part.
+    let before = fake.kernel().restores.len();
+    fake.kernel().fail_restore_number = Some(before + 2);
+    let e = b
+        .sync_rules(&SyncRequest {
+            state: &s,
+            changed: &BTreeSet::new(),
+            service_changes: &[],
+            endpoint_changes: &[],
+            force_full: true,
+        })
+        .unwrap_err();
+    assert_eq!((e.attempted(), e.step()), (SyncKind::Full, FailedStep::Restore));
+    assert!(e.to_string().contains("(restore 2 of "), "{e}");
+    assert_eq!(
+        fake.kernel().restores.len(),
+        before + 2,
+        "no restore after the failed one"
+    );
+    fake.kernel().fail_restore_number = None;
+    assert!(
+        sync(&mut b, &s, &[]).unwrap().full,
+        "a failure makes the next sync full"
     );
 }

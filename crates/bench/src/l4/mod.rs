@@ -314,8 +314,7 @@ impl Bench<'_> {
                 .into_iter()
                 .map(|port| haproxy::Listener {
                     port,
-                    // Behind a portal too: the portal leads to this address.
-                    bind: Path::Haproxy.target(port, self.plan.backends, 0, None),
+                    bind: self.haproxy_bind(port),
                     servers: cluster::backends(port, self.plan.backends),
                 })
                 .collect(),
@@ -327,6 +326,19 @@ impl Bench<'_> {
             .spawn(self.lab.node(), command)
             .map_err(|e| format!("starting haproxy: {e}"))?;
         Ok((file, guard))
+    }
+
+    /// Where HAProxy listens for `port`: the node's outside address, where the outside
+    /// client and a portal's `REDIRECT` of its packets lead. A portal redirects to the
+    /// address of the interface a packet came in on, for a pod the node's bridge address,
+    /// so from a pod HAProxy listens on every address (its clients still connect to the
+    /// outside one).
+    fn haproxy_bind(&self, port: cluster::Port) -> std::net::SocketAddr {
+        let outside = Path::Haproxy.target(port, self.plan.backends, 0, None);
+        match self.plan.placement {
+            Placement::Outside => outside,
+            Placement::Pod => std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, outside.port())),
+        }
     }
 
     fn proxy_row(&self, path: Path, manifest: &FilePath) -> Outcome<Figures> {

@@ -260,83 +260,10 @@ impl Ruleset {
         if filter.len() + nat.len() + delete.len() <= max_chains {
             return single();
         }
-        // The Services' chains, grouped by Service in order of first appearance.
-        let mut groups: Vec<Vec<&Chain>> = Vec::new();
-        let mut group_of: HashMap<&NamespacedName, usize> = HashMap::new();
-        let mut shared: Vec<&Chain> = Vec::new();
-        for chain in &nat {
-            match &chain.kind {
-                ChainKind::Service(owner) => {
-                    let i = *group_of.entry(owner).or_insert_with(|| {
-                        groups.push(Vec::new());
-                        groups.len() - 1
-                    });
-                    groups[i].push(chain);
-                }
-                _ => shared.push(chain),
-            }
-        }
-        if groups.is_empty() {
+        let Some(split) = self.split_nat(&nat) else {
             return single();
-        }
-        // The shared chains Service chains jump to, and those they jump to in turn.
-        let shared_names: HashMap<&str, &Chain> = shared
-            .iter()
-            .map(|&c: &&Chain| -> (&str, &Chain) { (c.name.as_str(), c) })
-            .collect();
-        let mut first: Vec<&str> = Vec::new();
-        let mut todo: Vec<&Chain> = groups.iter().flatten().copied().collect();
-        while let Some(chain) = todo.pop() {
-            for target in chain.rules.iter().filter_map(Rule::jump_target) {
-                if let Some(&target) = shared_names.get(target)
-                    && !first.contains(&target.name.as_str())
-                {
-                    first.push(target.name.as_str());
-                    todo.push(target);
-                }
-            }
-        }
-        // A shared chain that must go first may not itself need a Service's chain.
-        let service_chain = |name: &str| {
-            self.nat
-                .chain(name)
-                .is_some_and(|c| matches!(c.kind, ChainKind::Service(_)))
         };
-        if first
-            .iter()
-            .filter_map(|name| shared_names.get(name))
-            .any(|c| c.rules.iter().filter_map(Rule::jump_target).any(service_chain))
-        {
-            return single();
-        }
-        // Nor may a Service's chain jump into another Service's: they could land in
-        // different restores (upstream's rules never do it).
-        let owner_of = |name: &str| match self.nat.chain(name).map(|c| &c.kind) {
-            Some(ChainKind::Service(owner)) => Some(owner),
-            _ => None,
-        };
-        if groups.iter().flatten().any(|chain| {
-            chain
-                .rules
-                .iter()
-                .filter_map(Rule::jump_target)
-                .filter_map(owner_of)
-                .any(|target| Some(target) != owner_of(chain.name.as_str()))
-        }) {
-            return single();
-        }
-        let (first, last): (Vec<&Chain>, Vec<&Chain>) =
-            shared.into_iter().partition(|c| first.contains(&c.name.as_str()));
-        let mut chunks: Vec<Vec<&Chain>> = vec![first];
-        for group in groups {
-            let current = chunks.last_mut().expect("one chunk at least");
-            if !current.is_empty() && current.len() + group.len() > max_chains {
-                chunks.push(group);
-            } else {
-                current.extend(group);
-            }
-        }
-        let mut payloads: Vec<Payload> = chunks
+        let mut payloads: Vec<Payload> = pack(split.first, split.services, max_chains)
             .into_iter()
             .map(|chunk| {
                 let mut payload = PayloadBuilder::default();
@@ -346,9 +273,72 @@ impl Ruleset {
             .collect();
         let mut payload = PayloadBuilder::default();
         payload.chains(Table::Filter, &filter, &[]);
-        payload.chains(Table::Nat, &last, delete);
+        payload.chains(Table::Nat, &split.last, delete);
         payloads.push(payload.finish());
         payloads
+    }
+
+    /// The nat chains of a write, sorted for [`Self::render_split`]; `None` when they must
+    /// stay one transaction (no Service chain, or jumps that could cross restores).
+    fn split_nat<'a>(&self, nat: &[&'a Chain]) -> Option<NatSplit<'a>> {
+        // The Services' chains, grouped by Service in order of first appearance.
+        let mut services: Vec<Vec<&Chain>> = Vec::new();
+        let mut group_of: HashMap<&NamespacedName, usize> = HashMap::new();
+        let mut shared: Vec<&Chain> = Vec::new();
+        for &chain in nat {
+            match &chain.kind {
+                ChainKind::Service(owner) => {
+                    let i = *group_of.entry(owner).or_insert_with(|| {
+                        services.push(Vec::new());
+                        services.len() - 1
+                    });
+                    services[i].push(chain);
+                }
+                _ => shared.push(chain),
+            }
+        }
+        if services.is_empty() {
+            return None;
+        }
+        let first = shared_targets(&services, &shared);
+        // A shared chain that must go first may not itself need a Service's chain, nor
+        // may a Service's chain jump into another Service's (upstream's rules never do).
+        let needs_a_service = first
+            .iter()
+            .flat_map(|c| c.rules.iter().filter_map(Rule::jump_target))
+            .any(|target| self.service_of(target).is_some());
+        if needs_a_service || self.services_cross(&services) {
+            return None;
+        }
+        let (first, last): (Vec<&Chain>, Vec<&Chain>) = shared
+            .into_iter()
+            .partition(|c| first.iter().any(|f| f.name == c.name));
+        Some(NatSplit {
+            first,
+            services,
+            last,
+        })
+    }
+
+    /// The Service owning nat chain `name`, if it is a Service's chain.
+    fn service_of(&self, name: &str) -> Option<&NamespacedName> {
+        match self.nat.chain(name).map(|c| &c.kind) {
+            Some(ChainKind::Service(owner)) => Some(owner),
+            _ => None,
+        }
+    }
+
+    /// Whether a Service's chain jumps into another Service's.
+    fn services_cross(&self, services: &[Vec<&Chain>]) -> bool {
+        services.iter().flatten().any(|chain| {
+            let own = self.service_of(chain.name.as_str());
+            chain
+                .rules
+                .iter()
+                .filter_map(Rule::jump_target)
+                .filter_map(|target| self.service_of(target))
+                .any(|target| Some(target) != own)
+        })
     }
 
     /// The restore input of a full sync: every chain, nothing deleted.
@@ -631,6 +621,49 @@ impl RuleBuilder {
     pub fn build(self) -> Rule {
         Rule(self.args.into_boxed_str())
     }
+}
+
+/// A write's nat chains, in the order [`Ruleset::render_split`] applies them.
+struct NatSplit<'a> {
+    /// Shared chains the Services' chains jump to: with the first Services.
+    first: Vec<&'a Chain>,
+    /// Each Service's chains.
+    services: Vec<Vec<&'a Chain>>,
+    /// The other shared chains: last.
+    last: Vec<&'a Chain>,
+}
+
+/// The shared chains that Services' chains jump to, and those those jump to in turn.
+fn shared_targets<'a>(services: &[Vec<&'a Chain>], shared: &[&'a Chain]) -> Vec<&'a Chain> {
+    let by_name: HashMap<&str, &Chain> = shared.iter().map(|&c| (c.name.as_str(), c)).collect();
+    let mut found: Vec<&Chain> = Vec::new();
+    let mut todo: Vec<&Chain> = services.iter().flatten().copied().collect();
+    while let Some(chain) = todo.pop() {
+        for target in chain.rules.iter().filter_map(Rule::jump_target) {
+            if let Some(&target) = by_name.get(target)
+                && !found.iter().any(|f| f.name == target.name)
+            {
+                found.push(target);
+                todo.push(target);
+            }
+        }
+    }
+    found
+}
+
+/// `first`, then whole Services, packed into chunks of at most `max_chains` chains (a
+/// Service larger than that alone in its chunk).
+fn pack<'a>(first: Vec<&'a Chain>, services: Vec<Vec<&'a Chain>>, max_chains: usize) -> Vec<Vec<&'a Chain>> {
+    let mut chunks: Vec<Vec<&Chain>> = vec![first];
+    for group in services {
+        match chunks.last_mut() {
+            Some(current) if current.is_empty() || current.len() + group.len() <= max_chains => {
+                current.extend(group)
+            }
+            _ => chunks.push(group),
+        }
+    }
+    chunks
 }
 
 #[cfg(test)]

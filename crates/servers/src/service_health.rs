@@ -33,14 +33,14 @@ mod answer;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use kpr_events::{EventType, ObjectRef, ProxyEvent, Recorder};
 use kpr_metrics::{HealthCheckFailureLabels, Metrics, ProxyHealth};
 use kpr_model::{IpFamily, NamespacedName};
-use kpr_state::{DesiredState, HealthCheck, HealthChecks, SyncObserver, health_checks};
+use kpr_state::{DesiredState, HealthCheck, HealthChecks, SyncObserver, health_checks, update_health_checks};
 use tokio::sync::watch;
 
 use crate::connections::Budget;
@@ -114,6 +114,8 @@ impl OpenError {
 #[derive(Debug)]
 pub struct ServiceHealthServers {
     wanted: watch::Sender<Option<Arc<HealthChecks>>>,
+    /// What the last sync asked for, updated in place by the next one.
+    checks: std::sync::Mutex<HealthChecks>,
 }
 
 impl ServiceHealthServers {
@@ -127,21 +129,34 @@ impl ServiceHealthServers {
         let (wanted, updates) = watch::channel(None);
         let manager = Manager::new(config, health, metrics, recorder);
         tokio::spawn(manager.follow(updates));
-        Self { wanted }
+        Self {
+            wanted,
+            checks: std::sync::Mutex::default(),
+        }
     }
 
     /// Makes `checks` the wanted set: the task opens, closes and updates servers to match,
     /// and retries the ports that failed. Returns at once.
-    pub fn update(&self, checks: HealthChecks) {
+    fn update(&self, checks: HealthChecks) {
         self.wanted.send_replace(Some(Arc::new(checks)));
     }
 }
 
 impl SyncObserver for ServiceHealthServers {
     /// Derives the checks here, on the sync's thread, so only the small map travels and
-    /// the state's snapshots are not kept alive.
-    fn synced(&self, state: &DesiredState) {
-        self.update(health_checks(state));
+    /// the state's snapshots are not kept alive; after a partial sync from the changed
+    /// Services only, and nothing is sent when no check differs.
+    fn synced(&self, state: &DesiredState, changed: Option<&BTreeSet<NamespacedName>>) {
+        let mut checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        match changed {
+            None => *checks = health_checks(state),
+            Some(changed) => {
+                if !update_health_checks(&mut checks, state, changed) {
+                    return;
+                }
+            }
+        }
+        self.update(checks.clone());
     }
 }
 

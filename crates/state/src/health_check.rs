@@ -33,22 +33,44 @@ pub type HealthChecks = BTreeMap<NamespacedName, HealthCheck>;
 /// The health checks `state` asks for: one per Service that has a health-check node port
 /// (the model sets it only for LoadBalancer Services with `externalTrafficPolicy: Local`).
 pub fn health_checks(state: &DesiredState) -> HealthChecks {
-    let mut checks = HealthChecks::new();
-    for (service, ports) in state.services.iter() {
-        // Every port of a Service carries the Service's one port.
-        let Some(node_port) = ports.iter().find_map(|p| p.health_check_node_port) else {
-            continue;
+    state
+        .services
+        .keys()
+        .filter_map(|service| Some((service.clone(), health_check(state, service)?)))
+        .collect()
+}
+
+/// Brings `checks` (made from an earlier state) to `state`, looking only at the Services in
+/// `changed` (every Service that may differ); whether anything changed.
+pub fn update_health_checks(
+    checks: &mut HealthChecks,
+    state: &DesiredState,
+    changed: &BTreeSet<NamespacedName>,
+) -> bool {
+    let mut differs = false;
+    for service in changed {
+        let now = health_check(state, service);
+        let before = match now {
+            Some(check) => checks.insert(service.clone(), check),
+            None => checks.remove(service),
         };
-        let local_endpoints = local_ready_ips(state, service);
-        checks.insert(
-            service.clone(),
-            HealthCheck {
-                node_port,
-                local_endpoints,
-            },
-        );
+        differs |= before != now;
     }
-    checks
+    differs
+}
+
+/// `service`'s health check in `state`, if it has a health-check node port.
+fn health_check(state: &DesiredState, service: &NamespacedName) -> Option<HealthCheck> {
+    // Every port of a Service carries the Service's one port.
+    let node_port = state
+        .services
+        .get(service)?
+        .iter()
+        .find_map(|p| p.health_check_node_port)?;
+    Some(HealthCheck {
+        node_port,
+        local_endpoints: local_ready_ips(state, service),
+    })
 }
 
 /// Distinct IPs of ready endpoints on this node, over every port of `service`.
@@ -210,5 +232,39 @@ mod tests {
                 vec![ep("fd00:244::5 local")],
             );
         assert_eq!(health_checks(&state(&mut world))[&web()].local_endpoints, 1);
+    }
+
+    /// Updating in place looks at the changed Services only and gives what a whole
+    /// derivation gives: a Service whose last local pod left drops to 0, one that lost its
+    /// health-check port leaves, an unchanged one is not even looked at.
+    #[test]
+    fn an_update_of_the_changed_services_matches_the_whole_derivation() {
+        let mut world = World::new();
+        world
+            .service("web", load_balancer("Local"))
+            .slice("web", both_ports(), vec![ep("10.244.1.5 local")]);
+        world
+            .service("api", load_balancer("Local"))
+            .slice("api", both_ports(), vec![ep("10.244.1.9 local")]);
+        let mut checks = health_checks(&state(&mut world));
+        let api = NamespacedName::new("default", "api");
+        world.slice("web", both_ports(), vec![ep("10.244.2.7")]);
+        world.service("api", load_balancer("Cluster"));
+        let now = state(&mut world);
+        let before = checks.clone();
+        assert!(!update_health_checks(&mut checks, &now, &BTreeSet::new()));
+        assert_eq!(checks, before, "nothing named, nothing looked at");
+        assert!(update_health_checks(
+            &mut checks,
+            &now,
+            &BTreeSet::from([web(), api.clone()])
+        ));
+        assert_eq!(checks, health_checks(&now));
+        assert_eq!(checks[&web()].local_endpoints, 0);
+        assert!(!checks.contains_key(&api));
+        assert!(
+            !update_health_checks(&mut checks, &now, &BTreeSet::from([web()])),
+            "nothing differs any more"
+        );
     }
 }

@@ -26,7 +26,7 @@ pub use backend::{
     Backend, BackendError, ConntrackReconcile, FailedStep, ObjectCount, PendingSync, SyncKind, SyncReport,
     SyncRequest, UnsafeObject,
 };
-pub use health_check::{HealthCheck, HealthChecks, health_checks};
+pub use health_check::{HealthCheck, HealthChecks, health_checks, update_health_checks};
 pub use plan::{PortPlan, Unreachable};
 pub use repair::RepairRequest;
 pub use topology::{Categorized, categorize};

@@ -265,12 +265,16 @@ async fn sync_loop(
     backend.repair_with(repair);
     let backend = Arc::new(Mutex::new(backend));
     let synced_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Whether the observer missed changes (none told yet, or a sync failed since): then it
+    // hears of everything, whatever the next sync's own changes.
+    let observer_behind = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let runs = runner.run(move || {
         let shared = shared.clone();
         let backend = backend.clone();
         let after_sync = after_sync.clone();
         let synced_once = synced_once.clone();
+        let observer_behind = observer_behind.clone();
         let fatal_tx = fatal_tx.clone();
         let span = tracing::Span::current();
         async move {
@@ -278,9 +282,10 @@ async fn sync_loop(
                 let _in_span = span.enter();
                 let mut backend = backend.lock().unwrap_or_else(|e| e.into_inner());
                 let proxier = &shared.proxiers[index];
-                let state = match sync::sync_once(&shared, proxier, backend.as_mut()) {
-                    Ok(state) => state,
+                let programmed = match sync::sync_once(&shared, proxier, backend.as_mut()) {
+                    Ok(programmed) => programmed,
                     Err(failed) => {
+                        observer_behind.store(true, std::sync::atomic::Ordering::Relaxed);
                         if failed.needs_operator && !synced_once.load(std::sync::atomic::Ordering::Relaxed) {
                             let _ = fatal_tx.send(failed.message.clone());
                         }
@@ -289,7 +294,9 @@ async fn sync_loop(
                 };
                 synced_once.store(true, std::sync::atomic::Ordering::Relaxed);
                 if let Some(observer) = &after_sync {
-                    observer.synced(&state);
+                    let behind = observer_behind.swap(false, std::sync::atomic::Ordering::Relaxed);
+                    let changed = (!behind && !programmed.full).then_some(&programmed.changed);
+                    observer.synced(&programmed.state, changed);
                 }
                 Ok::<(), String>(())
             })

@@ -6,9 +6,11 @@
 //! failures by step, its rule counts) its backend records itself, so this layer knows no
 //! mode.
 
+use std::collections::BTreeSet;
 use std::time::{Instant, SystemTime};
 
 use kpr_metrics::{FamilyLabels, Metrics, RejectedLabels, TrafficLabels};
+use kpr_model::NamespacedName;
 use kpr_state::{Backend, DesiredState, PendingSync, SyncKind, SyncReport, UnsafeObject};
 
 use crate::intake::unix_now;
@@ -31,12 +33,21 @@ impl std::fmt::Display for SyncFailed {
     }
 }
 
-/// Syncs `proxier`'s family; returns the state its backend programmed.
+/// What a successful sync programmed.
+pub(crate) struct Programmed {
+    pub state: DesiredState,
+    /// The Services the sync took changes of.
+    pub changed: BTreeSet<NamespacedName>,
+    /// Whether the backend rewrote everything.
+    pub full: bool,
+}
+
+/// Syncs `proxier`'s family; returns what its backend programmed.
 pub(crate) fn sync_once(
     shared: &Shared,
     proxier: &Proxier,
     backend: &mut dyn Backend,
-) -> Result<DesiredState, SyncFailed> {
+) -> Result<Programmed, SyncFailed> {
     let started = Instant::now();
     let (pending, force_full, trigger_times) = {
         let mut t = proxier.trackers();
@@ -62,7 +73,11 @@ pub(crate) fn sync_once(
                 elapsed = ?started.elapsed(),
                 "synced rules"
             );
-            Ok(pending.state)
+            Ok(Programmed {
+                state: pending.state,
+                changed: pending.changed,
+                full: report.full,
+            })
         }
         Err(error) => {
             family.record_duration(error.attempted, started);

@@ -391,12 +391,12 @@ async fn the_running_set_follows_each_synced_state() {
             json!([{"port": 8080}]),
             kpr_world::eps(&["10.244.1.5 local", "10.244.2.6"]),
         );
-    servers.synced(&world.state());
+    servers.synced(&world.state(), None);
     let reply = eventually(|| async { probe_when_listening(port).await.filter(|r| r.status == 200) }).await;
     assert_eq!(reply.body, body(&NamespacedName::new("default", "web"), 1, true));
 
     world.slice("web", json!([{"port": 8080}]), kpr_world::eps(&["10.244.2.6"]));
-    servers.synced(&world.state());
+    servers.synced(&world.state(), None);
     eventually(|| async { probe_when_listening(port).await.filter(|r| r.status == 503) }).await;
 
     drop(servers);

@@ -70,7 +70,11 @@ struct DualStack {
 struct ClusterIps(watch::Sender<Vec<String>>);
 
 impl SyncObserver for ClusterIps {
-    fn synced(&self, state: &DesiredState) {
+    fn synced(
+        &self,
+        state: &DesiredState,
+        _changed: Option<&std::collections::BTreeSet<kpr_model::NamespacedName>>,
+    ) {
         let ips = state
             .ports()
             .iter()

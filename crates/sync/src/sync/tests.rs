@@ -423,15 +423,24 @@ async fn conntrack_reconciles_are_counted_and_timed_as_upstream() {
     }
 }
 
-/// Remembers, per call, the services of the state it was told about.
+/// Remembers, per call, the services of the state it was told about, and the changed
+/// Services it was given (`None`: everything may have changed).
 #[derive(Debug, Default)]
-struct AfterSync(Mutex<Vec<Vec<String>>>);
+struct AfterSync(Mutex<Vec<Vec<String>>>, Mutex<Vec<Option<Vec<String>>>>);
 
 impl kpr_state::SyncObserver for AfterSync {
-    fn synced(&self, state: &kpr_state::DesiredState) {
+    fn synced(
+        &self,
+        state: &kpr_state::DesiredState,
+        changed: Option<&std::collections::BTreeSet<kpr_model::NamespacedName>>,
+    ) {
         let mut services: Vec<String> = state.services.keys().map(ToString::to_string).collect();
         services.sort();
         self.0.lock().unwrap().push(services);
+        self.1
+            .lock()
+            .unwrap()
+            .push(changed.map(|c| c.iter().map(ToString::to_string).collect()));
     }
 }
 
@@ -480,6 +489,11 @@ async fn the_after_sync_observer_hears_successful_syncs_only() {
         *observer.0.lock().unwrap(),
         [vec!["default/a"], vec!["default/a", "default/b"]],
         "one call per successful sync, each with the whole state"
+    );
+    assert_eq!(
+        *observer.1.lock().unwrap(),
+        [None, Some(vec!["default/b".to_string()])],
+        "after a failed sync the observer hears of everything; after a partial one, of its changes"
     );
 }
 

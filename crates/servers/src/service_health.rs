@@ -145,15 +145,14 @@ impl ServiceHealthServers {
 impl SyncObserver for ServiceHealthServers {
     /// Derives the checks here, on the sync's thread, so only the small map travels and
     /// the state's snapshots are not kept alive; after a partial sync from the changed
-    /// Services only, and nothing is sent when no check differs.
+    /// Services only. Sent after every sync, changed or not: each one retries the ports
+    /// that failed to open, as upstream's.
     fn synced(&self, state: &DesiredState, changed: Option<&BTreeSet<NamespacedName>>) {
         let mut checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
         match changed {
             None => *checks = health_checks(state),
             Some(changed) => {
-                if !update_health_checks(&mut checks, state, changed) {
-                    return;
-                }
+                update_health_checks(&mut checks, state, changed);
             }
         }
         self.update(checks.clone());

@@ -130,27 +130,39 @@ fn addresses(port: &ServicePort) -> impl Iterator<Item = SocketAddr> + '_ {
 /// frontend in `state`: what they had is [`Frontends::retire`]d by the reconciler, which
 /// remembers it (`udp_scopes_by_service`).
 pub fn scopes_of(state: &DesiredState, services: &BTreeSet<NamespacedName>) -> BTreeSet<Scope> {
-    let by_service = udp_scopes_by_service(state);
     services
         .iter()
-        .filter_map(|service| by_service.get(service))
-        .flatten()
-        .copied()
+        .flat_map(|service| udp_scopes_of(state, service))
         .collect()
 }
 
 /// Every Service's UDP frontends in `state`, as [`Scope`]s: each service address with its
 /// port, and each NodePort. Services without a UDP port are left out.
 pub fn udp_scopes_by_service(state: &DesiredState) -> BTreeMap<NamespacedName, BTreeSet<Scope>> {
-    let mut by_service: BTreeMap<NamespacedName, BTreeSet<Scope>> = BTreeMap::new();
-    for (service, ports) in state.services.iter() {
-        for port in ports.iter().filter(|port| port.name.protocol == Protocol::Udp) {
-            let scopes = by_service.entry(service.clone()).or_default();
-            scopes.extend(addresses(port).map(Scope::To));
-            scopes.extend(port.node_port.map(Scope::ToPort));
-        }
-    }
-    by_service
+    state
+        .services
+        .keys()
+        .map(|service| (service.clone(), udp_scopes_of(state, service)))
+        .filter(|(_, scopes)| !scopes.is_empty())
+        .collect()
+}
+
+/// One Service's UDP frontends in `state`, as [`udp_scopes_by_service`] has them (empty
+/// when it has no UDP port, or is gone).
+pub fn udp_scopes_of(state: &DesiredState, service: &NamespacedName) -> BTreeSet<Scope> {
+    let ports = state
+        .services
+        .get(service)
+        .into_iter()
+        .flat_map(|ports| ports.iter());
+    ports
+        .filter(|port| port.name.protocol == Protocol::Udp)
+        .flat_map(|port| {
+            addresses(port)
+                .map(Scope::To)
+                .chain(port.node_port.map(Scope::ToPort))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use kpr_model::{IpFamily, NamespacedName};
 use kpr_state::{BackendError, ConntrackReconcile, DesiredState, SyncReport, SyncRequest};
 
-use crate::decision::{Frontends, scopes_of, udp_scopes_by_service};
+use crate::decision::{Frontends, scopes_of, udp_scopes_by_service, udp_scopes_of};
 use crate::entry::UdpEntry;
 use crate::netlink::NetlinkTable;
 use crate::table::{ConntrackTable, Scope, TableError};
@@ -107,6 +107,9 @@ pub struct Reconciler {
     /// Each Service's UDP frontends in the state last reconciled against: what a Service
     /// had once it is gone (or a port or address it no longer has).
     known: BTreeMap<NamespacedName, BTreeSet<Scope>>,
+    /// How many Services of `known` have each frontend: a frontend a changed Service lost
+    /// is retired only when no other Service has it, found without visiting every Service.
+    holders: BTreeMap<Scope, usize>,
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -128,6 +131,7 @@ impl Reconciler {
             last_full: None,
             full_due: true,
             known: BTreeMap::new(),
+            holders: BTreeMap::new(),
         }
     }
 
@@ -148,7 +152,7 @@ impl Reconciler {
         let started = Instant::now();
         let current = udp_scopes_by_service(state);
         let mut frontends = Frontends::of(state);
-        frontends.retire(&self.retired(&current, None));
+        frontends.retire(&self.retired(&current));
         // Without a UDP frontend nothing can be stale: no need to list anything.
         let scopes = if frontends.is_empty() {
             BTreeSet::new()
@@ -156,6 +160,10 @@ impl Reconciler {
             BTreeSet::from([Scope::All])
         };
         let mut done = self.reconcile_scopes(&frontends, &scopes)?;
+        self.holders = BTreeMap::new();
+        for scope in current.values().flatten() {
+            *self.holders.entry(*scope).or_default() += 1;
+        }
         self.known = current;
         done.full = true;
         done.duration = started.elapsed();
@@ -169,8 +177,13 @@ impl Reconciler {
         state: &DesiredState,
         services: &BTreeSet<NamespacedName>,
     ) -> Result<Reconciled, TableError> {
-        let current = udp_scopes_by_service(state);
-        let retired = self.retired(&current, Some(services));
+        // Only the changed Services' frontends: a sync under churn touches a few of
+        // thousands, and this runs after every one.
+        let current: BTreeMap<NamespacedName, BTreeSet<Scope>> = services
+            .iter()
+            .map(|service| (service.clone(), udp_scopes_of(state, service)))
+            .collect();
+        let retired = self.retired_from(&current);
         let mut scopes = scopes_of(state, services);
         scopes.extend(retired.iter().copied());
         if scopes.len() > MAX_TARGETED_DUMPS {
@@ -184,23 +197,60 @@ impl Reconciler {
             frontends.retire(&retired);
             self.reconcile_scopes(&frontends, &scopes)?
         };
-        self.known = current;
+        for (service, scopes) in current {
+            self.replace_known(service, scopes);
+        }
         done.duration = started.elapsed();
         Ok(done)
     }
 
-    /// The frontends that `services` (every Service known, when `None`) had in the state
-    /// last reconciled against and that no Service has in `current`.
-    fn retired(
-        &self,
-        current: &BTreeMap<NamespacedName, BTreeSet<Scope>>,
-        services: Option<&BTreeSet<NamespacedName>>,
-    ) -> BTreeSet<Scope> {
+    /// The frontends the Services of `changed` (each with its frontends now) had when last
+    /// reconciled and that, with their new frontends counted, no Service has any more.
+    fn retired_from(&self, changed: &BTreeMap<NamespacedName, BTreeSet<Scope>>) -> BTreeSet<Scope> {
+        let mut holders: BTreeMap<Scope, isize> = BTreeMap::new();
+        for (service, now) in changed {
+            for scope in self.known.get(service).into_iter().flatten() {
+                *holders.entry(*scope).or_default() -= 1;
+            }
+            for scope in now {
+                *holders.entry(*scope).or_default() += 1;
+            }
+        }
+        holders
+            .into_iter()
+            .filter(|(scope, delta)| {
+                let before = self.holders.get(scope).copied().unwrap_or(0);
+                before > 0 && isize::try_from(before).unwrap_or(isize::MAX) + delta <= 0
+            })
+            .map(|(scope, _)| scope)
+            .collect()
+    }
+
+    /// Records `service`'s frontends as `scopes` (none: it is forgotten).
+    fn replace_known(&mut self, service: NamespacedName, scopes: BTreeSet<Scope>) {
+        for scope in self.known.remove(&service).into_iter().flatten() {
+            if let Some(count) = self.holders.get_mut(&scope) {
+                *count -= 1;
+                if *count == 0 {
+                    self.holders.remove(&scope);
+                }
+            }
+        }
+        for scope in &scopes {
+            *self.holders.entry(*scope).or_default() += 1;
+        }
+        if !scopes.is_empty() {
+            self.known.insert(service, scopes);
+        }
+    }
+
+    /// The frontends any Service had in the state last reconciled against and that no
+    /// Service has in `current` (every Service's frontends now).
+    fn retired(&self, current: &BTreeMap<NamespacedName, BTreeSet<Scope>>) -> BTreeSet<Scope> {
         let live: BTreeSet<&Scope> = current.values().flatten().collect();
         self.known
-            .iter()
-            .filter(|(service, _)| services.is_none_or(|services| services.contains(*service)))
-            .flat_map(|(_, scopes)| scopes)
+            .values()
+            .flatten()
             .filter(|scope| !live.contains(scope))
             .copied()
             .collect()
@@ -481,6 +531,52 @@ mod tests {
         let report = r.after_sync(&w.pending().request(false)).unwrap();
         assert_eq!(report.deleted, 0);
         assert_eq!(fake.entries.lock().unwrap().len(), 1);
+    }
+
+    /// A frontend two Services share (an external IP and port) is not retired when one
+    /// of them goes while the other, unchanged in that sync, still has it: the partial
+    /// pass counts holders instead of visiting every Service.
+    #[test]
+    fn a_frontend_an_unchanged_service_still_has_is_not_retired() {
+        let fake = Fake::default();
+        let mut r = reconciler(&fake);
+        let mut w = World::new();
+        for (name, vip, pod) in [
+            ("a", "10.96.0.1", "10.244.1.10"),
+            ("b", "10.96.0.2", "10.244.1.20"),
+        ] {
+            w.service(
+                name,
+                json!({"clusterIP": vip, "externalIPs": ["192.0.2.9"],
+                       "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}),
+            )
+            .slice(
+                name,
+                json!([{"name": "dns", "port": 5353, "protocol": "UDP"}]),
+                eps(&[pod]),
+            );
+        }
+        r.after_sync(&w.pending().request(false));
+        fake.took_scopes();
+        w.delete_service("a");
+        *fake.entries.lock().unwrap() = vec![flow(1, "192.0.2.9:53", "10.244.1.20:5353")];
+        let report = r.after_sync(&w.pending().request(false)).unwrap();
+        assert_eq!(
+            fake.took_scopes(),
+            [Scope::To("10.96.0.1:53".parse().unwrap())],
+            "only a's own address is retired and looked at"
+        );
+        assert_eq!(report.deleted, 0);
+        assert_eq!(
+            *fake.entries.lock().unwrap(),
+            [flow(1, "192.0.2.9:53", "10.244.1.20:5353")],
+            "b's flow through the shared address stays"
+        );
+        // Once b goes too, nobody has it: its flows go.
+        w.delete_service("b");
+        let report = r.after_sync(&w.pending().request(false)).unwrap();
+        assert_eq!(report.deleted, 1);
+        assert!(fake.entries.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -210,6 +210,16 @@ pub fn section(out: &mut String, run: &L4Run) {
     }
 }
 
+/// Every section's first part: the rows' figures, why rows failed, their plot, and the CPU
+/// each party used.
+fn row_tables(out: &mut String, run: &L4Run) {
+    figures_table(out, run);
+    failures(out, run);
+    plot(out, run);
+    out.push_str("\nCPU per phase (percent of one core):\n\n");
+    cpu_table(out, run);
+}
+
 /// The figures table's plot, right below it and its failures (the section's later tables
 /// and subsections are about other things).
 fn plot(out: &mut String, run: &L4Run) {
@@ -278,11 +288,7 @@ fn outside_section(out: &mut String, run: &L4Run) {
         runs = run.runs,
         rounds = run.rounds,
     );
-    figures_table(out, run);
-    failures(out, run);
-    plot(out, run);
-    out.push_str("\nCPU per phase (percent of one core):\n\n");
-    cpu_table(out, run);
+    row_tables(out, run);
     for (title, ours, theirs) in COMPARISONS {
         versus_table_within(out, run, title, ours, theirs, 1.0);
     }
@@ -316,11 +322,7 @@ fn pod_section(out: &mut String, run: &L4Run) {
         runs = run.runs,
         haproxy = run.haproxy_version,
     );
-    figures_table(out, run);
-    failures(out, run);
-    plot(out, run);
-    out.push_str("\nCPU per phase (percent of one core):\n\n");
-    cpu_table(out, run);
+    row_tables(out, run);
     for (title, ours, theirs, factor) in POD_COMPARISONS {
         if run.row(ours).is_some() {
             versus_table_within(out, run, title, ours, theirs, factor);

@@ -51,10 +51,11 @@ const HTTPBIN_PODS: [(&str, &str); 3] = [
 ];
 
 /// Passes every call to the real CLI and keeps the restore inputs, so a test can see
-/// which chains a sync wrote.
+/// which chains a sync wrote, and how long each restore took (with its size).
 struct Recording {
     cli: IptablesCli,
     restores: Arc<Mutex<Vec<String>>>,
+    times: Arc<Mutex<Vec<(std::time::Duration, usize)>>>,
 }
 
 impl Iptables for Recording {
@@ -72,7 +73,13 @@ impl Iptables for Recording {
             .lock()
             .unwrap()
             .push(String::from_utf8_lossy(payload).into_owned());
-        self.cli.restore(payload)
+        let started = std::time::Instant::now();
+        let result = self.cli.restore(payload);
+        self.times
+            .lock()
+            .unwrap()
+            .push((started.elapsed(), payload.len()));
+        result
     }
     fn save(&self, table: Table) -> Result<String, ExecError> {
         self.cli.save(table)
@@ -137,6 +144,7 @@ impl Node {
         let exec = Recording {
             cli: self.cli(),
             restores: self.restores.clone(),
+            times: Arc::default(),
         };
         IptablesBackend::new(self.opts.clone(), Box::new(exec)).unwrap()
     }
@@ -693,8 +701,9 @@ fn scale_timing_nft() {
             );
     }
     let timed = Arc::new(Mutex::new(Vec::new()));
-    let exec = Timed {
+    let exec = Recording {
         cli: node.cli(),
+        restores: Arc::default(),
         times: timed.clone(),
     };
     let mut backend = IptablesBackend::new(node.opts.clone(), Box::new(exec)).unwrap();
@@ -718,48 +727,6 @@ fn scale_timing_nft() {
         );
     }
     assert!(node.chains(Table::Nat).len() > services);
-}
-
-/// Passes every call to the real CLI, timing each restore.
-struct Timed {
-    cli: IptablesCli,
-    times: Arc<Mutex<Vec<(std::time::Duration, usize)>>>,
-}
-
-impl Iptables for Timed {
-    fn version(&self) -> Result<IptablesVersion, ExecError> {
-        self.cli.version()
-    }
-    fn is_nf_tables(&self) -> bool {
-        self.cli.is_nf_tables()
-    }
-    fn create_chain(&self, table: Table, chain: &str) -> Result<(), ExecError> {
-        self.cli.create_chain(table, chain)
-    }
-    fn restore(&self, payload: &[u8]) -> Result<(), ExecError> {
-        let started = std::time::Instant::now();
-        let result = self.cli.restore(payload);
-        self.times
-            .lock()
-            .unwrap()
-            .push((started.elapsed(), payload.len()));
-        result
-    }
-    fn save(&self, table: Table) -> Result<String, ExecError> {
-        self.cli.save(table)
-    }
-    fn chain_exists(&self, table: Table, chain: &str) -> Result<bool, ExecError> {
-        self.cli.chain_exists(table, chain)
-    }
-    fn rule_exists(&self, table: Table, chain: &str, args: &[String]) -> Result<bool, ExecError> {
-        self.cli.rule_exists(table, chain, args)
-    }
-    fn insert_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError> {
-        self.cli.insert_rule(table, chain, args)
-    }
-    fn delete_rule(&self, table: Table, chain: &str, args: &[String]) -> Result<(), ExecError> {
-        self.cli.delete_rule(table, chain, args)
-    }
 }
 
 /// The scenarios above, once per variant, so a failure names the variant.
